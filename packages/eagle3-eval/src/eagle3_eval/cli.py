@@ -1,0 +1,17 @@
+"""``eagle3-eval``: command-line entry point of the eval stage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eagle3-eval", description=__doc__)
+    parser.add_subparsers(dest="command", required=True)
+    parser.parse_args(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

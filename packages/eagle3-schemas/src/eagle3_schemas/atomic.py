@@ -1,0 +1,76 @@
+"""Atomic writes: a crash never leaves a half-written file or directory under the final name.
+
+Everything is written under a temporary name in the same directory (same filesystem), flushed
+to disk, then renamed into place; the rename is atomic on POSIX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+TEMP_MARKER = ".eagle3-tmp-"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``final``; on clean exit fsync it and rename it to ``final``.
+
+    The caller writes the whole file to the yielded path (with any writer: pyarrow,
+    safetensors, plain ``open``). On an exception the temporary file is removed.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f"{final.name}{TEMP_MARKER}", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary directory beside ``final``; on clean exit rename it to ``final``.
+
+    ``final`` must not exist yet: replacing a directory is not atomic, so an existing
+    artifact is never overwritten silently.
+    """
+    final = Path(final)
+    if final.exists():
+        raise FileExistsError(f"{final}: already exists; refusing to overwrite an artifact directory")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}{TEMP_MARKER}", dir=final.parent))
+    try:
+        yield tmp
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented UTF-8 JSON, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")

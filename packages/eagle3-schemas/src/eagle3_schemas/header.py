@@ -1,0 +1,146 @@
+"""The artifact header: ``{"artifact", "schema_version", "lineage", ...fields}``.
+
+Single-file artifacts carry it inside the file (Parquet schema metadata or safetensors
+``__metadata__``, key ``eagle3``); directory artifacts in a JSON file named by their schema.
+Writers here put the header where the schema says, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eagle3_schemas.atomic import atomic_path, write_json_atomic
+from eagle3_schemas.registry import load_schema
+from eagle3_schemas.safetensors_format import read_safetensors
+
+HEADER_KEY = "eagle3"
+# Directory artifacts: the JSON file holding the header.
+DIRECTORY_HEADER_FILES = {
+    "hidden_states": "dataset.json",
+    "draft_checkpoint": "eagle3.json",
+    "eval_report": "report.json",
+}
+
+
+class ArtifactError(ValueError):
+    """An artifact cannot be read as what it claims to be."""
+
+
+@dataclass(frozen=True)
+class Header:
+    artifact: str
+    schema_version: int
+    lineage: dict[str, Any]
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "artifact": self.artifact,
+            "schema_version": self.schema_version,
+            "lineage": self.lineage,
+            **self.fields,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> Header:
+        if not isinstance(obj, dict):
+            raise ArtifactError(f"{where}: header must be a JSON object, found {type(obj).__name__}")
+        missing = [k for k in ("artifact", "schema_version", "lineage") if k not in obj]
+        if missing:
+            raise ArtifactError(f"{where}: header lacks {', '.join(missing)}")
+        if not isinstance(obj["lineage"], dict):
+            raise ArtifactError(f"{where}: header field 'lineage' must be an object")
+        rest = {k: v for k, v in obj.items() if k not in ("artifact", "schema_version", "lineage")}
+        return cls(obj["artifact"], obj["schema_version"], obj["lineage"], rest)
+
+
+def make_header(artifact: str, lineage: Mapping[str, Any], **fields: Any) -> Header:
+    """A header for the newest schema version of ``artifact``."""
+    return Header(artifact, load_schema(artifact)["version"], dict(lineage), fields)
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Read the header of any artifact (file or directory), without validating the rest."""
+    path = Path(path)
+    if path.is_dir():
+        for name in DIRECTORY_HEADER_FILES.values():
+            if (path / name).is_file():
+                return _read_json_header(path / name)
+        raise ArtifactError(
+            f"{path}: no artifact header file; expected one of {sorted(DIRECTORY_HEADER_FILES.values())}"
+        )
+    if path.suffix == ".parquet":
+        try:
+            metadata = pq.read_schema(path).metadata or {}
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ArtifactError(f"{path}: not a readable Parquet file ({e})") from e
+        raw = metadata.get(HEADER_KEY.encode())
+        if raw is None:
+            raise ArtifactError(f"{path}: Parquet schema metadata has no '{HEADER_KEY}' header")
+        return _parse(raw.decode("utf-8"), f"{path} (Parquet metadata '{HEADER_KEY}')")
+    if path.suffix == ".safetensors":
+        raw_text = read_safetensors(path).metadata.get(HEADER_KEY)
+        if raw_text is None:
+            raise ArtifactError(f"{path}: safetensors __metadata__ has no '{HEADER_KEY}' header")
+        return _parse(raw_text, f"{path} (safetensors __metadata__ '{HEADER_KEY}')")
+    if path.suffix == ".json":
+        return _read_json_header(path)
+    raise ArtifactError(f"{path}: unknown artifact file type (expected .parquet, .safetensors, .json or a directory)")
+
+
+def _read_json_header(path: Path) -> Header:
+    try:
+        return Header.from_json(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{path}: not valid UTF-8 JSON ({e})") from e
+
+
+def _parse(text: str, where: str) -> Header:
+    try:
+        return Header.from_json(json.loads(text), where)
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{where}: header is not valid JSON ({e})") from e
+
+
+def write_parquet_artifact(path: str | os.PathLike[str], table: pa.Table, header: Header) -> None:
+    """Write ``table`` with ``header`` in its schema metadata, atomically."""
+    metadata = dict(table.schema.metadata or {})
+    metadata[HEADER_KEY.encode()] = json.dumps(header.to_json(), sort_keys=True).encode()
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(metadata), tmp)
+
+
+def write_safetensors_artifact(path: str | os.PathLike[str], tensors: Mapping[str, Any], header: Header) -> None:
+    """Write numpy arrays or torch tensors with ``header`` in ``__metadata__``, atomically."""
+    metadata = {HEADER_KEY: json.dumps(header.to_json(), sort_keys=True)}
+    with atomic_path(path) as tmp:
+        write_safetensors(tmp, tensors, metadata)
+
+
+def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, Any], metadata: dict[str, str] | None = None) -> None:
+    """Plain (non-atomic) safetensors write of numpy arrays or torch tensors, never mixed.
+
+    torch is imported only when torch tensors are given, so torch-free stages can write too.
+    """
+    values = list(tensors.values())
+    if values and type(values[0]).__module__.startswith("torch"):
+        from safetensors.torch import save_file as save_torch
+
+        save_torch({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
+    else:
+        from safetensors.numpy import save_file as save_numpy
+
+        save_numpy(dict(tensors), str(path), metadata=metadata)
+
+
+def write_json_header(path: str | os.PathLike[str], header: Header) -> None:
+    """Write a directory artifact's header file, atomically."""
+    write_json_atomic(path, header.to_json())
