@@ -58,7 +58,9 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     """
     final = Path(final)
     if final.exists():
-        raise FileExistsError(f"{final}: already exists; refusing to overwrite an artifact directory")
+        raise FileExistsError(
+            f"{final}: already exists; refusing to overwrite an artifact directory"
+        )
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}{TEMP_MARKER}", dir=final.parent))
     try:

@@ -30,7 +30,11 @@ def symbols_from_header(art: Artifact) -> dict[str, int]:
         return {"V_target": f["target_vocab_size"], "V_draft": f["draft_vocab_size"]}
     if art.kind == "hidden_states":
         t = f["target"]
-        return {"H": t["hidden_size"], "V_target": t["vocab_size"], "n_aux": len(f["aux_layer_ids"])}
+        return {
+            "H": t["hidden_size"],
+            "V_target": t["vocab_size"],
+            "n_aux": len(f["aux_layer_ids"]),
+        }
     if art.kind == "draft_checkpoint":
         config = art.json(art.root / "config.json")
         layer = config["transformer_layer_config"]
@@ -38,11 +42,15 @@ def symbols_from_header(art: Artifact) -> dict[str, int]:
         head_dim = layer.get("head_dim") or hidden // layer["num_attention_heads"]
         target_hidden = config.get("target_hidden_size") or hidden
         return {
-            "H": hidden, "two_H": 2 * hidden, "V_draft": config["draft_vocab_size"], "V_target": layer["vocab_size"],
+            "H": hidden,
+            "two_H": 2 * hidden,
+            "V_draft": config["draft_vocab_size"],
+            "V_target": layer["vocab_size"],
             "n_aux_H": len(config["eagle_aux_hidden_state_layer_ids"]) * target_hidden,
-            "q_dim": layer["num_attention_heads"] * head_dim, "kv_dim": layer["num_key_value_heads"] * head_dim,
+            "q_dim": layer["num_attention_heads"] * head_dim,
+            "kv_dim": layer["num_key_value_heads"] * head_dim,
             "I": layer["intermediate_size"],
-        }  # fmt: skip
+        }
     return {}
 
 
@@ -50,7 +58,12 @@ def _capped(violations: list[Violation]) -> list[Violation]:
     if len(violations) <= MAX_REPORTED:
         return violations
     first = violations[0]
-    return [*violations[:MAX_REPORTED], Violation(first.file, first.location, f"... and {len(violations) - MAX_REPORTED} more like these")]
+    return [
+        *violations[:MAX_REPORTED],
+        Violation(
+            first.file, first.location, f"... and {len(violations) - MAX_REPORTED} more like these"
+        ),
+    ]
 
 
 def _where(art: Artifact, role: str) -> str:
@@ -66,7 +79,13 @@ def _unique_ids(art: Artifact, role: str, column: str) -> list[Violation]:
     out = []
     for row, sample_id in enumerate(ids):
         if sample_id in seen:
-            out.append(Violation(_where(art, role), f"row {row}, column {column}", f"duplicate id {sample_id!r} (first at row {seen[sample_id]})"))
+            out.append(
+                Violation(
+                    _where(art, role),
+                    f"row {row}, column {column}",
+                    f"duplicate id {sample_id!r} (first at row {seen[sample_id]})",
+                )
+            )
         seen.setdefault(sample_id, row)
     return _capped(out)
 
@@ -76,10 +95,22 @@ def _d2t_offsets(where: str, d2t: np.ndarray, v_target: int) -> list[Violation]:
     out = []
     bad = np.flatnonzero((target_ids < 0) | (target_ids >= v_target))
     for i in bad[:MAX_REPORTED]:
-        out.append(Violation(where, f"tensor d2t[{i}]", f"maps draft id {i} to target id {target_ids[i]}, outside [0, {v_target}) (d2t holds offsets: target = i + d2t[i])"))
+        out.append(
+            Violation(
+                where,
+                f"tensor d2t[{i}]",
+                f"maps draft id {i} to target id {target_ids[i]}, outside [0, {v_target}) (d2t holds offsets: target = i + d2t[i])",
+            )
+        )
     unsorted = np.flatnonzero(np.diff(target_ids) <= 0)
     for i in unsorted[:MAX_REPORTED]:
-        out.append(Violation(where, f"tensor d2t[{i + 1}]", f"target id {target_ids[i + 1]} does not exceed draft id {i}'s {target_ids[i]} (draft ids must be sorted ascending by target id, no repeats)"))
+        out.append(
+            Violation(
+                where,
+                f"tensor d2t[{i + 1}]",
+                f"target id {target_ids[i + 1]} does not exceed draft id {i}'s {target_ids[i]} (draft ids must be sorted ascending by target id, no repeats)",
+            )
+        )
     return out
 
 
@@ -88,10 +119,16 @@ def _t2d_matches(where: str, d2t: np.ndarray, t2d: np.ndarray) -> list[Violation
     expected = np.zeros(len(t2d), dtype=bool)
     expected[target_ids[(target_ids >= 0) & (target_ids < len(t2d))]] = True
     diff = np.flatnonzero(expected != t2d)
-    return _capped([
-        Violation(where, f"tensor t2d[{i}]", f"is {bool(t2d[i])} but target id {i} is {'' if expected[i] else 'not '}in d2t's draft vocabulary")
-        for i in diff[:MAX_REPORTED + 1]
-    ])  # fmt: skip
+    return _capped(
+        [
+            Violation(
+                where,
+                f"tensor t2d[{i}]",
+                f"is {bool(t2d[i])} but target id {i} is {'' if expected[i] else 'not '}in d2t's draft vocabulary",
+            )
+            for i in diff[: MAX_REPORTED + 1]
+        ]
+    )
 
 
 # ---- conversations -----------------------------------------------------------------------
@@ -103,10 +140,14 @@ def conversations_unique_ids(art: Artifact) -> list[Violation]:
 
 def conversations_roles_alternate(art: Artifact) -> list[Violation]:
     out = []
-    for row, messages in enumerate(art.table(art.path("conversations")).column("messages").to_pylist()):
+    for row, messages in enumerate(
+        art.table(art.path("conversations")).column("messages").to_pylist()
+    ):
         problem = conversation_problem(messages)
         if problem:
-            out.append(Violation(_where(art, "conversations"), f"row {row}, column messages", problem))
+            out.append(
+                Violation(_where(art, "conversations"), f"row {row}, column messages", problem)
+            )
     return _capped(out)
 
 
@@ -117,7 +158,9 @@ def conversation_problem(messages: list[dict[str, Any]]) -> str | None:
     roles = [m.get("role") for m in messages]
     for i, m in enumerate(messages):
         if m.get("role") not in ("system", "user", "assistant"):
-            return f"message {i}: unknown role {m.get('role')!r} (expected system, user or assistant)"
+            return (
+                f"message {i}: unknown role {m.get('role')!r} (expected system, user or assistant)"
+            )
         if not isinstance(m.get("content"), str) or not m["content"].strip():
             return f"message {i} ({m.get('role')}): empty content"
     turns = roles[1:] if roles[0] == "system" else roles
@@ -146,9 +189,16 @@ def tokenized_row_lengths(art: Artifact) -> list[Violation]:
     num = t.column("num_tokens").to_numpy()
     max_length = art.header.fields["max_length"]
     out = []
-    for row in np.flatnonzero((ids_len != mask_len) | (ids_len != num) | (num <= 0) | (num > max_length)):
-        out.append(Violation(_where(art, "tokenized"), f"row {row}",
-                             f"len(input_ids)={ids_len[row]}, len(loss_mask)={mask_len[row]}, num_tokens={num[row]}: expected all equal and in [1, {max_length}]"))  # fmt: skip
+    for row in np.flatnonzero(
+        (ids_len != mask_len) | (ids_len != num) | (num <= 0) | (num > max_length)
+    ):
+        out.append(
+            Violation(
+                _where(art, "tokenized"),
+                f"row {row}",
+                f"len(input_ids)={ids_len[row]}, len(loss_mask)={mask_len[row]}, num_tokens={num[row]}: expected all equal and in [1, {max_length}]",
+            )
+        )
     return _capped(out)
 
 
@@ -157,11 +207,23 @@ def tokenized_loss_mask_binary(art: Artifact) -> list[Violation]:
     out = []
     flat = pc.list_flatten(t.column("loss_mask")).to_numpy(zero_copy_only=False)
     if np.any(flat > 1):
-        out.append(Violation(_where(art, "tokenized"), "column loss_mask", f"values {sorted(set(np.unique(flat).tolist()) - {0, 1})[:5]} found, expected only 0 and 1"))
+        out.append(
+            Violation(
+                _where(art, "tokenized"),
+                "column loss_mask",
+                f"values {sorted(set(np.unique(flat).tolist()) - {0, 1})[:5]} found, expected only 0 and 1",
+            )
+        )
     sums = np.array([sum(m) for m in t.column("loss_mask").to_pylist()])
     declared = t.column("num_loss_tokens").to_numpy()
     for row in np.flatnonzero(sums != declared):
-        out.append(Violation(_where(art, "tokenized"), f"row {row}, column num_loss_tokens", f"is {declared[row]} but loss_mask sums to {sums[row]}"))
+        out.append(
+            Violation(
+                _where(art, "tokenized"),
+                f"row {row}, column num_loss_tokens",
+                f"is {declared[row]} but loss_mask sums to {sums[row]}",
+            )
+        )
     return _capped(out)
 
 
@@ -172,7 +234,13 @@ def tokenized_token_ids_in_vocab(art: Artifact) -> list[Violation]:
     for row, ids in enumerate(t.column("input_ids").to_pylist()):
         bad = [x for x in ids if not 0 <= x < vocab]
         if bad:
-            out.append(Violation(_where(art, "tokenized"), f"row {row}, column input_ids", f"token ids {bad[:5]} outside [0, {vocab})"))
+            out.append(
+                Violation(
+                    _where(art, "tokenized"),
+                    f"row {row}, column input_ids",
+                    f"token ids {bad[:5]} outside [0, {vocab})",
+                )
+            )
     return _capped(out)
 
 
@@ -189,20 +257,37 @@ def vocab_map_t2d_matches_d2t(art: Artifact) -> list[Violation]:
     return _t2d_matches(str(art.root), st.array("d2t"), st.array("t2d"))
 
 
-
 def vocab_map_counts_nonnegative(art: Artifact) -> list[Violation]:
     st = art.safetensors(art.path("vocab_map"))
     counts, d2t = st.array("token_counts"), st.array("d2t")
     f = art.header.fields
     out = []
     if np.any(counts < 0):
-        out.append(Violation(str(art.root), "tensor token_counts", f"{int(np.count_nonzero(counts < 0))} negative counts"))
+        out.append(
+            Violation(
+                str(art.root),
+                "tensor token_counts",
+                f"{int(np.count_nonzero(counts < 0))} negative counts",
+            )
+        )
     if int(counts.sum()) != f["num_loss_tokens"]:
-        out.append(Violation(str(art.root), "header.num_loss_tokens", f"is {f['num_loss_tokens']} but token_counts sum to {int(counts.sum())}"))
+        out.append(
+            Violation(
+                str(art.root),
+                "header.num_loss_tokens",
+                f"is {f['num_loss_tokens']} but token_counts sum to {int(counts.sum())}",
+            )
+        )
     total = max(int(counts.sum()), 1)
     covered = int(counts[np.arange(len(d2t)) + d2t].sum()) / total
     if abs(covered - f["coverage"]) > 1e-6:
-        out.append(Violation(str(art.root), "header.coverage", f"is {f['coverage']} but the draft vocabulary covers {covered:.6f} of loss tokens"))
+        out.append(
+            Violation(
+                str(art.root),
+                "header.coverage",
+                f"is {f['coverage']} but the draft vocabulary covers {covered:.6f} of loss tokens",
+            )
+        )
     return out
 
 
@@ -214,11 +299,27 @@ def hidden_states_layer_ids(art: Artifact) -> list[Violation]:
     ids, n_layers = f["aux_layer_ids"], f["target"]["num_hidden_layers"]
     where, out = _where(art, "dataset"), []
     if ids != sorted(set(ids)):
-        out.append(Violation(where, "header.aux_layer_ids", f"{ids} must be sorted ascending without repeats"))
+        out.append(
+            Violation(
+                where, "header.aux_layer_ids", f"{ids} must be sorted ascending without repeats"
+            )
+        )
     if any(not 0 <= i <= n_layers for i in ids):
-        out.append(Violation(where, "header.aux_layer_ids", f"{ids} outside [0, {n_layers}] (vLLM convention: 0 = embeddings, {n_layers} = last layer before the final norm)"))
+        out.append(
+            Violation(
+                where,
+                "header.aux_layer_ids",
+                f"{ids} outside [0, {n_layers}] (vLLM convention: 0 = embeddings, {n_layers} = last layer before the final norm)",
+            )
+        )
     if art.header.lineage.get("aux_layer_ids") != ids:
-        out.append(Violation(where, "header.lineage.aux_layer_ids", f"{art.header.lineage.get('aux_layer_ids')} differs from header aux_layer_ids {ids}"))
+        out.append(
+            Violation(
+                where,
+                "header.lineage.aux_layer_ids",
+                f"{art.header.lineage.get('aux_layer_ids')} differs from header aux_layer_ids {ids}",
+            )
+        )
     return out
 
 
@@ -235,7 +336,11 @@ def hidden_states_shard_paths_inside(art: Artifact) -> list[Violation]:
             out.append(Violation(_where(art, "manifest"), f"row {row}, column shard", str(e)))
             continue
         if not path.is_file():
-            out.append(Violation(_where(art, "manifest"), f"row {row}, column shard", f"{shard!r} does not exist"))
+            out.append(
+                Violation(
+                    _where(art, "manifest"), f"row {row}, column shard", f"{shard!r} does not exist"
+                )
+            )
     return _capped(out)
 
 
@@ -243,7 +348,14 @@ def _rows_by_shard(art: Artifact) -> dict[str, list[tuple[int, int, int, int, st
     m = _manifest(art)
     grouped: dict[str, list[tuple[int, int, int, int, str]]] = {}
     for row, (shard, start, n, n_loss, checksum) in enumerate(
-        zip(m["shard"], m["row_start"], m["num_tokens"], m["num_loss_tokens"], m["checksum"], strict=True)
+        zip(
+            m["shard"],
+            m["row_start"],
+            m["num_tokens"],
+            m["num_loss_tokens"],
+            m["checksum"],
+            strict=True,
+        )
     ):
         grouped.setdefault(shard, []).append((row, start, n, n_loss, checksum))
     return grouped
@@ -264,13 +376,29 @@ def hidden_states_manifest_rows(art: Artifact) -> list[Violation]:
         total = st.tensors["input_ids"].shape[0]
         rows = sorted(rows, key=lambda r: r[1])
         spans = [(int(start), int(start) + int(n)) for _, start, n, _, _ in rows]
-        if cu.tolist() != [0, *(end for _, end in spans)] or (spans and spans[0][0] != 0) or cu[-1] != total:
-            out.append(Violation(where, f"shard {shard}", f"manifest rows {spans[:3]}... do not tile the shard's cu_seqlens {cu.tolist()[:4]}... over {total} tokens"))
+        if (
+            cu.tolist() != [0, *(end for _, end in spans)]
+            or (spans and spans[0][0] != 0)
+            or cu[-1] != total
+        ):
+            out.append(
+                Violation(
+                    where,
+                    f"shard {shard}",
+                    f"manifest rows {spans[:3]}... do not tile the shard's cu_seqlens {cu.tolist()[:4]}... over {total} tokens",
+                )
+            )
             continue
         for row, start, n, n_loss, _ in rows:
             stored = int(loss_mask[start : start + n].sum())
             if stored != n_loss:
-                out.append(Violation(where, f"row {row}, column num_loss_tokens", f"is {n_loss} but the shard's loss_mask sums to {stored}"))
+                out.append(
+                    Violation(
+                        where,
+                        f"row {row}, column num_loss_tokens",
+                        f"is {n_loss} but the shard's loss_mask sums to {stored}",
+                    )
+                )
     return _capped(out)
 
 
@@ -280,7 +408,13 @@ def hidden_states_unique_sample_ids(art: Artifact) -> list[Violation]:
     out = []
     for row, sample_id in enumerate(ids):
         if sample_id in seen:
-            out.append(Violation(_where(art, "manifest"), f"row {row}, column sample_id", f"duplicate sample {sample_id!r} (first at row {seen[sample_id]})"))
+            out.append(
+                Violation(
+                    _where(art, "manifest"),
+                    f"row {row}, column sample_id",
+                    f"duplicate sample {sample_id!r} (first at row {seen[sample_id]})",
+                )
+            )
         seen.setdefault(sample_id, row)
     return _capped(out)
 
@@ -288,9 +422,21 @@ def hidden_states_unique_sample_ids(art: Artifact) -> list[Violation]:
 def hidden_states_totals(art: Artifact) -> list[Violation]:
     m, f, out = _manifest(art), art.header.fields, []
     if f["num_samples"] != len(m["sample_id"]):
-        out.append(Violation(_where(art, "dataset"), "header.num_samples", f"is {f['num_samples']} but the manifest has {len(m['sample_id'])} rows"))
+        out.append(
+            Violation(
+                _where(art, "dataset"),
+                "header.num_samples",
+                f"is {f['num_samples']} but the manifest has {len(m['sample_id'])} rows",
+            )
+        )
     if f["num_tokens"] != sum(m["num_tokens"]):
-        out.append(Violation(_where(art, "dataset"), "header.num_tokens", f"is {f['num_tokens']} but the manifest sums to {sum(m['num_tokens'])}"))
+        out.append(
+            Violation(
+                _where(art, "dataset"),
+                "header.num_tokens",
+                f"is {f['num_tokens']} but the manifest sums to {sum(m['num_tokens'])}",
+            )
+        )
     return out
 
 
@@ -303,7 +449,13 @@ def hidden_states_row_checksums(art: Artifact) -> list[Violation]:
         for row, start, n, _, checksum in rows:
             stored = row_checksum(st, start, n)
             if stored != checksum:
-                out.append(Violation(_where(art, "manifest"), f"row {row}, column checksum", f"{checksum} but the stored rows hash to {stored} (shard {shard} was changed or torn)"))
+                out.append(
+                    Violation(
+                        _where(art, "manifest"),
+                        f"row {row}, column checksum",
+                        f"{checksum} but the stored rows hash to {stored} (shard {shard} was changed or torn)",
+                    )
+                )
     return _capped(out)
 
 
@@ -318,12 +470,30 @@ def hidden_states_storage_dtype(art: Artifact) -> list[Violation]:
         st = art.safetensors(path)
         for name in ("aux_hidden_states", "last_hidden_state"):
             if st.tensors[name].dtype != want:
-                out.append(Violation(art.rel(path), f"tensor {name}", f"dtype {st.tensors[name].dtype} but storage_dtype is {storage} ({want})"))
+                out.append(
+                    Violation(
+                        art.rel(path),
+                        f"tensor {name}",
+                        f"dtype {st.tensors[name].dtype} but storage_dtype is {storage} ({want})",
+                    )
+                )
         scales = {"aux_hidden_states_scale", "last_hidden_state_scale"} & set(st.tensors)
         if storage == "fp8_e4m3" and len(scales) != 2:
-            out.append(Violation(art.rel(path), "tensors *_scale", "fp8 storage needs aux_hidden_states_scale and last_hidden_state_scale"))
+            out.append(
+                Violation(
+                    art.rel(path),
+                    "tensors *_scale",
+                    "fp8 storage needs aux_hidden_states_scale and last_hidden_state_scale",
+                )
+            )
         if storage != "fp8_e4m3" and scales:
-            out.append(Violation(art.rel(path), f"tensors {sorted(scales)}", f"scales are only allowed with fp8 storage, not {storage}"))
+            out.append(
+                Violation(
+                    art.rel(path),
+                    f"tensors {sorted(scales)}",
+                    f"scales are only allowed with fp8 storage, not {storage}",
+                )
+            )
     return _capped(out)
 
 
@@ -331,8 +501,15 @@ def hidden_states_finite(art: Artifact) -> list[Violation]:
     out = []
     for path in art.files["shards"]:
         st = art.safetensors(path)
-        for name in ("aux_hidden_states", "last_hidden_state", "aux_hidden_states_scale", "last_hidden_state_scale"):
-            if name in st.tensors and (bad := nonfinite_count(st.array(name), st.tensors[name].dtype)):
+        for name in (
+            "aux_hidden_states",
+            "last_hidden_state",
+            "aux_hidden_states_scale",
+            "last_hidden_state_scale",
+        ):
+            if name in st.tensors and (
+                bad := nonfinite_count(st.array(name), st.tensors[name].dtype)
+            ):
                 out.append(Violation(art.rel(path), f"tensor {name}", f"{bad} NaN/Inf values"))
     return out
 
@@ -340,18 +517,25 @@ def hidden_states_finite(art: Artifact) -> list[Violation]:
 # ---- draft_checkpoint --------------------------------------------------------------------
 
 
-
 def draft_checkpoint_layer_ids(art: Artifact) -> list[Violation]:
     config_ids = art.json(art.root / "config.json")["eagle_aux_hidden_state_layer_ids"]
     header_ids = art.header.fields["aux_layer_ids"]
     if config_ids != header_ids:
-        return [Violation(art.rel(art.root / "config.json"), "eagle_aux_hidden_state_layer_ids", f"{config_ids} but eagle3.json aux_layer_ids is {header_ids}")]
+        return [
+            Violation(
+                art.rel(art.root / "config.json"),
+                "eagle_aux_hidden_state_layer_ids",
+                f"{config_ids} but eagle3.json aux_layer_ids is {header_ids}",
+            )
+        ]
     return []
 
 
 def draft_checkpoint_d2t_offsets(art: Artifact) -> list[Violation]:
     st = art.safetensors(art.path("weights"))
-    return _capped(_d2t_offsets(art.rel(art.path("weights")), st.array("d2t"), st.tensors["t2d"].shape[0]))
+    return _capped(
+        _d2t_offsets(art.rel(art.path("weights")), st.array("d2t"), st.tensors["t2d"].shape[0])
+    )
 
 
 def draft_checkpoint_t2d_matches_d2t(art: Artifact) -> list[Violation]:
@@ -364,7 +548,13 @@ def draft_checkpoint_vocab_map_fingerprint(art: Artifact) -> list[Violation]:
     stored = fingerprint_vocab_map(st.array("d2t"), st.array("t2d"))
     recorded = art.header.lineage["vocab_map_fingerprint"]
     if stored != recorded:
-        return [Violation(art.rel(art.path("lineage")), "header.lineage.vocab_map_fingerprint", f"{recorded} but the checkpoint's d2t/t2d fingerprint is {stored}")]
+        return [
+            Violation(
+                art.rel(art.path("lineage")),
+                "header.lineage.vocab_map_fingerprint",
+                f"{recorded} but the checkpoint's d2t/t2d fingerprint is {stored}",
+            )
+        ]
     return []
 
 
@@ -382,25 +572,59 @@ def draft_checkpoint_finite(art: Artifact) -> list[Violation]:
 
 def eval_report_acceptance_length(art: Artifact) -> list[Violation]:
     f, where, out = art.header.fields, _where(art, "report"), []
-    drafts, accepted, rates = f["num_drafts"], f["num_accepted_tokens"], f["per_position_acceptance"]
+    drafts, accepted, rates = (
+        f["num_drafts"],
+        f["num_accepted_tokens"],
+        f["per_position_acceptance"],
+    )
     if len(rates) != f["num_speculative_tokens"]:
-        out.append(Violation(where, "per_position_acceptance", f"has {len(rates)} entries, expected num_speculative_tokens={f['num_speculative_tokens']}"))
+        out.append(
+            Violation(
+                where,
+                "per_position_acceptance",
+                f"has {len(rates)} entries, expected num_speculative_tokens={f['num_speculative_tokens']}",
+            )
+        )
     expected = 1 + accepted / drafts if drafts else 1.0
     if abs(f["acceptance_length"] - expected) > 1e-6:
-        out.append(Violation(where, "acceptance_length", f"is {f['acceptance_length']} but 1 + num_accepted_tokens/num_drafts = {expected:.6f}"))
+        out.append(
+            Violation(
+                where,
+                "acceptance_length",
+                f"is {f['acceptance_length']} but 1 + num_accepted_tokens/num_drafts = {expected:.6f}",
+            )
+        )
     if drafts and abs(f["acceptance_length"] - (1 + sum(rates))) > 1e-6:
-        out.append(Violation(where, "per_position_acceptance", f"sums to {sum(rates):.6f}, but acceptance_length - 1 = {f['acceptance_length'] - 1:.6f}"))
+        out.append(
+            Violation(
+                where,
+                "per_position_acceptance",
+                f"sums to {sum(rates):.6f}, but acceptance_length - 1 = {f['acceptance_length'] - 1:.6f}",
+            )
+        )
     return out
 
 
 def eval_report_sample_totals(art: Artifact) -> list[Violation]:
     f, t, where, out = art.header.fields, art.table(art.path("samples")), _where(art, "samples"), []
     if t.num_rows != f["num_prompts"]:
-        out.append(Violation(where, "(rows)", f"{t.num_rows} rows but the report has num_prompts={f['num_prompts']}"))
+        out.append(
+            Violation(
+                where,
+                "(rows)",
+                f"{t.num_rows} rows but the report has num_prompts={f['num_prompts']}",
+            )
+        )
     for column in ("num_drafts", "num_accepted_tokens"):
         total = pc.sum(t.column(column)).as_py() or 0
         if total != f[column]:
-            out.append(Violation(where, f"column {column}", f"sums to {total} but the report has {column}={f[column]}"))
+            out.append(
+                Violation(
+                    where,
+                    f"column {column}",
+                    f"sums to {total} but the report has {column}={f[column]}",
+                )
+            )
     return out
 
 

@@ -12,9 +12,13 @@ from eagle3_schemas.validate import validate
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eagle3-schemas", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_validate = sub.add_parser("validate", help="validate artifacts; exit 1 listing every violation")
+    p_validate = sub.add_parser(
+        "validate", help="validate artifacts; exit 1 listing every violation"
+    )
     p_validate.add_argument("paths", nargs="+", metavar="PATH")
-    sub.add_parser("meta-check", help="check the schema files themselves and the frozen-version lock")
+    sub.add_parser(
+        "meta-check", help="check the schema files themselves and the frozen-version lock"
+    )
     sub.add_parser("freeze", help="record the hash of every not-yet-frozen schema file (a release)")
     args = parser.parse_args(argv)
 

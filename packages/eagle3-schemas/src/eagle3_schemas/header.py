@@ -52,7 +52,9 @@ class Header:
     @classmethod
     def from_json(cls, obj: Any, where: str) -> Header:
         if not isinstance(obj, dict):
-            raise ArtifactError(f"{where}: header must be a JSON object, found {type(obj).__name__}")
+            raise ArtifactError(
+                f"{where}: header must be a JSON object, found {type(obj).__name__}"
+            )
         missing = [k for k in ("artifact", "schema_version", "lineage") if k not in obj]
         if missing:
             raise ArtifactError(f"{where}: header lacks {', '.join(missing)}")
@@ -93,7 +95,9 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         return _parse(raw_text, f"{path} (safetensors __metadata__ '{HEADER_KEY}')")
     if path.suffix == ".json":
         return _read_json_header(path)
-    raise ArtifactError(f"{path}: unknown artifact file type (expected .parquet, .safetensors, .json or a directory)")
+    raise ArtifactError(
+        f"{path}: unknown artifact file type (expected .parquet, .safetensors, .json or a directory)"
+    )
 
 
 def _read_json_header(path: Path) -> Header:
@@ -110,35 +114,38 @@ def _parse(text: str, where: str) -> Header:
         raise ArtifactError(f"{where}: header is not valid JSON ({e})") from e
 
 
-def write_parquet_artifact(path: str | os.PathLike[str], table: pa.Table, header: Header) -> None:
-    """Write ``table`` with ``header`` in its schema metadata, atomically."""
-    metadata = dict(table.schema.metadata or {})
-    metadata[HEADER_KEY.encode()] = json.dumps(header.to_json(), sort_keys=True).encode()
+def write_parquet(
+    path: str | os.PathLike[str], table: pa.Table, header: Header | None = None
+) -> None:
+    """Write ``table`` atomically, with ``header`` (if given) in its schema metadata."""
+    if header is not None:
+        metadata = dict(table.schema.metadata or {})
+        metadata[HEADER_KEY.encode()] = json.dumps(header.to_json(), sort_keys=True).encode()
+        table = table.replace_schema_metadata(metadata)
     with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(metadata), tmp)
+        pq.write_table(table, tmp)
 
 
-def write_safetensors_artifact(path: str | os.PathLike[str], tensors: Mapping[str, Any], header: Header) -> None:
-    """Write numpy arrays or torch tensors with ``header`` in ``__metadata__``, atomically."""
-    metadata = {HEADER_KEY: json.dumps(header.to_json(), sort_keys=True)}
-    with atomic_path(path) as tmp:
-        write_safetensors(tmp, tensors, metadata)
-
-
-def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, Any], metadata: dict[str, str] | None = None) -> None:
-    """Plain (non-atomic) safetensors write of numpy arrays or torch tensors, never mixed.
+def write_safetensors(
+    path: str | os.PathLike[str], tensors: Mapping[str, Any], header: Header | None = None
+) -> None:
+    """Write numpy arrays or torch tensors (never mixed) atomically, ``header`` in ``__metadata__``.
 
     torch is imported only when torch tensors are given, so torch-free stages can write too.
     """
+    metadata = (
+        {HEADER_KEY: json.dumps(header.to_json(), sort_keys=True)} if header is not None else None
+    )
     values = list(tensors.values())
-    if values and type(values[0]).__module__.startswith("torch"):
-        from safetensors.torch import save_file as save_torch
+    with atomic_path(path) as tmp:
+        if values and type(values[0]).__module__.startswith("torch"):
+            from safetensors.torch import save_file as save_torch
 
-        save_torch({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
-    else:
-        from safetensors.numpy import save_file as save_numpy
+            save_torch({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        else:
+            from safetensors.numpy import save_file as save_numpy
 
-        save_numpy(dict(tensors), str(path), metadata=metadata)
+            save_numpy(dict(tensors), str(tmp), metadata=metadata)
 
 
 def write_json_header(path: str | os.PathLike[str], header: Header) -> None:

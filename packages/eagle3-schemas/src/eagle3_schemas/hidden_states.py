@@ -15,9 +15,13 @@ from eagle3_schemas.safetensors_format import SafetensorsFile
 SHARD_DIR = "shards"
 # Tensors whose dim 0 is the token axis (sum_T); the checksum covers these.
 PER_TOKEN_TENSORS = (
-    "aux_hidden_states", "aux_hidden_states_scale", "input_ids",
-    "last_hidden_state", "last_hidden_state_scale", "loss_mask",
-)  # fmt: skip
+    "aux_hidden_states",
+    "aux_hidden_states_scale",
+    "input_ids",
+    "last_hidden_state",
+    "last_hidden_state_scale",
+    "loss_mask",
+)
 
 
 class UnsafeShardPath(ValueError):
@@ -28,13 +32,17 @@ def resolve_shard_path(dataset_dir: Path, shard: str) -> Path:
     """The file a manifest ``shard`` entry names, refusing anything outside ``dataset_dir``."""
     pure = PurePosixPath(shard)
     if pure.is_absolute() or "\\" in shard or ".." in pure.parts or not pure.parts:
-        raise UnsafeShardPath(f"shard path {shard!r} must be relative, without '..' (convention: shards/<name>.safetensors)")
+        raise UnsafeShardPath(
+            f"shard path {shard!r} must be relative, without '..' (convention: shards/<name>.safetensors)"
+        )
     if pure.parts[0] != SHARD_DIR:
         raise UnsafeShardPath(f"shard path {shard!r} must lie under {SHARD_DIR}/")
     root = dataset_dir.resolve()
     resolved = (dataset_dir / pure).resolve()
     if not resolved.is_relative_to(root):
-        raise UnsafeShardPath(f"shard path {shard!r} resolves to {resolved}, outside the dataset directory {root} (symlink?)")
+        raise UnsafeShardPath(
+            f"shard path {shard!r} resolves to {resolved}, outside the dataset directory {root} (symlink?)"
+        )
     return resolved
 
 
@@ -53,5 +61,7 @@ def row_checksum(shard: SafetensorsFile, row_start: int, num_tokens: int) -> str
         if name in shard.tensors:
             info = shard.tensors[name]
             row_bytes = (info.end - info.start) // max(info.shape[0], 1)
-            rows[name] = shard.raw(name)[row_start * row_bytes : (row_start + num_tokens) * row_bytes]
+            rows[name] = shard.raw(name)[
+                row_start * row_bytes : (row_start + num_tokens) * row_bytes
+            ]
     return checksum_rows(rows)

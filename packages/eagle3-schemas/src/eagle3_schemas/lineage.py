@@ -21,10 +21,18 @@ from eagle3_schemas.safetensors_format import read_safetensors
 PREFIX = "sha256:"
 # Files that define a tokenizer's behaviour, chat template included, in every HF layout.
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
-    "tiktoken.model", "vocab.txt",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "tiktoken.model",
+    "vocab.txt",
+)
 # Keys of a model config.json that name the file's history, not the model.
 VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
 WEIGHT_SAMPLE_BYTES = 1 << 20
@@ -35,7 +43,9 @@ def _hex(h: hashlib._Hash) -> str:
 
 
 def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
 
 
 def fingerprint_json(obj: Any) -> str:
@@ -68,7 +78,9 @@ def fingerprint_tokenizer_dir(directory: str | os.PathLike[str]) -> str:
     directory = Path(directory)
     present = [directory / n for n in TOKENIZER_FILES if (directory / n).is_file()]
     if not present:
-        raise FileNotFoundError(f"{directory}: no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})")
+        raise FileNotFoundError(
+            f"{directory}: no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})"
+        )
     return fingerprint_files(present, directory)
 
 
@@ -87,7 +99,13 @@ def fingerprint_model_dir(directory: str | os.PathLike[str]) -> str:
     for path in sorted(directory.glob("*.safetensors")):
         parsed = read_safetensors(path)
         entries = {n: [t.dtype, list(t.shape), t.end - t.start] for n, t in parsed.tensors.items()}
-        h.update(path.name.encode() + b"\0" + str(path.stat().st_size).encode() + b"\0" + canonical_json(entries))
+        h.update(
+            path.name.encode()
+            + b"\0"
+            + str(path.stat().st_size).encode()
+            + b"\0"
+            + canonical_json(entries)
+        )
         first = min((t.start for t in parsed.tensors.values()), default=0)
         with open(path, "rb") as f:
             f.seek(first)
@@ -116,7 +134,13 @@ def fingerprint_artifact(path: str | os.PathLike[str]) -> str:
         return fingerprint_vocab_map(st.array("d2t"), st.array("t2d"))
     if kind == "hidden_states":
         manifest = pq.read_table(path / "manifest.parquet", columns=["sample_id", "checksum"])
-        rows = sorted(zip(manifest.column("sample_id").to_pylist(), manifest.column("checksum").to_pylist(), strict=True))
+        rows = sorted(
+            zip(
+                manifest.column("sample_id").to_pylist(),
+                manifest.column("checksum").to_pylist(),
+                strict=True,
+            )
+        )
         header = json.loads((path / "dataset.json").read_text(encoding="utf-8"))
         return fingerprint_json({"header": header, "rows": rows})
     if kind == "draft_checkpoint":
@@ -133,7 +157,11 @@ def lineage_mismatches(
     problems = []
     for key, want in expected.items():
         if key not in found:
-            problems.append(f"lineage {key!r}: {found_from} does not record it; {expected_from} has {want!r}")
+            problems.append(
+                f"lineage {key!r}: {found_from} does not record it; {expected_from} has {want!r}"
+            )
         elif found[key] != want:
-            problems.append(f"lineage {key!r}: {found_from} has {found[key]!r} but {expected_from} has {want!r}")
+            problems.append(
+                f"lineage {key!r}: {found_from} has {found[key]!r} but {expected_from} has {want!r}"
+            )
     return problems

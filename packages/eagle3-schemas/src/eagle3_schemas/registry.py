@@ -31,7 +31,11 @@ def artifact_kinds() -> list[str]:
 
 
 def versions(artifact: str) -> list[int]:
-    found = [int(m.group(1)) for p in (SCHEMA_DIR / artifact).glob("v*.json") if (m := re.fullmatch(r"v(\d+)\.json", p.name))]
+    found = [
+        int(m.group(1))
+        for p in (SCHEMA_DIR / artifact).glob("v*.json")
+        if (m := re.fullmatch(r"v(\d+)\.json", p.name))
+    ]
     return sorted(found)
 
 
@@ -69,14 +73,21 @@ def meta_check(schema_dir: Path = SCHEMA_DIR) -> list[str]:
         for err in validator.iter_errors(schema):
             where = "/".join(str(p) for p in err.absolute_path) or "(top)"
             problems.append(f"{rel}: {where}: {err.message}")
-        if schema.get("artifact") != path.parent.name or f"v{schema.get('version')}.json" != path.name:
-            problems.append(f"{rel}: artifact/version {schema.get('artifact')!r}/v{schema.get('version')} do not match the path")
+        if (
+            schema.get("artifact") != path.parent.name
+            or f"v{schema.get('version')}.json" != path.name
+        ):
+            problems.append(
+                f"{rel}: artifact/version {schema.get('artifact')!r}/v{schema.get('version')} do not match the path"
+            )
         symbols = set(schema.get("symbols", {}))
         for role, spec in schema.get("files", {}).items():
             for tname, tspec in spec.get("tensors", {}).items():
                 for dim in tspec.get("shape", []):
                     if isinstance(dim, str) and dim not in symbols:
-                        problems.append(f"{rel}: files/{role}/tensors/{tname}: shape symbol {dim!r} is not declared in 'symbols'")
+                        problems.append(
+                            f"{rel}: files/{role}/tensors/{tname}: shape symbol {dim!r} is not declared in 'symbols'"
+                        )
             if "json_schema" in spec:
                 try:
                     jsonschema.Draft202012Validator.check_schema(spec["json_schema"])
@@ -89,10 +100,14 @@ def meta_check(schema_dir: Path = SCHEMA_DIR) -> list[str]:
         implemented = CHECKS.get(schema.get("artifact"), {})
         for name in schema.get("checks", {}):
             if name not in implemented:
-                problems.append(f"{rel}: check {name!r} has no implementation in eagle3_schemas.checks")
+                problems.append(
+                    f"{rel}: check {name!r} has no implementation in eagle3_schemas.checks"
+                )
         for name in implemented:
             if name not in schema.get("checks", {}):
-                problems.append(f"{rel}: eagle3_schemas.checks implements {name!r}, which the schema does not declare")
+                problems.append(
+                    f"{rel}: eagle3_schemas.checks implements {name!r}, which the schema does not declare"
+                )
     problems += _frozen_problems(schema_dir, files)
     return problems
 
@@ -100,7 +115,9 @@ def meta_check(schema_dir: Path = SCHEMA_DIR) -> list[str]:
 def _frozen_problems(schema_dir: Path, files: list[Path]) -> list[str]:
     lock_path = schema_dir / FROZEN_FILE
     if not lock_path.is_file():
-        return [f"{FROZEN_FILE}: missing; run `eagle3-schemas freeze` once the schema files are released"]
+        return [
+            f"{FROZEN_FILE}: missing; run `eagle3-schemas freeze` once the schema files are released"
+        ]
     frozen: dict[str, str] = json.loads(lock_path.read_text(encoding="utf-8"))
     problems = []
     all_files = [*files, *sorted((schema_dir / META).glob("v*.json"))]
@@ -122,7 +139,9 @@ def _frozen_problems(schema_dir: Path, files: list[Path]) -> list[str]:
 def freeze(schema_dir: Path = SCHEMA_DIR) -> list[str]:
     """Add every not-yet-frozen schema file to the lock; never rewrites an existing entry."""
     lock_path = schema_dir / FROZEN_FILE
-    frozen: dict[str, str] = json.loads(lock_path.read_text(encoding="utf-8")) if lock_path.is_file() else {}
+    frozen: dict[str, str] = (
+        json.loads(lock_path.read_text(encoding="utf-8")) if lock_path.is_file() else {}
+    )
     added = []
     for path in sorted(schema_dir.glob("*/v*.json")):
         rel = path.relative_to(schema_dir).as_posix()

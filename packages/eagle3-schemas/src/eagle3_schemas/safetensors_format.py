@@ -18,20 +18,41 @@ import numpy as np
 
 # Bytes per element of every safetensors dtype.
 DTYPE_SIZES: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 
 # numpy views of the raw bytes; BF16 and FP8 are viewed as unsigned integers of their width.
 NUMPY_VIEWS: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8),
-    "F8_E4M3": np.dtype(np.uint8), "F8_E5M2": np.dtype(np.uint8),
-    "I16": np.dtype("<i2"), "U16": np.dtype("<u2"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-    "I32": np.dtype("<i4"), "U32": np.dtype("<u4"), "F32": np.dtype("<f4"),
-    "I64": np.dtype("<i8"), "U64": np.dtype("<u8"), "F64": np.dtype("<f8"),
-}  # fmt: skip
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "F8_E4M3": np.dtype(np.uint8),
+    "F8_E5M2": np.dtype(np.uint8),
+    "I16": np.dtype("<i2"),
+    "U16": np.dtype("<u2"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I32": np.dtype("<i4"),
+    "U32": np.dtype("<u4"),
+    "F32": np.dtype("<f4"),
+    "I64": np.dtype("<i8"),
+    "U64": np.dtype("<u8"),
+    "F64": np.dtype("<f8"),
+}
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -79,7 +100,9 @@ def read_safetensors(path: str | Path) -> SafetensorsFile:
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-            raise SafetensorsFormatError(f"{path}: truncated, {size} bytes is shorter than the 8-byte header length")
+            raise SafetensorsFormatError(
+                f"{path}: truncated, {size} bytes is shorter than the 8-byte header length"
+            )
         (header_len,) = struct.unpack("<Q", prefix)
         if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
             raise SafetensorsFormatError(
@@ -98,7 +121,9 @@ def read_safetensors(path: str | Path) -> SafetensorsFile:
         try:
             dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
         except (TypeError, KeyError, ValueError) as e:
-            raise SafetensorsFormatError(f"{path}: tensor {name!r}: malformed header entry {entry!r}") from e
+            raise SafetensorsFormatError(
+                f"{path}: tensor {name!r}: malformed header entry {entry!r}"
+            ) from e
         if dtype not in DTYPE_SIZES:
             raise SafetensorsFormatError(f"{path}: tensor {name!r}: unknown dtype {dtype!r}")
         numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
@@ -111,7 +136,9 @@ def read_safetensors(path: str | Path) -> SafetensorsFile:
     cursor = data_start
     for begin, end in covered:
         if begin != cursor:
-            raise SafetensorsFormatError(f"{path}: tensor data is not contiguous at byte {cursor} (next tensor starts at {begin})")
+            raise SafetensorsFormatError(
+                f"{path}: tensor data is not contiguous at byte {cursor} (next tensor starts at {begin})"
+            )
         cursor = end
     if cursor != size:
         raise SafetensorsFormatError(

@@ -7,7 +7,6 @@ generically from the schema file; the schema's named semantic checks run from
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -20,16 +19,26 @@ import pyarrow.parquet as pq
 
 from eagle3_schemas.header import DIRECTORY_HEADER_FILES, ArtifactError, Header, read_header
 from eagle3_schemas.registry import artifact_kinds, load_schema, versions
-from eagle3_schemas.safetensors_format import SafetensorsFile, SafetensorsFormatError, read_safetensors
+from eagle3_schemas.safetensors_format import (
+    SafetensorsFile,
+    SafetensorsFormatError,
+    read_safetensors,
+)
 
 ARROW_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "uint8": pa.uint8(),
-    "float32": pa.float32(), "float64": pa.float64(), "bool": pa.bool_(),
-    "list<int32>": pa.list_(pa.int32()), "list<uint8>": pa.list_(pa.uint8()),
+    "string": pa.string(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint8": pa.uint8(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+    "list<int32>": pa.list_(pa.int32()),
+    "list<uint8>": pa.list_(pa.uint8()),
     "list<struct<role: string, content: string>>": pa.list_(
         pa.struct([("role", pa.string()), ("content", pa.string())])
     ),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,7 @@ class Violation:
         return f"{self.file}: {self.location}: {self.message}"
 
 
-@dataclass
+@dataclass(eq=False)
 class Artifact:
     """An artifact being validated: its header, schema, and its files by role."""
 
@@ -60,19 +69,28 @@ class Artifact:
         return self.files[role][0]
 
     def rel(self, path: Path) -> str:
-        return str(path) if path == self.root else f"{self.root}/{path.relative_to(self.root).as_posix()}"
+        return (
+            str(path)
+            if path == self.root
+            else f"{self.root}/{path.relative_to(self.root).as_posix()}"
+        )
 
-    @functools.cache  # noqa: B019 - an Artifact lives for one validation
+    _loaded: dict[tuple[str, Path], Any] = field(default_factory=dict)
+
+    def _load(self, kind: str, path: Path, loader: Any) -> Any:
+        key = (kind, path)
+        if key not in self._loaded:
+            self._loaded[key] = loader(path)
+        return self._loaded[key]
+
     def safetensors(self, path: Path) -> SafetensorsFile:
-        return read_safetensors(path)
+        return self._load("safetensors", path, read_safetensors)
 
-    @functools.cache  # noqa: B019
     def table(self, path: Path) -> pa.Table:
-        return pq.read_table(path)
+        return self._load("parquet", path, pq.read_table)
 
-    @functools.cache  # noqa: B019
     def json(self, path: Path) -> Any:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return self._load("json", path, lambda p: json.loads(p.read_text(encoding="utf-8")))
 
 
 def detect_kind(path: str | os.PathLike[str]) -> str:
@@ -92,18 +110,31 @@ def validate(path: str | os.PathLike[str]) -> list[Violation]:
     except (ArtifactError, SafetensorsFormatError, OSError) as e:
         return [Violation(str(path), "(header)", str(e))]
     if header.artifact not in artifact_kinds():
-        return [Violation(str(path), "header.artifact", f"unknown artifact kind {header.artifact!r}; expected one of {artifact_kinds()}")]
+        return [
+            Violation(
+                str(path),
+                "header.artifact",
+                f"unknown artifact kind {header.artifact!r}; expected one of {artifact_kinds()}",
+            )
+        ]
     known = versions(header.artifact)
     if header.schema_version not in known:
-        return [Violation(str(path), "header.schema_version",
-                          f"{header.artifact} schema version {header.schema_version!r} is not one this library reads (known: {known})")]  # fmt: skip
+        return [
+            Violation(
+                str(path),
+                "header.schema_version",
+                f"{header.artifact} schema version {header.schema_version!r} is not one this library reads (known: {known})",
+            )
+        ]
     art = Artifact(path, header, load_schema(header.artifact, header.schema_version))
     where = _header_file(art)
     violations = _check_header(art, where)
     try:
         bindings = symbols_from_header(art)
     except (KeyError, TypeError, ValueError, OSError) as e:
-        violations.append(Violation(where, "(symbols)", f"cannot read the sizes this artifact declares: {e}"))
+        violations.append(
+            Violation(where, "(symbols)", f"cannot read the sizes this artifact declares: {e}")
+        )
         bindings = {}
     for role, spec in art.schema["files"].items():
         violations += _check_file_role(art, role, spec, bindings)
@@ -113,7 +144,9 @@ def validate(path: str | os.PathLike[str]) -> list[Violation]:
         try:
             violations += check(art)
         except Exception as e:  # a check that cannot run is itself a finding
-            violations.append(Violation(str(path), f"check {name}", f"could not run: {type(e).__name__}: {e}"))
+            violations.append(
+                Violation(str(path), f"check {name}", f"could not run: {type(e).__name__}: {e}")
+            )
     return violations
 
 
@@ -127,7 +160,11 @@ def _check_header(art: Artifact, where: str) -> list[Violation]:
     out = []
     validator = jsonschema.Draft202012Validator(art.schema["header"]["fields"])
     for err in validator.iter_errors(art.header.fields):
-        loc = "header." + ".".join(str(p) for p in err.absolute_path) if err.absolute_path else "header"
+        loc = (
+            "header." + ".".join(str(p) for p in err.absolute_path)
+            if err.absolute_path
+            else "header"
+        )
         out.append(Violation(where, loc, err.message))
     for key, meaning in art.schema["lineage"]["required"].items():
         if key not in art.header.lineage:
@@ -137,7 +174,9 @@ def _check_header(art: Artifact, where: str) -> list[Violation]:
     return out
 
 
-def _check_file_role(art: Artifact, role: str, spec: dict[str, Any], bindings: dict[str, int]) -> list[Violation]:
+def _check_file_role(
+    art: Artifact, role: str, spec: dict[str, Any], bindings: dict[str, int]
+) -> list[Violation]:
     pattern = spec["path"]
     if pattern == ".":
         paths = [art.root]
@@ -147,13 +186,19 @@ def _check_file_role(art: Artifact, role: str, spec: dict[str, Any], bindings: d
         paths = [art.root / pattern] if (art.root / pattern).exists() else []
     art.files[role] = paths
     if not paths:
-        return [Violation(str(art.root), pattern, "required file is missing")] if spec["required"] else []
+        return (
+            [Violation(str(art.root), pattern, "required file is missing")]
+            if spec["required"]
+            else []
+        )
     out: list[Violation] = []
     for path in paths:
         local = dict(bindings)
         found = {
-            "parquet": _check_parquet, "safetensors": _check_safetensors, "json": _check_json,
-        }[spec["format"]](art, path, spec, local)  # fmt: skip
+            "parquet": _check_parquet,
+            "safetensors": _check_safetensors,
+            "json": _check_json,
+        }[spec["format"]](art, path, spec, local)
         if "*" not in pattern:  # sizes seen in a single file hold for the whole artifact
             bindings.update(local)
         if found:
@@ -162,7 +207,9 @@ def _check_file_role(art: Artifact, role: str, spec: dict[str, Any], bindings: d
     return out
 
 
-def _check_parquet(art: Artifact, path: Path, spec: dict[str, Any], _: dict[str, int]) -> list[Violation]:
+def _check_parquet(
+    art: Artifact, path: Path, spec: dict[str, Any], _: dict[str, int]
+) -> list[Violation]:
     where = art.rel(path)
     try:
         table = art.table(path)
@@ -178,11 +225,19 @@ def _check_parquet(art: Artifact, path: Path, spec: dict[str, Any], _: dict[str,
             out.append(Violation(where, f"column {name}", f"type {got}, expected {col['type']}"))
         elif not col.get("nullable", True) and table.column(name).null_count:
             first = table.column(name).is_null().to_pylist().index(True)
-            out.append(Violation(where, f"row {first}, column {name}", f"null in a non-nullable column ({table.column(name).null_count} nulls)"))
+            out.append(
+                Violation(
+                    where,
+                    f"row {first}, column {name}",
+                    f"null in a non-nullable column ({table.column(name).null_count} nulls)",
+                )
+            )
     return out
 
 
-def _check_safetensors(art: Artifact, path: Path, spec: dict[str, Any], bindings: dict[str, int]) -> list[Violation]:
+def _check_safetensors(
+    art: Artifact, path: Path, spec: dict[str, Any], bindings: dict[str, int]
+) -> list[Violation]:
     where = art.rel(path)
     try:
         st = art.safetensors(path)
@@ -193,26 +248,50 @@ def _check_safetensors(art: Artifact, path: Path, spec: dict[str, Any], bindings
         info = st.tensors.get(name)
         if info is None:
             if tspec["required"]:
-                out.append(Violation(where, f"tensor {name}", f"missing (expected {'|'.join(tspec['dtype'])} {tspec['shape']})"))
+                out.append(
+                    Violation(
+                        where,
+                        f"tensor {name}",
+                        f"missing (expected {'|'.join(tspec['dtype'])} {tspec['shape']})",
+                    )
+                )
             continue
         if info.dtype not in tspec["dtype"]:
-            out.append(Violation(where, f"tensor {name}", f"dtype {info.dtype}, expected one of {tspec['dtype']}"))
+            out.append(
+                Violation(
+                    where, f"tensor {name}", f"dtype {info.dtype}, expected one of {tspec['dtype']}"
+                )
+            )
         shape = tspec["shape"]
         if len(info.shape) != len(shape):
-            out.append(Violation(where, f"tensor {name}", f"shape {list(info.shape)} has {len(info.shape)} dims, expected {shape}"))
+            out.append(
+                Violation(
+                    where,
+                    f"tensor {name}",
+                    f"shape {list(info.shape)} has {len(info.shape)} dims, expected {shape}",
+                )
+            )
             continue
         for axis, (dim, size) in enumerate(zip(shape, info.shape, strict=True)):
             want = dim if isinstance(dim, int) else bindings.setdefault(dim, size)
             if size != want:
                 label = f"{dim}={want}" if isinstance(dim, str) else str(want)
-                out.append(Violation(where, f"tensor {name}", f"shape {list(info.shape)}: dim {axis} is {size}, expected {label} (schema shape {shape})"))
+                out.append(
+                    Violation(
+                        where,
+                        f"tensor {name}",
+                        f"shape {list(info.shape)}: dim {axis} is {size}, expected {label} (schema shape {shape})",
+                    )
+                )
     if spec.get("extra_tensors") == "forbidden":
         for name in sorted(set(st.tensors) - set(spec["tensors"])):
             out.append(Violation(where, f"tensor {name}", "not allowed by the schema"))
     return out
 
 
-def _check_json(art: Artifact, path: Path, spec: dict[str, Any], _: dict[str, int]) -> list[Violation]:
+def _check_json(
+    art: Artifact, path: Path, spec: dict[str, Any], _: dict[str, int]
+) -> list[Violation]:
     where = art.rel(path)
     try:
         obj = art.json(path)

@@ -1,0 +1,1 @@
+"""Test support for every stage: valid fixture artifacts and helpers that damage them."""
