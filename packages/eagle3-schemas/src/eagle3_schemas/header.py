@@ -7,9 +7,10 @@ Writers here put the header where the schema says, atomically.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,12 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         )
     if path.suffix == ".parquet":
         try:
-            metadata = pq.read_schema(path).metadata or {}
+            metadata = pq.read_metadata(path).metadata or {}
         except (pa.ArrowInvalid, OSError) as e:
             raise ArtifactError(f"{path}: not a readable Parquet file ({e})") from e
         raw = metadata.get(HEADER_KEY.encode())
         if raw is None:
-            raise ArtifactError(f"{path}: Parquet schema metadata has no '{HEADER_KEY}' header")
+            raise ArtifactError(f"{path}: Parquet key-value metadata has no '{HEADER_KEY}' header")
         return _parse(raw.decode("utf-8"), f"{path} (Parquet metadata '{HEADER_KEY}')")
     if path.suffix == ".safetensors":
         raw_text = read_safetensors(path).metadata.get(HEADER_KEY)
@@ -124,6 +125,36 @@ def write_parquet(
         table = table.replace_schema_metadata(metadata)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+class ParquetStream:
+    """Rows written batch by batch; the header, known only at the end, goes in last."""
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self._writer = writer
+        self.header: Header | None = None
+        self.num_rows = 0
+
+    def write(self, batch: pa.Table | pa.RecordBatch) -> None:
+        if isinstance(batch, pa.RecordBatch):
+            self._writer.write_batch(batch)
+        else:
+            self._writer.write_table(batch)
+        self.num_rows += batch.num_rows
+
+
+@contextlib.contextmanager
+def parquet_stream(path: str | os.PathLike[str], schema: pa.Schema) -> Iterator[ParquetStream]:
+    """Stream rows into a Parquet artifact with bounded memory, atomically.
+
+    Set ``stream.header`` before the block ends; the file appears under ``path`` only then.
+    """
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+        stream = ParquetStream(writer)
+        yield stream
+        if stream.header is None:
+            raise ValueError(f"{path}: the artifact header was never set; refusing to publish a file without one")
+        writer.add_key_value_metadata({HEADER_KEY: json.dumps(stream.header.to_json(), sort_keys=True)})
 
 
 def write_safetensors(
