@@ -264,7 +264,7 @@ def test_roles_that_do_not_alternate_are_rejected(tmp_path: Path) -> None:
     )
     violations = validate(root)
     assert [str(v).split(": ", 1)[1] for v in violations] == [
-        "row 0, column messages: message 0: role 'assistant' where 'user' was expected (user and assistant alternate, user first)"
+        "row 0, column messages: not_alternating: message 0: role 'assistant' where 'user' was expected (user and assistant alternate, user first)"
     ]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from eagle3_schemas.conversations import conversation_problem
 from eagle3_schemas.hidden_states import UnsafeShardPath, resolve_shard_path, row_checksum
 from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_schemas.safetensors_format import nonfinite_count
@@ -149,30 +150,6 @@ def conversations_roles_alternate(art: Artifact) -> list[Violation]:
                 Violation(_where(art, "conversations"), f"row {row}, column messages", problem)
             )
     return _capped(out)
-
-
-def conversation_problem(messages: list[dict[str, Any]]) -> str | None:
-    """Why ``messages`` breaks the role convention, or None. Shared with eagle3-data's ingest."""
-    if not messages:
-        return "no messages"
-    roles = [m.get("role") for m in messages]
-    for i, m in enumerate(messages):
-        if m.get("role") not in ("system", "user", "assistant"):
-            return (
-                f"message {i}: unknown role {m.get('role')!r} (expected system, user or assistant)"
-            )
-        if not isinstance(m.get("content"), str) or not m["content"].strip():
-            return f"message {i} ({m.get('role')}): empty content"
-    turns = roles[1:] if roles[0] == "system" else roles
-    if "system" in turns:
-        return f"message {roles.index('system', 1)}: a system message is allowed only first"
-    for i, role in enumerate(turns):
-        want = "user" if i % 2 == 0 else "assistant"
-        if role != want:
-            return f"message {i + len(roles) - len(turns)}: role {role!r} where {want!r} was expected (user and assistant alternate, user first)"
-    if "assistant" not in turns:
-        return "no assistant turn"
-    return None
 
 
 # ---- tokenized ---------------------------------------------------------------------------

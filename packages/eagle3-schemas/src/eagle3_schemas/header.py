@@ -153,8 +153,12 @@ def parquet_stream(path: str | os.PathLike[str], schema: pa.Schema) -> Iterator[
         stream = ParquetStream(writer)
         yield stream
         if stream.header is None:
-            raise ValueError(f"{path}: the artifact header was never set; refusing to publish a file without one")
-        writer.add_key_value_metadata({HEADER_KEY: json.dumps(stream.header.to_json(), sort_keys=True)})
+            raise ValueError(
+                f"{path}: the artifact header was never set; refusing to publish a file without one"
+            )
+        writer.add_key_value_metadata(
+            {HEADER_KEY: json.dumps(stream.header.to_json(), sort_keys=True)}
+        )
 
 
 def write_safetensors(

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from eagle3_schemas.atomic import write_json_atomic
+from eagle3_schemas.conversations import conversation_id
 from eagle3_schemas.header import make_header, write_json_header, write_parquet, write_safetensors
 from eagle3_schemas.hidden_states import SHARD_DIR, checksum_rows
 from eagle3_schemas.lineage import fingerprint_json, fingerprint_vocab_map
@@ -44,7 +45,7 @@ def conversations(path: Path) -> Path:
     ]
     table = pa.table(
         {
-            "id": [fingerprint_json(m)[7:39] for m in rows],
+            "id": [conversation_id(m) for m in rows],
             "messages": pa.array(
                 rows, type=pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
             ),
