@@ -1,16 +1,154 @@
-"""``eagle3-data``: command-line entry point of the data stage."""
+"""``eagle3-data``: chat data → conversations → tokenized samples → draft vocabulary.
+
+    eagle3-data ingest RAW... --out conversations.parquet
+    eagle3-data regenerate conversations.parquet --endpoint http://127.0.0.1:8000/v1 --model NAME --out regen.parquet
+    eagle3-data tokenize conversations.parquet --tokenizer TARGET_DIR --out tokenized.parquet
+    eagle3-data vocab tokenized.parquet --draft-vocab-size 32000 --out vocab_map.safetensors
+
+Every output is validated against its schema before the command reports success.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from eagle3_schemas.validate import validate
+
+from eagle3_data import ingest, regenerate, tokenization, vocab
+from eagle3_data.config import (
+    ConfigError,
+    IngestConfig,
+    RegenerateConfig,
+    SamplingConfig,
+    TokenizeConfig,
+    VocabConfig,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eagle3-data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "ingest",
+        help="raw chat data (ShareGPT, OpenAI messages, Parquet, datasets dir) → conversations",
+    )
+    p.add_argument("inputs", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rejects", type=Path, help="default: OUT.rejects.jsonl")
+
+    p = sub.add_parser("regenerate", help="replace assistant turns with the target's own answers")
+    p.add_argument("conversations", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--model", required=True, help="served model name (endpoint) or model path (--engine vllm)"
+    )
+    p.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--engine", choices=["endpoint", "vllm"], default="endpoint")
+    p.add_argument("--rejects", type=Path)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--retries", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=1.0,
+        help="first retry delay in seconds, doubled each retry",
+    )
+    p.add_argument("--limit", type=int)
+
+    p = sub.add_parser("tokenize", help="conversations → token ids + assistant-only loss masks")
+    p.add_argument("conversations", type=Path)
+    p.add_argument(
+        "--tokenizer", type=Path, required=True, help="the target's tokenizer or model directory"
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rejects", type=Path)
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--workers", type=int, default=2)
+
+    p = sub.add_parser("vocab", help="loss-token counts → draft vocabulary map (d2t, t2d)")
+    p.add_argument("tokenized", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--draft-vocab-size", type=int, required=True)
+    p.add_argument(
+        "--target-vocab-size", type=int, help="default: the tokenized header's vocab_size"
+    )
+    return parser
+
+
+def _rejects(args: argparse.Namespace) -> Path:
+    return args.rejects or args.out.with_name(args.out.name + ".rejects.jsonl")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eagle3-data", description=__doc__)
-    parser.add_subparsers(dest="command", required=True)
-    parser.parse_args(argv)
-    return 0
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "ingest":
+            summary = asdict(ingest.run(IngestConfig(args.inputs, args.out, _rejects(args))))
+        elif args.command == "regenerate":
+            sampling = SamplingConfig(args.temperature, args.top_p, args.max_tokens, args.seed)
+            config = RegenerateConfig(
+                args.conversations,
+                args.out,
+                _rejects(args),
+                args.model,
+                args.endpoint,
+                args.engine,
+                sampling,
+                args.concurrency,
+                args.retries,
+                args.timeout,
+                args.backoff,
+                args.limit,
+            )
+            summary = asdict(regenerate.run(config))
+            if not summary["published"]:
+                print(json.dumps(summary), file=sys.stderr)
+                print(
+                    f"eagle3-data: {summary['failed']} samples failed after retries (see {config.rejects}.last-run.jsonl); "
+                    f"completed samples are kept in {config.journal}; rerun the same command to retry",
+                    file=sys.stderr,
+                )
+                return 1
+        elif args.command == "tokenize":
+            config = TokenizeConfig(
+                args.conversations,
+                args.tokenizer,
+                args.out,
+                _rejects(args),
+                args.max_length,
+                args.workers,
+            )
+            summary = asdict(tokenization.run(config))
+        else:
+            vocab_map = vocab.run(
+                VocabConfig(args.tokenized, args.out, args.draft_vocab_size, args.target_vocab_size)
+            )
+            summary = {
+                "draft_vocab_size": len(vocab_map.d2t),
+                "coverage": round(vocab_map.coverage, 6),
+            }
+    except (ConfigError, ValueError) as e:
+        print(f"eagle3-data {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    violations = validate(args.out)
+    for v in violations:
+        print(f"eagle3-data {args.command}: output violates its schema: {v}", file=sys.stderr)
+    print(json.dumps({"command": args.command, "output": str(args.out), **summary}, default=str))
+    return 1 if violations else 0
 
 
 if __name__ == "__main__":

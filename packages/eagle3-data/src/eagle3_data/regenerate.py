@@ -1,0 +1,343 @@
+"""regenerate: replace every assistant turn with the target's own answer (on-policy data).
+
+Turn by turn: each assistant turn is regenerated from the conversation so far, earlier
+answers already regenerated. Two engines: any OpenAI-compatible endpoint (``vllm serve``,
+bounded concurrency, retries with backoff) or vLLM's offline engine (the ``vllm`` extra).
+
+Resumable and idempotent by sample id: each finished sample is appended to a journal beside
+the output; a rerun skips what the journal holds. Samples the target answers badly (cut at
+``max_tokens``, empty) are rejected for good; samples whose endpoint calls kept failing are
+left out of the journal, and the artifact is only published once none remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+from eagle3_schemas.header import make_header, parquet_stream, read_header
+from eagle3_schemas.lineage import fingerprint_json
+from tqdm import tqdm
+
+from eagle3_data.config import RegenerateConfig
+from eagle3_data.ingest import SCHEMA
+from eagle3_data.rejects import RejectsFile
+
+Messages = list[dict[str, str]]
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+class AnswerRejected(Exception):
+    """The target's answer is unusable for training (truncated, empty); final, no retry."""
+
+
+class EndpointFailed(Exception):
+    """The endpoint kept failing after every retry; the sample is retried on the next run."""
+
+
+@dataclass
+class RegenerateSummary:
+    total: int = 0
+    already_done: int = 0
+    regenerated: int = 0
+    rejected: int = 0
+    failed: int = 0
+    published: bool = False
+
+
+# ---- journal: what makes a run resumable ---------------------------------------------------
+
+
+def read_journal(path: Path) -> dict[str, int]:
+    """Sample id → byte offset of its journal line. A torn last line (killed writer) is ignored."""
+    offsets: dict[str, int] = {}
+    if not path.exists():
+        return offsets
+    with open(path, "rb") as f:
+        offset = 0
+        for line in f:
+            with contextlib.suppress(json.JSONDecodeError, KeyError, UnicodeDecodeError):
+                offsets[json.loads(line)["id"]] = offset
+            offset += len(line)
+    return offsets
+
+
+def _truncate_torn_tail(path: Path) -> None:
+    """Drop a partial last line so appended entries start on a fresh line."""
+    if path.exists() and path.stat().st_size:
+        data = path.read_bytes()
+        if not data.endswith(b"\n"):
+            path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+# ---- the endpoint engine -----------------------------------------------------------------
+
+
+async def _complete(client: httpx.AsyncClient, config: RegenerateConfig, messages: Messages) -> str:
+    payload = {"model": config.model, "messages": messages, **asdict(config.sampling)}
+    last_error = ""
+    for attempt in range(config.retries + 1):
+        if attempt:
+            await asyncio.sleep(min(config.backoff_s * 2 ** (attempt - 1), 30.0))
+        try:
+            response = await client.post("chat/completions", json=payload, timeout=config.timeout_s)
+        except (httpx.TimeoutException, httpx.TransportError) as e:
+            last_error = f"{type(e).__name__}: {e}"
+            continue
+        if response.status_code in RETRY_STATUS:
+            last_error = f"HTTP {response.status_code}: {response.text[:200]}"
+            continue
+        if response.status_code != 200:
+            raise EndpointFailed(
+                f"HTTP {response.status_code} (not retried): {response.text[:200]}"
+            )
+        try:
+            choice = response.json()["choices"][0]
+            content, finish = choice["message"]["content"], choice.get("finish_reason")
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            last_error = f"malformed response ({type(e).__name__}): {response.text[:200]}"
+            continue
+        return _accept(content, finish, config)
+    raise EndpointFailed(f"gave up after {config.retries + 1} attempts; last error: {last_error}")
+
+
+def _accept(content: Any, finish_reason: str | None, config: RegenerateConfig) -> str:
+    if finish_reason == "length":
+        raise AnswerRejected(f"truncated: the answer hit max_tokens={config.sampling.max_tokens}")
+    if not isinstance(content, str) or not content.strip():
+        raise AnswerRejected("empty_answer: the target returned no text")
+    return content
+
+
+async def _regenerate_one(
+    client: httpx.AsyncClient, config: RegenerateConfig, messages: Messages
+) -> Messages:
+    history: Messages = []
+    for message in messages:
+        if message["role"] == "assistant":
+            history.append(
+                {"role": "assistant", "content": await _complete(client, config, history)}
+            )
+        else:
+            history.append(dict(message))
+    return history
+
+
+async def _run_endpoint(
+    config: RegenerateConfig,
+    todo: Iterator[tuple[str, Messages]],
+    journal: Any,
+    rejects: RejectsFile,
+    bar: tqdm,
+    summary: RegenerateSummary,
+) -> None:
+    queue: asyncio.Queue[tuple[str, Messages] | None] = asyncio.Queue(
+        maxsize=2 * config.concurrency
+    )
+    limits = httpx.Limits(max_connections=config.concurrency)
+    async with httpx.AsyncClient(
+        base_url=config.endpoint.rstrip("/") + "/", limits=limits
+    ) as client:  # type: ignore[union-attr]
+
+        async def worker() -> None:
+            while (item := await queue.get()) is not None:
+                sample_id, messages = item
+                try:
+                    _journal_done(
+                        journal, sample_id, await _regenerate_one(client, config, messages)
+                    )
+                    summary.regenerated += 1
+                except AnswerRejected as e:
+                    _journal_rejected(journal, rejects, sample_id, str(e), messages)
+                    summary.rejected += 1
+                except EndpointFailed as e:
+                    rejects.add(sample_id, f"endpoint_failed: {e}", messages)
+                    summary.failed += 1
+                bar.update(1)
+
+        workers = [asyncio.create_task(worker()) for _ in range(config.concurrency)]
+        for item in todo:
+            await queue.put(item)
+        for _ in workers:
+            await queue.put(None)
+        await asyncio.gather(*workers)
+
+
+# ---- the vLLM offline engine -------------------------------------------------------------
+
+
+def _run_vllm(
+    config: RegenerateConfig,
+    todo: Iterator[tuple[str, Messages]],
+    journal: Any,
+    rejects: RejectsFile,
+    bar: tqdm,
+    summary: RegenerateSummary,
+) -> None:
+    from vllm import LLM, SamplingParams  # the `vllm` extra
+
+    llm = LLM(model=config.model, seed=config.sampling.seed)
+    params = SamplingParams(**asdict(config.sampling))
+    batch: list[tuple[str, Messages]] = []
+    for item in [*todo, None]:
+        if item is not None:
+            batch.append(item)
+            if len(batch) < 256:
+                continue
+        histories: dict[str, Messages] = {sid: [] for sid, _ in batch}
+        failed: dict[str, str] = {}
+        for turn in range(max((len(m) for _, m in batch), default=0)):
+            asking = [(sid, m) for sid, m in batch if turn < len(m) and sid not in failed]
+            for sid, m in asking:
+                if m[turn]["role"] != "assistant":
+                    histories[sid].append(dict(m[turn]))
+            answering = [sid for sid, m in asking if m[turn]["role"] == "assistant"]
+            outputs = (
+                llm.chat([histories[sid] for sid in answering], params, use_tqdm=False)
+                if answering
+                else []
+            )
+            if len(outputs) != len(answering):  # never assume the engine kept the batch whole
+                raise RuntimeError(
+                    f"vLLM returned {len(outputs)} outputs for {len(answering)} prompts"
+                )
+            for sid, output in zip(answering, outputs, strict=True):
+                try:
+                    histories[sid].append(
+                        {
+                            "role": "assistant",
+                            "content": _accept(
+                                output.outputs[0].text, output.outputs[0].finish_reason, config
+                            ),
+                        }
+                    )
+                except AnswerRejected as e:
+                    failed[sid] = str(e)
+        for sid, messages in batch:
+            if sid in failed:
+                _journal_rejected(journal, rejects, sid, failed[sid], messages)
+                summary.rejected += 1
+            else:
+                _journal_done(journal, sid, histories[sid])
+                summary.regenerated += 1
+            bar.update(1)
+        batch = []
+
+
+# ---- the command -------------------------------------------------------------------------
+
+
+def _journal_done(journal: Any, sample_id: str, messages: Messages) -> None:
+    journal.write(json.dumps({"id": sample_id, "messages": messages}, ensure_ascii=False) + "\n")
+    journal.flush()
+
+
+def _journal_rejected(
+    journal: Any, rejects: RejectsFile, sample_id: str, reason: str, messages: Messages
+) -> None:
+    rejects.add(sample_id, reason, messages)
+    journal.write(json.dumps({"id": sample_id, "rejected": reason}) + "\n")
+    journal.flush()
+
+
+def _conversations(path: Path, limit: int | None) -> Iterator[tuple[str, str, Messages]]:
+    seen = 0
+    for batch in pq.ParquetFile(path).iter_batches(
+        batch_size=1024, columns=["id", "source", "messages"]
+    ):
+        d = batch.to_pydict()
+        for row in zip(d["id"], d["source"], d["messages"], strict=True):
+            if limit is not None and seen >= limit:
+                return
+            seen += 1
+            yield row
+
+
+def run(config: RegenerateConfig) -> RegenerateSummary:
+    config.check()
+    source = read_header(config.conversations)
+    if source.artifact != "conversations":
+        raise ValueError(
+            f"{config.conversations}: is a {source.artifact!r} artifact, expected 'conversations'"
+        )
+    _truncate_torn_tail(config.journal)
+    done = read_journal(config.journal)
+    total = sum(1 for _ in _conversations(config.conversations, config.limit))
+    summary = RegenerateSummary(total=total, already_done=len(done))
+    todo = (
+        (sid, msgs)
+        for sid, _, msgs in _conversations(config.conversations, config.limit)
+        if sid not in done
+    )
+    attempt_rejects = config.rejects.with_name(config.rejects.name + ".last-run.jsonl")
+    with (
+        RejectsFile(attempt_rejects) as rejects,
+        open(config.journal, "a", encoding="utf-8") as journal,
+        tqdm(total=total, initial=len(done), desc="regenerate", unit="conv") as bar,
+    ):
+        if config.engine == "vllm":
+            _run_vllm(config, todo, journal, rejects, bar, summary)
+        else:
+            asyncio.run(_run_endpoint(config, todo, journal, rejects, bar, summary))
+    if summary.failed:
+        return summary  # not published: rerun to retry the failed samples
+    _publish(config, source.lineage["source_fingerprint"], summary)
+    attempt_rejects.unlink(missing_ok=True)
+    return summary
+
+
+def _publish(config: RegenerateConfig, source_fingerprint: str, summary: RegenerateSummary) -> None:
+    """Assemble the artifact in input order from the journal, then drop the journal."""
+    offsets = read_journal(config.journal)
+    settings = {"engine": config.engine, "model": config.model, "sampling": asdict(config.sampling)}
+    kept = rejected = 0
+    with (
+        RejectsFile(config.rejects) as rejects,
+        open(config.journal, "rb") as journal,
+        parquet_stream(config.output, SCHEMA) as out,
+    ):
+        rows: dict[str, list[Any]] = {"id": [], "messages": [], "source": []}
+        for sample_id, source, original in _conversations(config.conversations, config.limit):
+            journal.seek(offsets[sample_id])
+            entry = json.loads(journal.readline())
+            if "rejected" in entry:
+                rejects.add(source, entry["rejected"], original)
+                rejected += 1
+                continue
+            for key, value in (
+                ("id", sample_id),
+                ("messages", entry["messages"]),
+                ("source", source),
+            ):
+                rows[key].append(value)
+            kept += 1
+            if len(rows["id"]) >= 2048:
+                out.write(pa.table(rows, schema=SCHEMA))
+                rows = {k: [] for k in rows}
+        if rows["id"]:
+            out.write(pa.table(rows, schema=SCHEMA))
+        lineage = {
+            "source_fingerprint": source_fingerprint,
+            "generator": fingerprint_json(settings),
+        }
+        out.header = make_header(
+            "conversations",
+            lineage,
+            num_rows=kept,
+            num_rejected=rejected,
+            regeneration={
+                **settings,
+                "endpoint": config.endpoint,
+                "conversations": str(config.conversations),
+            },
+        )
+    config.journal.unlink()
+    summary.published = True

@@ -1,0 +1,53 @@
+"""The rejects file: every record a command refused, with where it came from and why.
+
+JSONL, one object per rejected record: ``source`` (file:record), ``reason`` and ``record``
+(the raw text, or the normalised messages), so nothing is lost and every refusal is explained.
+Written to a temporary name and renamed when the command ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from eagle3_schemas.atomic import TEMP_MARKER
+
+
+class RejectsFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.reasons: Counter[str] = Counter()
+        self._tmp = path.with_name(f"{path.name}{TEMP_MARKER}{os.getpid()}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self._tmp, "w", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
+
+    def add(self, source: str, reason: str, record: Any) -> None:
+        """Keep one rejected record. ``reason`` starts with a short class name before ':'."""
+        self.reasons[reason.split(":", 1)[0]] += 1
+        self._file.write(
+            json.dumps({"source": source, "reason": reason, "record": record}, ensure_ascii=False)
+            + "\n"
+        )
+
+    @property
+    def count(self) -> int:
+        return sum(self.reasons.values())
+
+    def __enter__(self) -> RejectsFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._file.close()
+        if exc_type is None:
+            os.replace(self._tmp, self.path)
+        else:
+            self._tmp.unlink(missing_ok=True)
