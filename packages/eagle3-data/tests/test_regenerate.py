@@ -1,0 +1,257 @@
+"""regenerate against a real HTTP server on loopback that misbehaves on purpose.
+
+The endpoint is the one thing truly outside the project, so a local server plays its failure
+modes (timeouts, 5xx, malformed bodies, truncated answers, refusals); everything on our side
+(client, retries, journal, publication) runs for real.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from eagle3_data.config import RegenerateConfig, SamplingConfig
+from eagle3_data.regenerate import run
+from eagle3_schemas import read_header, validate
+
+
+@dataclass
+class Script:
+    """How the fake endpoint answers, keyed by the last user message."""
+
+    fail_first: dict[str, int] = field(default_factory=dict)  # 503 this many times, then answer
+    always: dict[str, int] = field(default_factory=dict)  # always this status
+    sleep_first: dict[str, float] = field(default_factory=dict)  # first request hangs this long
+    truncated: set[str] = field(default_factory=set)
+    malformed_first: set[str] = field(default_factory=set)
+    delay: float = 0.0
+    requests: Counter[str] = field(default_factory=Counter)
+    histories: list[list[dict[str, str]]] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            messages = body["messages"]
+            key = messages[-1]["content"]
+            with script.lock:
+                script.requests[key] += 1
+                n = script.requests[key]
+                script.histories.append(messages)
+                script.in_flight += 1
+                script.max_in_flight = max(script.max_in_flight, script.in_flight)
+            try:
+                time.sleep(script.delay)
+                if n == 1 and key in script.sleep_first:
+                    time.sleep(script.sleep_first[key])
+                if key in script.always:
+                    return self._send(script.always[key], b'{"error": "scripted"}')
+                if n <= script.fail_first.get(key, 0):
+                    return self._send(503, b'{"error": "overloaded"}')
+                if n == 1 and key in script.malformed_first:
+                    return self._send(200, b'{"choices": []}')
+                finish = "length" if key in script.truncated else "stop"
+                answer = {
+                    "choices": [
+                        {
+                            "message": {"role": "assistant", "content": f"answer to {key}"},
+                            "finish_reason": finish,
+                        }
+                    ]
+                }
+                self._send(200, json.dumps(answer).encode())
+            finally:
+                with script.lock:
+                    script.in_flight -= 1
+
+        def _send(self, status: int, payload: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    return Handler
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[str, Script]]:
+    script = Script()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(script))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", script
+    server.shutdown()
+    server.server_close()
+
+
+def _conversations(n: int) -> list[list[dict[str, str]]]:
+    return [
+        [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"old answer {i}"}]
+        for i in range(n)
+    ]
+
+
+def _config(tmp_path: Path, source: Path, url: str, **kw: object) -> RegenerateConfig:
+    defaults = dict(
+        model="tiny",
+        endpoint=url,
+        concurrency=3,
+        retries=3,
+        timeout_s=2.0,
+        backoff_s=0.01,
+        sampling=SamplingConfig(max_tokens=64),
+    )
+    return RegenerateConfig(
+        source, tmp_path / "regen.parquet", tmp_path / "regen.rejects.jsonl", **{**defaults, **kw}
+    )  # type: ignore[arg-type]
+
+
+def test_recovers_from_5xx_timeouts_and_malformed_bodies(
+    endpoint, tmp_path: Path, write_conversations
+) -> None:
+    url, script = endpoint
+    multi_turn = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "m1"},
+        {"role": "assistant", "content": "x"},
+        {"role": "user", "content": "m2"},
+        {"role": "assistant", "content": "y"},
+    ]
+    source = write_conversations(tmp_path / "c.parquet", [*_conversations(6), multi_turn])
+    script.fail_first = {"q1": 2, "q2": 3}
+    script.sleep_first = {"q3": 3.0}  # past the 2 s client timeout once
+    script.malformed_first = {"q4"}
+    script.truncated = {"q5"}
+    summary = run(_config(tmp_path, source, url))
+    assert (
+        summary.published
+        and summary.regenerated == 6
+        and summary.rejected == 1
+        and summary.failed == 0
+    )
+    out = tmp_path / "regen.parquet"
+    assert validate(out) == []
+    rows = pq.read_table(out).to_pylist()
+    assert [r["messages"][-1]["content"] for r in rows[:5]] == [
+        f"answer to q{i}" for i in (0, 1, 2, 3, 4)
+    ]
+    # turn by turn: the second question is asked after the regenerated first answer
+    assert rows[5]["messages"] == [
+        multi_turn[0],
+        multi_turn[1],
+        {"role": "assistant", "content": "answer to m1"},
+        multi_turn[3],
+        {"role": "assistant", "content": "answer to m2"},
+    ]
+    assert next(
+        [m["content"] for m in h] for h in script.histories if h[-1]["content"] == "m2"
+    ) == [
+        "sys",
+        "m1",
+        "answer to m1",
+        "m2",
+    ]
+    rejected = [
+        json.loads(line) for line in (tmp_path / "regen.rejects.jsonl").read_text().splitlines()
+    ]
+    assert [(r["source"], r["reason"].split(":")[0]) for r in rejected] == [("test:5", "truncated")]
+    header = read_header(out)
+    assert (
+        header.lineage["generator"].startswith("sha256:")
+        and header.fields["regeneration"]["sampling"]["max_tokens"] == 64
+    )
+    assert script.max_in_flight <= 3
+    assert not (tmp_path / "regen.parquet.journal.jsonl").exists()
+
+
+def test_persistent_failure_is_not_published_and_a_rerun_resumes(
+    endpoint, tmp_path: Path, write_conversations
+) -> None:
+    url, script = endpoint
+    source = write_conversations(tmp_path / "c.parquet", _conversations(5))
+    script.always = {
+        "q2": 503,
+        "q3": 400,
+    }  # 503 is retried, 400 is not; both leave the sample to a rerun
+    summary = run(_config(tmp_path, source, url))
+    assert not summary.published and summary.failed == 2 and summary.regenerated == 3
+    assert not (tmp_path / "regen.parquet").exists()
+    assert script.requests["q2"] == 4 and script.requests["q3"] == 1
+    last_run = [
+        json.loads(line)
+        for line in (tmp_path / "regen.rejects.jsonl.last-run.jsonl").read_text().splitlines()
+    ]
+    assert sorted(r["reason"].split(":")[0] for r in last_run) == [
+        "endpoint_failed",
+        "endpoint_failed",
+    ]
+    script.always = {}
+    summary = run(_config(tmp_path, source, url))
+    assert summary.published and summary.already_done == 3 and summary.regenerated == 2
+    assert all(
+        script.requests[f"q{i}"] == 1 for i in (0, 1, 4)
+    )  # done samples are never asked again
+    assert pq.read_table(tmp_path / "regen.parquet").num_rows == 5
+
+
+def test_kill_9_mid_run_then_rerun_completes_without_duplicates(
+    endpoint, tmp_path: Path, write_conversations
+) -> None:
+    url, script = endpoint
+    source = write_conversations(tmp_path / "c.parquet", _conversations(24))
+    script.delay = 0.15
+    out = tmp_path / "regen.parquet"
+    command = [
+        sys.executable,
+        "-m",
+        "eagle3_data",
+        "regenerate",
+        str(source),
+        "--out",
+        str(out),
+        "--model",
+        "tiny",
+        "--endpoint",
+        url,
+        "--concurrency",
+        "2",
+        "--backoff",
+        "0.01",
+    ]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        journal = tmp_path / "regen.parquet.journal.jsonl"
+        deadline = time.monotonic() + 60
+        while (
+            not journal.exists() or journal.read_text().count("\n") < 6
+        ) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    done_before = journal.read_text().count("\n")
+    assert 6 <= done_before < 24 and not out.exists()
+    script.delay = 0.0
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in rows] == pq.read_table(source).column("id").to_pylist()
+    assert validate(out) == []
+    repeated = [k for k, n in script.requests.items() if n > 1]
+    assert len(repeated) <= 2, f"only requests in flight at the kill may repeat, got {repeated}"
