@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
 from eagle3_schemas.header import make_header, write_parquet
 
 REPO = Path(__file__).resolve().parents[3]
@@ -32,6 +33,7 @@ def tiny_tokenizer_dir() -> Path:
 def _write_conversations(path: Path, conversations: list[list[dict[str, str]]]) -> Path:
     """A conversations artifact holding exactly ``conversations`` (ids are their content ids)."""
     import pyarrow as pa
+
     from eagle3_data.ingest import SCHEMA
     from eagle3_schemas.conversations import conversation_id
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from eagle3_data.cli import main
 from eagle3_data.config import ConfigError, IngestConfig
 from eagle3_data.ingest import run

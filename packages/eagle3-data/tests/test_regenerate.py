@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
 from eagle3_data.config import RegenerateConfig, SamplingConfig
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import ChatRenderer
 from eagle3_data.tokenization import encode, load_tokenizer, run

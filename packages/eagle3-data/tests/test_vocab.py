@@ -7,13 +7,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
 from eagle3_data.config import TokenizeConfig, VocabConfig
 from eagle3_data.tokenization import run as tokenize
 from eagle3_data.vocab import build_vocab_map, run
 from eagle3_schemas import fingerprint_artifact, read_header, validate
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
 
 @st.composite

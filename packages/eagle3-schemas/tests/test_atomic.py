@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from eagle3_schemas import atomic_directory, atomic_path, validate
 from eagle3_schemas.atomic import TEMP_MARKER
 from eagle3_schemas.testing.fixtures import build

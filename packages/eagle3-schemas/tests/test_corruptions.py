@@ -13,6 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from eagle3_schemas import validate
 from eagle3_schemas.registry import load_schema
 from eagle3_schemas.testing.edits import (
@@ -23,8 +26,6 @@ from eagle3_schemas.testing.edits import (
     rewrite_tensors,
 )
 from eagle3_schemas.testing.fixtures import build
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KINDS = [

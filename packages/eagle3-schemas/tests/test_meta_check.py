@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from eagle3_schemas.registry import SCHEMA_DIR, freeze, load_schema, meta_check
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from eagle3_schemas import fingerprint_artifact, fingerprint_vocab_map, read_header, validate
 from eagle3_schemas.registry import artifact_kinds
 from eagle3_schemas.safetensors_format import read_safetensors

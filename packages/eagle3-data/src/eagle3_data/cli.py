@@ -16,8 +16,6 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from eagle3_schemas.validate import validate
-
 from eagle3_data import ingest, regenerate, tokenization, vocab
 from eagle3_data.config import (
     ConfigError,
@@ -27,6 +25,7 @@ from eagle3_data.config import (
     TokenizeConfig,
     VocabConfig,
 )
+from eagle3_schemas.validate import validate
 
 
 def _parser() -> argparse.ArgumentParser:

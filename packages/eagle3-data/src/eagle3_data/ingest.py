@@ -17,12 +17,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from eagle3_schemas.conversations import conversation_id, conversation_problem
-from eagle3_schemas.header import make_header, parquet_stream
-from eagle3_schemas.lineage import fingerprint_file, fingerprint_files, fingerprint_json
 
 from eagle3_data.config import IngestConfig
 from eagle3_data.rejects import RejectsFile
+from eagle3_schemas.conversations import conversation_id, conversation_problem
+from eagle3_schemas.header import make_header, parquet_stream
+from eagle3_schemas.lineage import fingerprint_file, fingerprint_files, fingerprint_json
 
 ROLE_ALIASES = {
     "system": "system",

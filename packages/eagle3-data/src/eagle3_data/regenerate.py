@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
-from eagle3_schemas.header import make_header, parquet_stream, read_header
-from eagle3_schemas.lineage import fingerprint_json
 from tqdm import tqdm
 
 from eagle3_data.config import RegenerateConfig
 from eagle3_data.ingest import SCHEMA
 from eagle3_data.rejects import RejectsFile
+from eagle3_schemas.header import make_header, parquet_stream, read_header
+from eagle3_schemas.lineage import fingerprint_json
 
 Messages = list[dict[str, str]]
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from eagle3_schemas.header import make_header, parquet_stream, read_header
-from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
+from eagle3_schemas.header import make_header, parquet_stream, read_header
+from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 
 SCHEMA = pa.schema(
     [

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from eagle3_schemas.header import make_header, read_header, write_safetensors
-from eagle3_schemas.lineage import fingerprint_artifact
 
 from eagle3_data.config import VocabConfig
+from eagle3_schemas.header import make_header, read_header, write_safetensors
+from eagle3_schemas.lineage import fingerprint_artifact
 
 
 @dataclass(frozen=True)
