@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
         help="first retry delay in seconds, doubled each retry",
     )
     p.add_argument("--limit", type=int)
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="argument for vllm.LLM with --engine vllm (VALUE parsed as JSON when it can be), e.g. tensor_parallel_size=8",
+    )
 
     p = sub.add_parser("tokenize", help="conversations → token ids + assistant-only loss masks")
     p.add_argument("conversations", type=Path)
@@ -86,6 +93,16 @@ def _parser() -> argparse.ArgumentParser:
         "--target-vocab-size", type=int, help="default: the tokenized header's vocab_size"
     )
     return parser
+
+
+def _engine_arg(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--engine-arg {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def _rejects(args: argparse.Namespace) -> Path:
@@ -112,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.timeout,
                 args.backoff,
                 args.limit,
+                dict(_engine_arg(a) for a in args.engine_arg),
             )
             summary = asdict(regenerate.run(config))
             if not summary["published"]:

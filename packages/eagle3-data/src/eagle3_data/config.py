@@ -49,6 +49,7 @@ class RegenerateConfig:
     timeout_s: float = 120.0
     backoff_s: float = 1.0
     limit: int | None = None  # regenerate only the first N conversations
+    engine_args: dict[str, object] = field(default_factory=dict)  # passed to vllm.LLM(...) as is
 
     @property
     def journal(self) -> Path:

@@ -184,7 +184,7 @@ def _run_vllm(
 ) -> None:
     from vllm import LLM, SamplingParams  # the `vllm` extra
 
-    llm = LLM(model=config.model, seed=config.sampling.seed)
+    llm = LLM(model=config.model, seed=config.sampling.seed, **config.engine_args)
     params = SamplingParams(**asdict(config.sampling))
     batch: list[tuple[str, Messages]] = []
     for item in [*todo, None]:

