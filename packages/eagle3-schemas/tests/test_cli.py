@@ -39,3 +39,17 @@ def test_console_script_runs_as_a_module(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0 and "0 problem(s)" in done.stdout
+
+
+def test_shallow_validation_skips_the_full_data_scan(tmp_path: Path) -> None:
+    import numpy as np
+
+    from eagle3_schemas import validate
+
+    root = build("hidden_states", tmp_path)
+    shard = root / "shards" / "shard-00000.safetensors"
+    rewrite_tensors(shard, lambda t: t["last_hidden_state"].__setitem__((0, 0), np.float32(np.nan)))
+    deep = {v.location.split(",")[-1].strip() for v in validate(root)}
+    assert {"column checksum", "tensor last_hidden_state"} <= deep
+    assert validate(root, deep=False) == []
+    assert main(["validate", "--shallow", str(root)]) == 0
