@@ -163,3 +163,15 @@ def test_refuses_to_overwrite_and_cli_exit_codes(
     with pytest.raises(ConfigError, match="already exists"):
         run(IngestConfig([raw], out, tmp_path / "r.jsonl"))
     assert main(["ingest", str(raw), "--out", str(out)]) == 2
+
+
+def test_keep_selects_records_by_field(tmp_path: Path) -> None:
+    raw = tmp_path / "corpus.jsonl"
+    records = [{**GOOD_SHAREGPT, "split": "train"}, {**GOOD_OPENAI, "split": "heldout"}]
+    raw.write_text("\n".join(json.dumps(r) for r in records))
+    summary = run(
+        IngestConfig([raw], tmp_path / "c.parquet", tmp_path / "r.jsonl", keep={"split": "heldout"})
+    )
+    assert (summary.written, summary.skipped) == (1, 1)
+    assert pq.read_table(tmp_path / "c.parquet").column("source").to_pylist() == ["corpus.jsonl:2"]
+    assert read_header(tmp_path / "c.parquet").fields["keep"] == {"split": "heldout"}

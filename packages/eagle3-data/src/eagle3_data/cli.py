@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rejects", type=Path, help="default: OUT.rejects.jsonl")
+    p.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="keep only records whose top-level FIELD equals VALUE (e.g. split=train)",
+    )
 
     p = sub.add_parser("regenerate", help="replace assistant turns with the target's own answers")
     p.add_argument("conversations", type=Path)
@@ -95,10 +102,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _engine_arg(text: str) -> tuple[str, object]:
+def _key_value(text: str, flag: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise ConfigError(f"--engine-arg {text!r}: expected KEY=VALUE")
+        raise ConfigError(f"{flag} {text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def _engine_arg(text: str) -> tuple[str, object]:
+    key, value = _key_value(text, "--engine-arg")
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:
@@ -113,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "ingest":
-            summary = asdict(ingest.run(IngestConfig(args.inputs, args.out, _rejects(args))))
+            keep = dict(_key_value(k, "--keep") for k in args.keep)
+            summary = asdict(
+                ingest.run(IngestConfig(args.inputs, args.out, _rejects(args), keep=keep))
+            )
         elif args.command == "regenerate":
             sampling = SamplingConfig(args.temperature, args.top_p, args.max_tokens, args.seed)
             config = RegenerateConfig(

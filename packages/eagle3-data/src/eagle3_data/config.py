@@ -16,6 +16,9 @@ class IngestConfig:
     output: Path
     rejects: Path
     batch_rows: int = 2048  # rows per Parquet row group: bounds memory
+    keep: dict[str, str] = field(
+        default_factory=dict
+    )  # keep only records whose field equals the value
 
     def check(self) -> None:
         for path in self.inputs:

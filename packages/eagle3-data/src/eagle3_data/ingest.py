@@ -51,6 +51,7 @@ class RawRecord:
 class IngestSummary:
     read: int = 0
     written: int = 0
+    skipped: int = 0  # not selected by --keep
     duplicates: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
 
@@ -65,6 +66,9 @@ def run(config: IngestConfig) -> IngestSummary:
             summary.read += 1
             if record.error is not None:
                 rejects.add(record.source, record.error, record.raw)
+                continue
+            if config.keep and not _selected(record.value, config.keep):
+                summary.skipped += 1
                 continue
             messages = normalise(record.value)
             problem = messages if isinstance(messages, str) else conversation_problem(messages)
@@ -100,6 +104,10 @@ def run(config: IngestConfig) -> IngestSummary:
             duplicates=summary.duplicates,
         )
     return summary
+
+
+def _selected(record: Any, keep: dict[str, str]) -> bool:
+    return isinstance(record, dict) and all(str(record.get(k)) == v for k, v in keep.items())
 
 
 def source_fingerprint(inputs: list[Path]) -> str:
