@@ -102,6 +102,8 @@ def run(config: IngestConfig) -> IngestSummary:
             num_rejected=rejects.count,
             inputs=[str(p) for p in config.inputs],
             duplicates=summary.duplicates,
+            skipped=summary.skipped,
+            keep=config.keep,
         )
     return summary
 
