@@ -73,6 +73,45 @@ def target_vocab_size(directory: Path, tokenizer: Any) -> int:
     return int(size)
 
 
+def encode_batch(
+    renderer: ChatRenderer, rows: list[tuple[str, str, list[dict[str, str]]]], max_length: int
+) -> list[Encoded]:
+    """Render, locate trained spans and tokenize ``(id, source, messages)`` rows in one batch."""
+    results: list[Encoded] = []
+    pending: list[tuple[Encoded, list[tuple[int, int]], str]] = []
+    for sample_id, source, messages in rows:
+        text = renderer.render(messages)
+        try:
+            spans = renderer.trained_spans(messages, text)
+        except MaskError as e:
+            results.append(Encoded(sample_id, source, error=str(e), messages=messages))
+            continue
+        encoded = Encoded(sample_id, source, messages=messages)
+        results.append(encoded)
+        pending.append((encoded, spans, text))
+    if not pending:
+        return results
+    batch = renderer.tokenizer(
+        [text for _, _, text in pending], add_special_tokens=False, return_offsets_mapping=True
+    )
+    for (encoded, spans, _), ids, offsets in zip(
+        pending, batch["input_ids"], batch["offset_mapping"], strict=True
+    ):
+        ids_array = np.asarray(ids, dtype=np.int32)
+        mask = token_mask(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), spans)
+        encoded.truncated = len(ids_array) > max_length
+        ids_array, mask = ids_array[:max_length], mask[:max_length]
+        if not mask.any():
+            encoded.error = (
+                "no_loss_tokens: every assistant token lies beyond max_length"
+                if encoded.truncated
+                else "no_loss_tokens: no assistant token in the rendered sample"
+            )
+            continue
+        encoded.input_ids, encoded.loss_mask, encoded.messages = ids_array, mask, None
+    return results
+
+
 def encode(
     renderer: ChatRenderer,
     sample_id: str,
@@ -80,39 +119,18 @@ def encode(
     messages: list[dict[str, str]],
     max_length: int,
 ) -> Encoded:
-    text = renderer.render(messages)
-    try:
-        spans = renderer.trained_spans(messages, text)
-    except MaskError as e:
-        return Encoded(sample_id, source, error=str(e), messages=messages)
-    enc = renderer.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int32)
-    mask = token_mask(np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2), spans)
-    truncated = len(ids) > max_length
-    ids, mask = ids[:max_length], mask[:max_length]
-    if not mask.any():
-        reason = (
-            "no_loss_tokens: every assistant token lies beyond max_length"
-            if truncated
-            else "no_loss_tokens: no assistant token in the rendered sample"
-        )
-        return Encoded(sample_id, source, error=reason, messages=messages)
-    return Encoded(sample_id, source, ids, mask, truncated)
+    return encode_batch(renderer, [(sample_id, source, messages)], max_length)[0]
 
 
 # ---- worker processes --------------------------------------------------------------------
-
+# Workers are forked after the tokenizer is loaded and before any Parquet is read: they
+# inherit it instead of importing transformers and parsing tokenizer.json again (seconds per
+# worker), and no Rust or Arrow thread is running at fork time.
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_dir: str, max_length: int) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _worker["renderer"] = ChatRenderer.for_tokenizer(load_tokenizer(Path(tokenizer_dir)))
-    _worker["max_length"] = max_length
-
-
 def _encode_chunk(rows: list[tuple[str, str, list[dict[str, str]]]]) -> list[Encoded]:
-    return [encode(_worker["renderer"], i, s, m, _worker["max_length"]) for i, s, m in rows]
+    return encode_batch(_worker["renderer"], rows, _worker["max_length"])
 
 
 def _chunks(
@@ -132,42 +150,44 @@ def run(config: TokenizeConfig) -> TokenizeSummary:
         raise ValueError(
             f"{config.conversations}: is a {header.artifact!r} artifact, expected 'conversations'"
         )
+    if config.workers > 1:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # a process per core already; fork-safe
     tokenizer = load_tokenizer(config.tokenizer)
     renderer = ChatRenderer.for_tokenizer(tokenizer)
     vocab_size = target_vocab_size(config.tokenizer, tokenizer)
+    lineage = {
+        "conversations_fingerprint": fingerprint_artifact(config.conversations),
+        "tokenizer_fingerprint": fingerprint_tokenizer_dir(config.tokenizer),
+        "chat_template_fingerprint": fingerprint_text(tokenizer.chat_template),
+    }
     summary = TokenizeSummary()
-    chunks = _chunks(config.conversations, config.chunk_rows)
-    with RejectsFile(config.rejects) as rejects, parquet_stream(config.output, SCHEMA) as out:
-        if config.workers == 1:
-            _init_worker(str(config.tokenizer), config.max_length)
-            results: Iterator[list[Encoded]] = map(_encode_chunk, chunks)
-            _write(results, out, rejects, summary)
-        else:
-            ctx = multiprocessing.get_context(
-                "spawn"
-            )  # fork after the Rust tokenizer starts threads is unsafe
-            with ctx.Pool(
-                config.workers, _init_worker, (str(config.tokenizer), config.max_length)
-            ) as pool:
-                _write(pool.imap(_encode_chunk, chunks), out, rejects, summary)
-        summary.rejected = dict(rejects.reasons)
-        lineage = {
-            "conversations_fingerprint": fingerprint_artifact(config.conversations),
-            "tokenizer_fingerprint": fingerprint_tokenizer_dir(config.tokenizer),
-            "chat_template_fingerprint": fingerprint_text(tokenizer.chat_template),
-        }
-        out.header = make_header(
-            "tokenized",
-            lineage,
-            vocab_size=vocab_size,
-            max_length=config.max_length,
-            truncation=TRUNCATION,
-            num_tokens=summary.tokens,
-            num_loss_tokens=summary.loss_tokens,
-            num_truncated=summary.truncated,
-            num_rejected=rejects.count,
-            assistant_closing=renderer.closing,
-        )
+    _worker.update(renderer=renderer, max_length=config.max_length)
+    pool = multiprocessing.get_context("fork").Pool(config.workers) if config.workers > 1 else None
+    try:
+        with RejectsFile(config.rejects) as rejects, parquet_stream(config.output, SCHEMA) as out:
+            chunks = _chunks(config.conversations, config.chunk_rows)
+            _write(
+                pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks),
+                out,
+                rejects,
+                summary,
+            )
+            summary.rejected = dict(rejects.reasons)
+            out.header = make_header(
+                "tokenized",
+                lineage,
+                vocab_size=vocab_size,
+                max_length=config.max_length,
+                truncation=TRUNCATION,
+                num_tokens=summary.tokens,
+                num_loss_tokens=summary.loss_tokens,
+                num_truncated=summary.truncated,
+                num_rejected=rejects.count,
+                assistant_closing=renderer.closing,
+            )
+    finally:
+        if pool is not None:
+            pool.terminate()
     return summary
 
 
