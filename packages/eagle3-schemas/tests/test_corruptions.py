@@ -292,3 +292,12 @@ def test_unknown_kind_and_missing_path(tmp_path: Path) -> None:
     rewrite_header(root, lambda h: h.__setitem__("artifact", "mystery"))
     assert [v.location for v in validate(root)] == ["header.artifact"]
     assert validate(tmp_path / "nope")[0].message == "does not exist"
+
+
+def test_out_of_vocab_token_ids_name_their_row(tmp_path: Path) -> None:
+    root = build("tokenized", tmp_path)
+    rewrite_parquet(root, lambda c: c["input_ids"].__setitem__(2, [*c["input_ids"][2][:-1], 999]))
+    violations = validate(root)
+    assert [(v.location, v.message) for v in violations] == [
+        ("row 2, column input_ids", "token ids [999] outside [0, 32)")
+    ]

@@ -75,19 +75,19 @@ def _where(art: Artifact, role: str) -> str:
 
 
 def _unique_ids(art: Artifact, role: str, column: str) -> list[Violation]:
-    ids = art.table(art.path(role)).column(column).to_pylist()
     seen: dict[str, int] = {}
     out = []
-    for row, sample_id in enumerate(ids):
-        if sample_id in seen:
-            out.append(
-                Violation(
-                    _where(art, role),
-                    f"row {row}, column {column}",
-                    f"duplicate id {sample_id!r} (first at row {seen[sample_id]})",
+    for first, batch in art.batches(art.path(role), [column]):
+        for offset, sample_id in enumerate(batch.column(column).to_pylist()):
+            if sample_id in seen:
+                out.append(
+                    Violation(
+                        _where(art, role),
+                        f"row {first + offset}, column {column}",
+                        f"duplicate id {sample_id!r} (first at row {seen[sample_id]})",
+                    )
                 )
-            )
-        seen.setdefault(sample_id, row)
+            seen.setdefault(sample_id, first + offset)
     return _capped(out)
 
 
@@ -141,14 +141,17 @@ def conversations_unique_ids(art: Artifact) -> list[Violation]:
 
 def conversations_roles_alternate(art: Artifact) -> list[Violation]:
     out = []
-    for row, messages in enumerate(
-        art.table(art.path("conversations")).column("messages").to_pylist()
-    ):
-        problem = conversation_problem(messages)
-        if problem:
-            out.append(
-                Violation(_where(art, "conversations"), f"row {row}, column messages", problem)
-            )
+    for first, batch in art.batches(art.path("conversations"), ["messages"]):
+        for offset, messages in enumerate(batch.column("messages").to_pylist()):
+            problem = conversation_problem(messages)
+            if problem:
+                out.append(
+                    Violation(
+                        _where(art, "conversations"),
+                        f"row {first + offset}, column messages",
+                        problem,
+                    )
+                )
     return _capped(out)
 
 
@@ -160,64 +163,76 @@ def tokenized_unique_ids(art: Artifact) -> list[Violation]:
 
 
 def tokenized_row_lengths(art: Artifact) -> list[Violation]:
-    t = art.table(art.path("tokenized"))
-    ids_len = pc.list_value_length(t.column("input_ids")).to_numpy(zero_copy_only=False)
-    mask_len = pc.list_value_length(t.column("loss_mask")).to_numpy(zero_copy_only=False)
-    num = t.column("num_tokens").to_numpy()
     max_length = art.header.fields["max_length"]
     out = []
-    for row in np.flatnonzero(
-        (ids_len != mask_len) | (ids_len != num) | (num <= 0) | (num > max_length)
+    for first, batch in art.batches(
+        art.path("tokenized"), ["input_ids", "loss_mask", "num_tokens"]
     ):
-        out.append(
-            Violation(
-                _where(art, "tokenized"),
-                f"row {row}",
-                f"len(input_ids)={ids_len[row]}, len(loss_mask)={mask_len[row]}, num_tokens={num[row]}: expected all equal and in [1, {max_length}]",
+        ids_len = pc.list_value_length(batch.column("input_ids")).to_numpy(zero_copy_only=False)
+        mask_len = pc.list_value_length(batch.column("loss_mask")).to_numpy(zero_copy_only=False)
+        num = batch.column("num_tokens").to_numpy()
+        for row in np.flatnonzero(
+            (ids_len != mask_len) | (ids_len != num) | (num <= 0) | (num > max_length)
+        ):
+            out.append(
+                Violation(
+                    _where(art, "tokenized"),
+                    f"row {first + row}",
+                    f"len(input_ids)={ids_len[row]}, len(loss_mask)={mask_len[row]}, num_tokens={num[row]}: expected all equal and in [1, {max_length}]",
+                )
             )
-        )
     return _capped(out)
 
 
 def tokenized_loss_mask_binary(art: Artifact) -> list[Violation]:
-    t = art.table(art.path("tokenized"))
-    out = []
-    flat = pc.list_flatten(t.column("loss_mask")).to_numpy(zero_copy_only=False)
-    if np.any(flat > 1):
-        out.append(
+    out, where, bad_values = [], _where(art, "tokenized"), set()
+    for first, batch in art.batches(art.path("tokenized"), ["loss_mask", "num_loss_tokens"]):
+        masks = batch.column("loss_mask")
+        flat = pc.list_flatten(masks).to_numpy(zero_copy_only=False)
+        bad_values |= set(np.unique(flat[flat > 1]).tolist())
+        lengths = pc.list_value_length(masks).to_numpy(zero_copy_only=False)
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        sums = np.bincount(rows, weights=flat, minlength=len(lengths)).astype(np.int64)
+        declared = batch.column("num_loss_tokens").to_numpy()
+        for row in np.flatnonzero(sums != declared):
+            out.append(
+                Violation(
+                    where,
+                    f"row {first + row}, column num_loss_tokens",
+                    f"is {declared[row]} but loss_mask sums to {sums[row]}",
+                )
+            )
+    if bad_values:
+        out.insert(
+            0,
             Violation(
-                _where(art, "tokenized"),
+                where,
                 "column loss_mask",
-                f"values {sorted(set(np.unique(flat).tolist()) - {0, 1})[:5]} found, expected only 0 and 1",
-            )
-        )
-    sums = np.array([sum(m) for m in t.column("loss_mask").to_pylist()])
-    declared = t.column("num_loss_tokens").to_numpy()
-    for row in np.flatnonzero(sums != declared):
-        out.append(
-            Violation(
-                _where(art, "tokenized"),
-                f"row {row}, column num_loss_tokens",
-                f"is {declared[row]} but loss_mask sums to {sums[row]}",
-            )
+                f"values {sorted(bad_values)[:5]} found, expected only 0 and 1",
+            ),
         )
     return _capped(out)
 
 
 def tokenized_token_ids_in_vocab(art: Artifact) -> list[Violation]:
-    t = art.table(art.path("tokenized"))
     vocab = art.header.fields["vocab_size"]
     out = []
-    for row, ids in enumerate(t.column("input_ids").to_pylist()):
-        bad = [x for x in ids if not 0 <= x < vocab]
-        if bad:
-            out.append(
-                Violation(
-                    _where(art, "tokenized"),
-                    f"row {row}, column input_ids",
-                    f"token ids {bad[:5]} outside [0, {vocab})",
+    for first, batch in art.batches(art.path("tokenized"), ["input_ids"]):
+        ids = batch.column("input_ids")
+        flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero((flat < 0) | (flat >= vocab))
+        if len(bad):
+            lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
+            rows = np.repeat(np.arange(len(lengths)), lengths)[bad]
+            for row in np.unique(rows)[: MAX_REPORTED + 1]:
+                values = flat[bad[rows == row]][:5].tolist()
+                out.append(
+                    Violation(
+                        _where(art, "tokenized"),
+                        f"row {first + row}, column input_ids",
+                        f"token ids {values} outside [0, {vocab})",
+                    )
                 )
-            )
     return _capped(out)
 
 

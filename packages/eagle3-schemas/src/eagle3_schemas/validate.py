@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from eagle3_schemas.safetensors_format import (
     read_safetensors,
 )
 
+BATCH_ROWS = 8192
 ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
     "int32": pa.int32(),
@@ -87,7 +89,15 @@ class Artifact:
         return self._load("safetensors", path, read_safetensors)
 
     def table(self, path: Path) -> pa.Table:
+        """The whole table: only for small files (manifests, per-sample reports)."""
         return self._load("parquet", path, pq.read_table)
+
+    def batches(self, path: Path, columns: list[str]) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """``(first row, batch)`` pairs: row checks stream, so memory stays bounded."""
+        first = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            yield first, batch
+            first += batch.num_rows
 
     def json(self, path: Path) -> Any:
         return self._load("json", path, lambda p: json.loads(p.read_text(encoding="utf-8")))
@@ -218,26 +228,36 @@ def _check_parquet(
 ) -> list[Violation]:
     where = art.rel(path)
     try:
-        table = art.table(path)
+        schema = pq.ParquetFile(path).schema_arrow
     except (pa.ArrowInvalid, OSError) as e:
         return [Violation(where, "(file)", f"not a readable Parquet file: {e}")]
-    out = []
+    out, non_nullable = [], []
     for name, col in spec["columns"].items():
-        if name not in table.column_names:
+        if name not in schema.names:
             out.append(Violation(where, f"column {name}", f"missing (expected {col['type']})"))
             continue
-        want, got = ARROW_TYPES[col["type"]], table.schema.field(name).type
+        want, got = ARROW_TYPES[col["type"]], schema.field(name).type
         if not got.equals(want):
             out.append(Violation(where, f"column {name}", f"type {got}, expected {col['type']}"))
-        elif not col.get("nullable", True) and table.column(name).null_count:
-            first = table.column(name).is_null().to_pylist().index(True)
-            out.append(
-                Violation(
-                    where,
-                    f"row {first}, column {name}",
-                    f"null in a non-nullable column ({table.column(name).null_count} nulls)",
-                )
+        elif not col.get("nullable", True):
+            non_nullable.append(name)
+    try:
+        nulls: dict[str, tuple[int, int]] = {}  # column -> (first null row, count)
+        for first, batch in art.batches(path, non_nullable):
+            for name in non_nullable:
+                column = batch.column(name)
+                if column.null_count:
+                    row = first + column.is_null().to_pylist().index(True)
+                    seen_row, count = nulls.get(name, (row, 0))
+                    nulls[name] = (seen_row, count + column.null_count)
+    except (pa.ArrowInvalid, OSError) as e:
+        return [*out, Violation(where, "(file)", f"not a readable Parquet file: {e}")]
+    for name, (row, count) in nulls.items():
+        out.append(
+            Violation(
+                where, f"row {row}, column {name}", f"null in a non-nullable column ({count} nulls)"
             )
+        )
     return out
 
 
