@@ -433,8 +433,8 @@ def hidden_states_totals(art: Artifact) -> list[Violation]:
 
 
 def hidden_states_row_checksums(art: Artifact) -> list[Violation]:
-    if hidden_states_manifest_rows(art):
-        return []
+    if hidden_states_shard_paths_inside(art) or hidden_states_manifest_rows(art):
+        return []  # reported there
     out = []
     for shard, rows in _rows_by_shard(art).items():
         st = art.safetensors(resolve_shard_path(art.root, shard))
