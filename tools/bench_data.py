@@ -132,10 +132,11 @@ def bench_ingest(n: int, workdir: Path) -> dict[str, float]:
                     {"role": "assistant", "content": rng.choice(pool)},
                 ]
                 f.write(json.dumps({"messages": messages}) + "\n")
-        # the child reports its own peak RSS: RUSAGE_CHILDREN would mix in earlier children
+        # The child reports its own peak (VmHWM, reset by exec): ru_maxrss would carry over the
+        # parent's high-water mark through fork + exec.
         code = (
-            "import resource, sys; from eagle3_data.cli import main; main(sys.argv[1:]); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
+            "import sys; from eagle3_data.cli import main; main(sys.argv[1:]); "
+            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')), file=sys.stderr)"
         )
         out = workdir / f"conv-{size}.parquet"
         start = time.perf_counter()
