@@ -1,16 +1,212 @@
-"""``eagle3-extract``: command-line entry point of the extract stage."""
+"""``eagle3-extract``: capture target hidden states into a sharded dataset.
+
+    eagle3-extract run --model DIR --tokenized FILE --out DIR [--backend hf|vllm] ...
+    eagle3-extract preflight --model DIR --tokenized FILE --out DIR [...]   (checks only)
+    eagle3-extract merge --out DIR IN_DIR...
+    eagle3-extract verify DATASET --model DIR [--tokenized FILE] [--samples N]
+
+Exit status: 0 success, 1 a check failed (preflight, verify, merge refusal), 2 bad usage.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
+from pathlib import Path
+from typing import Any
+
+from eagle3_extract.config import (
+    BACKENDS,
+    COMPUTE_DTYPES,
+    DEFAULT_SHARD_MB,
+    STORAGE_DTYPES,
+    ConfigError,
+    ExtractConfig,
+)
+
+log = logging.getLogger("eagle3_extract")
+
+
+def _layer_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def _vllm_arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=JSON, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, required=True, help="target model directory (HF format)")
+    p.add_argument("--tokenized", type=Path, required=True, help="tokenized samples (Parquet)")
+    p.add_argument("--out", type=Path, required=True, help="dataset directory to create")
+    p.add_argument("--backend", choices=BACKENDS, default="hf")
+    p.add_argument(
+        "--aux-layer-ids",
+        type=_layer_ids,
+        help="comma-separated vLLM layer ids (default [2, N//2, N-3], spread evenly for N < 7)",
+    )
+    p.add_argument("--storage-dtype", choices=STORAGE_DTYPES, default="bfloat16")
+    p.add_argument(
+        "--dtype",
+        dest="compute_dtype",
+        choices=COMPUTE_DTYPES,
+        default="auto",
+        help="compute dtype (auto: float32 for hf, the model's own for vllm)",
+    )
+    p.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: --model)")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="target shard size")
+    p.add_argument("--batch-tokens", type=int, default=8192, help="hf: padded tokens per batch")
+    p.add_argument("--max-samples", type=int, help="only the first N tokenized samples")
+    p.add_argument("--no-validate", dest="validate_output", action="store_false")
+    v = p.add_argument_group("vLLM (passed through)")
+    v.add_argument("--tensor-parallel-size", type=int, default=1)
+    v.add_argument("--pipeline-parallel-size", type=int, default=1)
+    v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    v.add_argument("--max-model-len", type=int)
+    v.add_argument("--max-num-batched-tokens", type=int)
+    v.add_argument("--enforce-eager", action="store_true")
+    v.add_argument("--shards-per-call", type=int, default=4, help="shards per LLM.generate call")
+    v.add_argument(
+        "--vllm-arg",
+        type=_vllm_arg,
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="any other LLM(...) keyword argument",
+    )
+
+
+def _config(args: argparse.Namespace, preflight: bool = True) -> ExtractConfig:
+    return ExtractConfig(
+        model=args.model,
+        tokenized=args.tokenized,
+        out=args.out,
+        backend=args.backend,
+        aux_layer_ids=args.aux_layer_ids,
+        storage_dtype=args.storage_dtype,
+        compute_dtype=args.compute_dtype,
+        rank=args.rank,
+        world_size=args.world_size,
+        shard_mb=args.shard_mb,
+        batch_tokens=args.batch_tokens,
+        max_samples=args.max_samples,
+        preflight=preflight,
+        validate_output=args.validate_output,
+        tokenizer=args.tokenizer,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enforce_eager=args.enforce_eager,
+        shards_per_call=args.shards_per_call,
+        vllm_kwargs=dict(args.vllm_arg),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eagle3-extract",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="extract (preflight first; resumes a killed run)")
+    _add_run_args(run)
+    run.add_argument("--no-preflight", action="store_true", help="skip the checks (not advised)")
+    pre = sub.add_parser("preflight", help="only the checks run does first")
+    _add_run_args(pre)
+    merge = sub.add_parser("merge", help="join the datasets of several ranks")
+    merge.add_argument("--out", type=Path, required=True)
+    merge.add_argument("inputs", type=Path, nargs="+")
+    merge.add_argument("--allow-missing-ranks", action="store_true")
+    verify = sub.add_parser("verify", help="recompute samples with the reference and compare")
+    verify.add_argument("dataset", type=Path)
+    verify.add_argument("--model", type=Path, required=True)
+    verify.add_argument("--tokenized", type=Path, help="check token ids and lineage against it")
+    verify.add_argument("--samples", type=int, default=8, help="samples to recompute")
+    verify.add_argument("--tolerance", type=float, help="max relative error per layer")
+    verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument("--json", type=Path, help="also write the report here")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eagle3-extract", description=__doc__)
-    parser.add_subparsers(dest="command", required=True)
-    parser.parse_args(argv)
-    return 0
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return _dispatch(args)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from eagle3_extract.merge import MergeError
+    from eagle3_extract.preflight import PreflightError
+
+    if args.command == "run":
+        from eagle3_extract.run import run
+
+        try:
+            summary = run(_config(args, preflight=not args.no_preflight))
+        except PreflightError as e:
+            log.error("%s", e)
+            return 1
+        print(json.dumps(summary))
+        return 0
+    if args.command == "preflight":
+        from eagle3_extract.run import preflight_only
+
+        findings = preflight_only(_config(args))
+        for finding in findings:
+            print(finding)
+        return 1 if any(f.level == "error" for f in findings) else 0
+    if args.command == "merge":
+        from eagle3_extract.merge import merge
+
+        try:
+            print(json.dumps(merge(args.inputs, args.out, args.allow_missing_ranks)))
+        except MergeError as e:
+            log.error("%s", e)
+            return 1
+        return 0
+    if args.command == "verify":
+        from eagle3_extract.verify import verify
+
+        report = verify(
+            args.dataset,
+            args.model,
+            args.tokenized,
+            num_samples=args.samples,
+            tolerance=args.tolerance,
+            seed=args.seed,
+        )
+        print(report.render())
+        if args.json:
+            from eagle3_schemas.atomic import write_json_atomic
+
+            write_json_atomic(args.json, report.to_json())
+        return 0 if report.ok else 1
+    raise AssertionError(args.command)
 
 
 if __name__ == "__main__":

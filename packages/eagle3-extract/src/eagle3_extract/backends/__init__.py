@@ -1,0 +1,1 @@
+"""Capture backends: transformers (reference, CPU) and vLLM (production)."""

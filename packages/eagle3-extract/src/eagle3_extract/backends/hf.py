@@ -1,0 +1,258 @@
+"""transformers backend: forward hooks on the decoder layers, in vLLM's layer-id convention.
+
+Id ``k >= 1`` is the output of decoder layer ``k-1`` (the residual stream after k layers); id 0
+is the input of decoder layer 0 (the embedding output, after any embedding scaling the model
+applies). Id ``N`` is therefore the last layer's output *before* the final norm, which
+``output_hidden_states[N]`` is not (transformers applies the norm before appending it).
+
+Only the base model runs (``AutoModel``): no LM head is loaded or computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from eagle3_extract.plan import ShardPlan
+from eagle3_extract.samples import Sample
+from eagle3_extract.writer import CapturedSample, CaptureError, write_shard
+
+if TYPE_CHECKING:
+    from eagle3_extract.run import RunContext
+    from eagle3_extract.workdir import WorkDir
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_base_model(model_dir: Path, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    # Loading the base model from a *ForCausalLM checkpoint reports lm_head.weight as
+    # "UNEXPECTED": by design here (no LM head is computed), so keep that report quiet.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = AutoModel.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.eval()
+    return model
+
+
+def decoder_parts(model: nn.Module) -> tuple[nn.ModuleList, nn.Module]:
+    """The decoder layers and final norm of a base model, checked rather than assumed."""
+    layers = getattr(model, "layers", None)
+    norm = getattr(model, "norm", None)
+    if not isinstance(layers, nn.ModuleList) or norm is None:
+        raise CaptureError(
+            f"{type(model).__name__}: expected attributes 'layers' (ModuleList) and 'norm' on the "
+            "base model (Llama/Qwen/DeepSeek layout); this architecture needs its own hook map"
+        )
+    return layers, norm
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    # Decoder layers return a tensor in transformers 5, a tuple (hidden, ...) in 4.x.
+    tensor = value[0] if isinstance(value, tuple) else value
+    if not isinstance(tensor, torch.Tensor):
+        raise CaptureError(f"decoder layer returned {type(value).__name__}, expected a tensor")
+    return tensor
+
+
+class LayerCapture:
+    """Context manager: hooks that record the residual stream at the given vLLM layer ids."""
+
+    def __init__(self, model: nn.Module, layer_ids: Sequence[int]) -> None:
+        self.layers, _ = decoder_parts(model)
+        n = len(self.layers)
+        bad = [i for i in layer_ids if not 0 <= i <= n]
+        if bad:
+            raise CaptureError(f"layer ids {bad} outside [0, {n}] for a {n}-layer model")
+        self.layer_ids = list(layer_ids)
+        self.captured: dict[int, torch.Tensor] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> LayerCapture:
+        for layer_id in sorted(set(self.layer_ids)):
+            if layer_id == 0:
+
+                def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+                    hidden = args[0] if args else kwargs["hidden_states"]
+                    self.captured[0] = hidden.detach()
+
+                self._handles.append(
+                    self.layers[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+                )
+            else:
+
+                def hook(_m: nn.Module, _args: Any, output: Any, layer_id: int = layer_id) -> None:
+                    self.captured[layer_id] = _first_tensor(output).detach()
+
+                self._handles.append(self.layers[layer_id - 1].register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def take(self) -> list[torch.Tensor]:
+        """The captured tensors in ``layer_ids`` order; raises if a hook did not fire."""
+        missing = [i for i in self.layer_ids if i not in self.captured]
+        if missing:
+            raise CaptureError(f"hooks for layer ids {missing} did not fire during the forward")
+        out = [self.captured[i] for i in self.layer_ids]
+        self.captured = {}
+        return out
+
+
+def batches(samples: Sequence[Sample], batch_tokens: int) -> Iterator[list[Sample]]:
+    """Length-sorted batches whose padded size (longest x count) fits ``batch_tokens``."""
+    ordered = sorted(samples, key=lambda s: -s.num_tokens)
+    batch: list[Sample] = []
+    for sample in ordered:
+        if batch and batch[0].num_tokens * (len(batch) + 1) > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(sample)
+    if batch:
+        yield batch
+
+
+class HFBackend:
+    """Reference capture with transformers; float32 on CPU by default."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        layer_ids: Sequence[int],
+        *,
+        dtype: str = "float32",
+        batch_tokens: int = 8192,
+        model: nn.Module | None = None,
+    ) -> None:
+        self.dtype = DTYPES[dtype]
+        self.model = model if model is not None else load_base_model(model_dir, self.dtype)
+        self.layers, self.norm = decoder_parts(self.model)
+        self.layer_ids = list(layer_ids)
+        self.batch_tokens = batch_tokens
+
+    @torch.inference_mode()
+    def forward_states(self, batch: Sequence[Sample]) -> list[torch.Tensor]:
+        """``[T_i, n_ids, H]`` float32 states of each sample of ``batch`` (right-padded)."""
+        longest = max(s.num_tokens for s in batch)
+        ids = torch.zeros(len(batch), longest, dtype=torch.long)
+        mask = torch.zeros(len(batch), longest, dtype=torch.long)
+        for row, sample in enumerate(batch):
+            ids[row, : sample.num_tokens] = torch.from_numpy(sample.input_ids.astype("int64"))
+            mask[row, : sample.num_tokens] = 1
+        with LayerCapture(self.model, self.layer_ids) as capture:
+            self.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            stacked = torch.stack(capture.take(), dim=2)  # [B, L, n_ids, H]
+        return [
+            stacked[row, : s.num_tokens].to(torch.float32).clone() for row, s in enumerate(batch)
+        ]
+
+    def capture(self, samples: Sequence[Sample]) -> list[CapturedSample]:
+        """States of ``samples``, returned in the order given."""
+        by_id: dict[str, torch.Tensor] = {}
+        for batch in batches(samples, self.batch_tokens):
+            for sample, states in zip(batch, self.forward_states(batch), strict=True):
+                by_id[sample.sample_id] = states
+        return [CapturedSample(s, by_id[s.sample_id]) for s in samples]
+
+    @torch.inference_mode()
+    def self_check(self, sample: Sample) -> list[str]:
+        """Dry run on one sample: the hooks see what the model computes, and id N is pre-norm.
+
+        Checks (a) applying the model's own final norm to captured id N reproduces the model's
+        output, and (b) captured ids < N equal ``output_hidden_states``. Returns problems found.
+        """
+        n = len(self.layers)
+        ids = torch.from_numpy(sample.input_ids.astype("int64"))[None]
+        with LayerCapture(self.model, sorted({*self.layer_ids, n})) as capture:
+            out = self.model(input_ids=ids, output_hidden_states=True, use_cache=False)
+            got = dict(zip(capture.layer_ids, capture.take(), strict=True))
+        problems = []
+        renormed = self.norm(got[n])
+        # equal_nan: a sample with NaN states is rejected by the writer, not a failed check.
+        if not torch.allclose(
+            renormed, out.last_hidden_state, rtol=1e-4, atol=1e-5, equal_nan=True
+        ):
+            problems.append(
+                "final norm applied to the captured id N does not give the model's output: the "
+                "hook on the last decoder layer does not see the pre-norm residual stream"
+            )
+        hidden_states = out.hidden_states
+        if hidden_states is None or len(hidden_states) != n + 1:
+            problems.append(
+                f"output_hidden_states returned {0 if hidden_states is None else len(hidden_states)}"
+                f" tensors, expected {n + 1} (embeddings + one per layer)"
+            )
+        else:
+            for layer_id, tensor in got.items():
+                same = torch.allclose(tensor, hidden_states[layer_id], 0, 0, equal_nan=True)
+                if layer_id < n and not same:
+                    problems.append(
+                        f"captured id {layer_id} differs from output_hidden_states[{layer_id}]"
+                    )
+        return problems
+
+
+def run_shards_hf(
+    ctx: RunContext,
+    work: WorkDir,
+    pending: Sequence[ShardPlan],
+    backend: HFBackend | None = None,
+) -> int:
+    """Capture and write every pending shard; returns the tokens processed."""
+    config = ctx.config
+    if backend is None:
+        backend = HFBackend(
+            config.model, ctx.layer_ids, dtype=ctx.compute_dtype, batch_tokens=config.batch_tokens
+        )
+    if backend.layer_ids != ctx.layer_ids:
+        raise CaptureError(
+            f"backend captures ids {backend.layer_ids}, the run needs {ctx.layer_ids}"
+        )
+    if config.preflight:
+        problems = backend.self_check(pending[0].samples[0])
+        if problems:
+            raise CaptureError("transformers dry run failed: " + "; ".join(problems))
+        log.info("preflight [ok] transformers dry run: hooks see the pre-norm residual stream")
+    tokens = 0
+    started = time.perf_counter()
+    for number, plan in enumerate(pending, 1):
+        captured = backend.capture(plan.samples)
+        fragment = write_shard(
+            work.root,
+            work.fragments_dir,
+            plan,
+            captured,
+            n_aux=len(ctx.aux_layer_ids),
+            hidden_size=ctx.target.hidden_size,
+            storage_dtype=config.storage_dtype,
+        )
+        tokens += plan.num_tokens
+        elapsed = time.perf_counter() - started
+        log.info(
+            "shard %s written (%d/%d, %d samples, %d rejected, %.0f tokens/s)",
+            plan.name,
+            number,
+            len(pending),
+            len(fragment.rows),
+            len(fragment.rejected),
+            tokens / max(elapsed, 1e-9),
+        )
+    return tokens

@@ -1,0 +1,396 @@
+"""vLLM backend (production): the native ``extract_hidden_states`` path + the project's connector.
+
+The driver (this module) plans nothing of its own: it sends the samples of the pending shards
+to ``LLM.generate`` as token-id prompts with ``max_tokens=1``, each carrying its place in the
+shard plan in ``kv_transfer_params``; the connector (``connector.py``) inside the engine writes
+the shards. The driver then waits for every shard's fragment, checking what came back instead
+of assuming it: one output per prompt, prompt ids unchanged, no error left by the connector.
+
+Before the first shard a one-sample dry run checks the engine's capture: shape ``[T, n_ids, H]``,
+finite values, token ids, and that no two captured layer ids hold the same tensor (what a model
+that drops a layer id would produce: vLLM broadcasts a short stack into the buffer silently).
+
+Runs in vLLM's own environment (``python -m eagle3_extract run --backend vllm``); tensor and
+pipeline parallel sizes and any other ``LLM`` argument pass straight through.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from eagle3_extract.plan import ShardPlan
+from eagle3_extract.preflight import Finding
+from eagle3_extract.samples import Sample
+from eagle3_extract.writer import CaptureError
+
+if TYPE_CHECKING:
+    from eagle3_extract.run import RunContext
+    from eagle3_extract.workdir import WorkDir
+
+log = logging.getLogger(__name__)
+
+# How long to wait, after generate() returned, for the connector to finish writing shards.
+WRITE_TIMEOUT_S = 900.0
+POLL_S = 0.05
+
+
+def _propagate_pythonpath() -> None:
+    """The engine runs in spawned processes that import the connector by module path: make sure
+    they find this package and eagle3_schemas however this process found them."""
+    import eagle3_extract
+    import eagle3_schemas
+
+    roots = [str(Path(m.__file__).resolve().parents[1]) for m in (eagle3_extract, eagle3_schemas)]
+    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *current]))
+
+
+def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
+    from eagle3_extract.backends.connector import (
+        CONNECTOR_NAME,
+        MODULE_PATH,
+        PARAMS_KEY,
+        request_layer_ids,
+    )
+
+    c = ctx.config
+    kwargs: dict[str, Any] = {
+        "model": str(c.model),
+        "tokenizer": str(c.tokenizer_dir),
+        "dtype": c.compute_dtype,
+        "tensor_parallel_size": c.tensor_parallel_size,
+        "pipeline_parallel_size": c.pipeline_parallel_size,
+        "gpu_memory_utilization": c.gpu_memory_utilization,
+        "enforce_eager": c.enforce_eager,
+        # Every token's states must be computed by this request's own forward; a prefix-cache
+        # hit would skip them (and the cache-only layer would hold another request's slots).
+        "enable_prefix_caching": False,
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {
+                "hf_config": {
+                    "eagle_aux_hidden_state_layer_ids": request_layer_ids(
+                        ctx.aux_layer_ids, ctx.target.num_hidden_layers
+                    )
+                }
+            },
+        },
+        "kv_transfer_config": {
+            "kv_connector": CONNECTOR_NAME,
+            "kv_connector_module_path": MODULE_PATH,
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {
+                "use_synchronization_lock": False,
+                PARAMS_KEY: {
+                    "work_dir": str(work.root),
+                    "fragments_dir": str(work.fragments_dir),
+                    "storage_dtype": c.storage_dtype,
+                    "aux_layer_ids": ctx.aux_layer_ids,
+                    "num_hidden_layers": ctx.target.num_hidden_layers,
+                    "hidden_size": ctx.target.hidden_size,
+                },
+            },
+        },
+    }
+    if c.max_model_len is not None:
+        kwargs["max_model_len"] = c.max_model_len
+    if c.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
+    if c.compute_dtype == "auto":
+        kwargs["dtype"] = ctx.compute_dtype
+    kwargs.update(c.vllm_kwargs)
+    return kwargs
+
+
+def _request(sample: Sample, params: dict[str, Any]) -> tuple[Any, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from eagle3_extract.backends.connector import PARAMS_KEY, ids_digest
+
+    params = {
+        **params,
+        "sample_id": sample.sample_id,
+        "index": sample.index,
+        "num_tokens": sample.num_tokens,
+        "ids_digest": ids_digest(sample.input_ids),
+        "loss_mask": sample.loss_mask.tobytes().hex(),
+    }
+    return (
+        TokensPrompt(prompt_token_ids=sample.input_ids.tolist()),
+        SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            detokenize=False,
+            extra_args={"kv_transfer_params": {PARAMS_KEY: params}},
+        ),
+    )
+
+
+def _generate(llm: Any, requests: Sequence[tuple[Any, Any]], samples: Sequence[Sample]) -> None:
+    outputs = llm.generate([r[0] for r in requests], [r[1] for r in requests], use_tqdm=False)
+    if not isinstance(outputs, list) or len(outputs) != len(requests):
+        raise CaptureError(
+            f"LLM.generate returned {type(outputs).__name__} of "
+            f"{len(outputs) if hasattr(outputs, '__len__') else '?'} outputs for {len(requests)} "
+            "prompts"
+        )
+    for output, sample in zip(outputs, samples, strict=True):
+        if list(output.prompt_token_ids or []) != sample.input_ids.tolist():
+            raise CaptureError(
+                f"sample {sample.sample_id!r}: the engine's output carries other prompt token ids "
+                "than were sent"
+            )
+
+
+def _wait(paths: Sequence[Path], errors_dir: Path, what: str) -> None:
+    deadline = time.monotonic() + WRITE_TIMEOUT_S
+    while True:
+        errors = sorted(errors_dir.glob("*.txt")) if errors_dir.is_dir() else []
+        if errors:
+            raise CaptureError(
+                f"the connector failed while writing {what}:\n"
+                + errors[0].read_text(encoding="utf-8")
+            )
+        missing = [p for p in paths if not p.is_file()]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise CaptureError(
+                f"timed out after {WRITE_TIMEOUT_S:.0f} s waiting for {len(missing)} {what} "
+                f"(first: {missing[0]}); did the engine load connector {__package__}.connector?"
+            )
+        time.sleep(POLL_S)
+
+
+def dry_run(llm: Any, ctx: RunContext, work: WorkDir, sample: Sample) -> list[str]:
+    """Capture one sample and check what the engine returns; returns the problems found."""
+    import torch
+    from safetensors.torch import load_file
+
+    from eagle3_extract.backends.connector import ERRORS_DIR, request_layer_ids
+
+    path = work.root / "_work" / "dry_run.safetensors"
+    path.unlink(missing_ok=True)
+    _generate(llm, [_request(sample, {"dry_run_path": str(path)})], [sample])
+    _wait([path], work.fragments_dir.parent / ERRORS_DIR, "the dry-run capture")
+    data = load_file(str(path))
+    path.unlink()
+    ids = request_layer_ids(ctx.aux_layer_ids, ctx.target.num_hidden_layers)
+    states, tokens = data["states"], data["token_ids"]
+    expected = (sample.num_tokens, len(ids), ctx.target.hidden_size)
+    problems = []
+    if tuple(states.shape) != expected:
+        problems.append(f"captured shape {list(states.shape)}, expected {list(expected)}")
+        return problems
+    if tokens.tolist() != sample.input_ids.tolist():
+        problems.append("captured token ids differ from the sample's")
+    if not torch.isfinite(states).all():
+        problems.append("captured states hold NaN/Inf")
+    for a in range(len(ids)):
+        for b in range(a + 1, len(ids)):
+            if torch.equal(states[:, a], states[:, b]):
+                problems.append(
+                    f"layer ids {ids[a]} and {ids[b]} hold identical tensors: the model did not "
+                    "capture one of them (vLLM broadcasts a shorter stack silently)"
+                )
+    return problems
+
+
+def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]) -> int:
+    from vllm import LLM
+
+    from eagle3_extract.backends.connector import ERRORS_DIR
+
+    if ctx.config.preflight:
+        from eagle3_extract.preflight import raise_on_errors
+
+        raise_on_errors(
+            introspect()
+            + model_findings(
+                ctx.target.architecture, ctx.config.pipeline_parallel_size, ctx.layer_ids
+            )
+        )
+    _propagate_pythonpath()
+    errors_dir = work.fragments_dir.parent / ERRORS_DIR
+    if errors_dir.is_dir():  # left by an earlier, failed attempt
+        for stale in errors_dir.glob("*.txt"):
+            stale.unlink()
+    started = time.perf_counter()
+    llm = LLM(**engine_kwargs(ctx, work))
+    log.info("vLLM engine ready in %.1f s", time.perf_counter() - started)
+    if ctx.config.preflight:
+        problems = dry_run(llm, ctx, work, pending[0].samples[0])
+        if problems:
+            raise CaptureError("vLLM dry run failed: " + "; ".join(problems))
+        log.info("preflight [ok] vLLM dry run: shape, token ids, finite, distinct layer ids")
+    tokens = 0
+    started = time.perf_counter()
+    step = ctx.config.shards_per_call
+    for first in range(0, len(pending), step):
+        group = pending[first : first + step]
+        requests, samples = [], []
+        for plan in group:
+            for position, sample in enumerate(plan.samples):
+                shard = {"shard": plan.name, "shard_size": len(plan.samples), "position": position}
+                requests.append(_request(sample, shard))
+                samples.append(sample)
+        _generate(llm, requests, samples)
+        _wait([work.fragments_dir / f"{p.name}.json" for p in group], errors_dir, "shards")
+        tokens += sum(p.num_tokens for p in group)
+        log.info(
+            "shards %s..%s written (%d/%d, %.0f tokens/s)",
+            group[0].name,
+            group[-1].name,
+            first + len(group),
+            len(pending),
+            tokens / max(time.perf_counter() - started, 1e-9),
+        )
+    return tokens
+
+
+def introspect() -> list[Finding]:
+    """Check the installed vLLM exposes what the connector and driver rely on."""
+    findings: list[Finding] = []
+    try:
+        import vllm
+        from vllm.config import KVTransferConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1 import (
+            example_hidden_states_connector as ex,
+        )
+    except ImportError as e:
+        return [Finding("error", "vllm", f"cannot import vLLM's hidden-states connector: {e}")]
+    findings.append(
+        Finding("ok", "vllm", f"vllm {vllm.__version__} at {Path(vllm.__file__).parent}")
+    )
+    expected = {
+        "request_finished": ["self", "request", "block_ids"],
+        "build_connector_meta": ["self", "scheduler_output"],
+        "get_finished": ["self", "finished_req_ids"],
+        "register_kv_caches": ["self", "kv_caches"],
+        "get_finished_count": ["self"],
+    }
+    cls = ex.ExampleHiddenStatesConnector
+    for name, params in expected.items():
+        method = getattr(cls, name, None)
+        found = list(inspect.signature(method).parameters) if method else None
+        if found != params:
+            findings.append(
+                Finding(
+                    "error",
+                    "vllm connector API",
+                    f"{cls.__name__}.{name}{found}, expected {params}",
+                )
+            )
+    pending_fields = list(getattr(ex.PendingSave, "__dataclass_fields__", {}))
+    if pending_fields != ["req_id", "filename", "token_ids", "block_ids"]:
+        findings.append(
+            Finding("error", "vllm connector API", f"PendingSave fields {pending_fields}")
+        )
+    extract_params = list(inspect.signature(ex.extract_from_kv_cache).parameters)
+    if extract_params != ["kv_cache", "slot_mapping", "num_tokens"]:
+        findings.append(
+            Finding("error", "vllm connector API", f"extract_from_kv_cache{extract_params}")
+        )
+    init_source = inspect.getsource(cls.__init__) + inspect.getsource(cls.register_kv_caches)
+    for attribute in ("self._kv_cache", "self._block_size", "self._is_tp_rank_zero"):
+        if attribute not in init_source:
+            findings.append(
+                Finding("error", "vllm connector API", f"{cls.__name__} no longer sets {attribute}")
+            )
+    if "kv_connector_module_path" not in getattr(KVTransferConfig, "__dataclass_fields__", {}):
+        findings.append(
+            Finding("error", "vllm", "KVTransferConfig has no kv_connector_module_path")
+        )
+    if not any(f.level == "error" for f in findings):
+        findings.append(
+            Finding("ok", "vllm connector API", "hidden-states connector interface as expected")
+        )
+    return findings
+
+
+# vLLM's DeepseekV2/V3 model (DeepSeek-V3, Kimi-K2.x) adds ``hidden_states + residual`` for an
+# aux id before its layer runs; before layer 0 the residual is None, so id 0 kills the engine.
+ID0_UNSAFE_PATTERN = "aux_hidden_state = hidden_states + residual"
+
+
+def _model_sources(module: ModuleType) -> list[str]:
+    """Source of a vLLM model module and of the model modules it imports (a multimodal wrapper
+    such as Kimi-K2.5's runs the language model of another module)."""
+    source = inspect.getsource(module)
+    sources = [source]
+    names = set(re.findall(r"from (vllm\.model_executor\.models\.\w+) import", source))
+    for name in sorted(names):
+        try:
+            sources.append(inspect.getsource(importlib.import_module(name)))
+        except (ImportError, OSError):
+            continue
+    # Wrappers that build their language model by architecture name (Kimi-K2.5).
+    from vllm.model_executor.models import ModelRegistry
+
+    for arch in sorted(set(re.findall(r'architectures=\["(\w+)"\]', source))):
+        inner = ModelRegistry._try_load_model_cls(arch)
+        if inner is not None:
+            sources.append(inspect.getsource(sys.modules[inner.__module__]))
+    return sources
+
+
+def model_findings(
+    architecture: str, pipeline_parallel_size: int, layer_ids: Sequence[int] = ()
+) -> list[Finding]:
+    """The target's vLLM model class captures aux states (and across pipeline stages if asked)."""
+    try:
+        from vllm.model_executor.models import ModelRegistry
+
+        model_cls = ModelRegistry._try_load_model_cls(architecture)
+    except Exception as e:  # a private helper: report, never crash preflight on it
+        return [Finding("warning", "vllm model", f"cannot resolve {architecture}: {e}")]
+    if model_cls is None:
+        return [Finding("error", "vllm model", f"vLLM has no model class for {architecture}")]
+    findings = []
+    if not getattr(model_cls, "supports_eagle3", False):
+        findings.append(
+            Finding(
+                "error", "vllm model", f"{model_cls.__name__} does not implement SupportsEagle3"
+            )
+        )
+    module = sys.modules[model_cls.__module__]
+    if 0 in layer_ids and any(ID0_UNSAFE_PATTERN in src for src in _model_sources(module)):
+        findings.append(
+            Finding(
+                "error",
+                "vllm model",
+                f"{model_cls.__name__} cannot capture layer id 0 (embedding output): vLLM adds "
+                "the residual before layer 0, where it is None, and the engine dies; use ids >= 1",
+            )
+        )
+    if pipeline_parallel_size > 1:
+        over_pp = any(
+            getattr(obj, "supports_aux_hidden_states_over_pp", False)
+            for obj in vars(module).values()
+            if isinstance(obj, type) and obj.__module__ == module.__name__
+        )
+        if not over_pp:
+            findings.append(
+                Finding(
+                    "error",
+                    "vllm model",
+                    f"{model_cls.__name__} does not pass aux hidden states between pipeline "
+                    "stages: with pipeline_parallel_size > 1 the states of earlier stages would be "
+                    "lost; use tensor parallelism",
+                )
+            )
+    return findings or [
+        Finding("ok", "vllm model", f"{model_cls.__name__} supports EAGLE-3 capture")
+    ]

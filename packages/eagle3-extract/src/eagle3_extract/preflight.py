@@ -1,0 +1,180 @@
+"""Verify before run: each check is a small function returning findings; errors stop the run.
+
+Runs by default before extraction (``run``) and alone (``preflight``): the tokenized input
+validates, its tokenizer lineage matches the target's tokenizer, the layer ids are valid for
+the target, the disk has room, and the backend library behaves as the code relies on (checked
+by introspection and a one-sample dry run; see the backends).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3_extract.config import ConfigError, ExtractConfig, check_layer_ids
+from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
+from eagle3_extract.samples import Sample, Tokenized
+from eagle3_extract.target import TargetInfo, head_bytes
+from eagle3_schemas.lineage import fingerprint_tokenizer_dir
+from eagle3_schemas.validate import validate
+
+log = logging.getLogger(__name__)
+
+# Keep this share of the free space untouched: other writers share the disk.
+DISK_HEADROOM = 0.05
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # "ok" | "warning" | "error"
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.level:7}] {self.check}: {self.message}"
+
+
+class PreflightError(RuntimeError):
+    def __init__(self, findings: Sequence[Finding]) -> None:
+        self.findings = list(findings)
+        errors = [f for f in findings if f.level == "error"]
+        super().__init__(
+            f"preflight failed ({len(errors)} error(s)):\n" + "\n".join(str(f) for f in errors)
+        )
+
+
+def check_tokenized(path: Path) -> list[Finding]:
+    violations = validate(path)
+    if violations:
+        shown = "\n  ".join(str(v) for v in violations[:10])
+        return [Finding("error", "tokenized input", f"{len(violations)} violation(s):\n  {shown}")]
+    return [Finding("ok", "tokenized input", f"{path} validates (schema tokenized)")]
+
+
+def check_layers(target: TargetInfo, aux_layer_ids: Sequence[int]) -> list[Finding]:
+    try:
+        check_layer_ids(list(aux_layer_ids), target.num_hidden_layers)
+    except ConfigError as e:
+        return [Finding("error", "layer ids", str(e))]
+    return [
+        Finding(
+            "ok",
+            "layer ids",
+            f"aux {list(aux_layer_ids)} + last id {target.num_hidden_layers} (pre-norm) of a "
+            f"{target.num_hidden_layers}-layer {target.architecture}",
+        )
+    ]
+
+
+def check_vocab(target: TargetInfo, tokenized: Tokenized) -> list[Finding]:
+    vocab = tokenized.header.fields.get("vocab_size")
+    if not isinstance(vocab, int) or vocab > target.vocab_size:
+        return [
+            Finding(
+                "error",
+                "vocabulary",
+                f"tokenized header vocab_size {vocab!r} exceeds the target's vocab_size "
+                f"{target.vocab_size}: the samples were tokenized for another model",
+            )
+        ]
+    return [Finding("ok", "vocabulary", f"tokenizer {vocab} <= target {target.vocab_size} ids")]
+
+
+def check_tokenizer_lineage(tokenizer_dir: Path, tokenized: Tokenized) -> list[Finding]:
+    recorded = tokenized.header.lineage.get("tokenizer_fingerprint")
+    try:
+        actual = fingerprint_tokenizer_dir(tokenizer_dir)
+    except FileNotFoundError:
+        return [
+            Finding(
+                "warning",
+                "tokenizer lineage",
+                f"{tokenizer_dir} holds no tokenizer files; cannot check that {tokenized.path} was "
+                "tokenized with the target's tokenizer (pass --tokenizer DIR)",
+            )
+        ]
+    if actual != recorded:
+        return [
+            Finding(
+                "error",
+                "tokenizer lineage",
+                f"{tokenized.path} records tokenizer_fingerprint {recorded} but the target's "
+                f"tokenizer {tokenizer_dir} is {actual}: the samples were tokenized with another "
+                "tokenizer",
+            )
+        ]
+    return [
+        Finding("ok", "tokenizer lineage", f"tokenized with {tokenizer_dir} ({actual[:19]}...)")
+    ]
+
+
+def check_lengths(samples: Sequence[Sample], limit: int | None, what: str) -> list[Finding]:
+    """vLLM rejects a whole generate() call for one prompt over its limit: find it first."""
+    if limit is None or not samples:
+        return []
+    longest = max(samples, key=lambda s: s.num_tokens)
+    # One generated token (max_tokens=1) must fit after the prompt.
+    if longest.num_tokens + 1 > limit:
+        return [
+            Finding(
+                "error",
+                "sample length",
+                f"sample {longest.sample_id!r} has {longest.num_tokens} tokens; {what} is {limit} "
+                "(prompt + 1 generated token must fit): raise --max-model-len or truncate",
+            )
+        ]
+    return [
+        Finding(
+            "ok", "sample length", f"longest sample {longest.num_tokens} tokens < {what} {limit}"
+        )
+    ]
+
+
+def disk_need(
+    target: TargetInfo, n_aux: int, storage_dtype: str, num_tokens: int, num_samples: int
+) -> int:
+    per_token = bytes_per_token(n_aux, target.hidden_size, storage_dtype)
+    return per_token * num_tokens + SAMPLE_META_BYTES * num_samples + head_bytes(target)
+
+
+def check_disk(out: Path, need: int, num_tokens: int) -> list[Finding]:
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    usable = int(free * (1 - DISK_HEADROOM))
+    text = f"need {need / 2**30:.3f} GiB for {num_tokens} tokens, {free / 2**30:.1f} GiB free at {probe}"
+    if need > usable:
+        return [Finding("error", "disk", text + f" (keeping {DISK_HEADROOM:.0%} headroom)")]
+    return [Finding("ok", "disk", text)]
+
+
+def static_checks(
+    config: ExtractConfig,
+    target: TargetInfo,
+    tokenized: Tokenized,
+    aux_layer_ids: Sequence[int],
+    pending_tokens: int,
+    pending_samples: int,
+) -> list[Finding]:
+    """Everything that needs no model weights loaded."""
+    need = disk_need(
+        target, len(aux_layer_ids), config.storage_dtype, pending_tokens, pending_samples
+    )
+    return [
+        *check_tokenized(config.tokenized),
+        *check_layers(target, aux_layer_ids),
+        *check_vocab(target, tokenized),
+        *check_tokenizer_lineage(config.tokenizer_dir, tokenized),
+        *check_disk(config.out, need, pending_tokens),
+    ]
+
+
+def raise_on_errors(findings: Sequence[Finding]) -> None:
+    for finding in findings:
+        (log.error if finding.level == "error" else log.info)("preflight %s", finding)
+    if any(f.level == "error" for f in findings):
+        raise PreflightError(findings)

@@ -1,0 +1,232 @@
+"""One extraction run, top to bottom: resolve, preflight, plan, resume, capture, finalize.
+
+Backends differ only in how states of a planned shard are captured: the transformers backend
+returns them here and the writer packs them; the vLLM backend's KV connector packs them inside
+the engine with the same writer. Everything else (plan, resume, manifest, header) is shared.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eagle3_extract import preflight
+from eagle3_extract.config import ExtractConfig, default_aux_layer_ids
+from eagle3_extract.plan import (
+    ShardPlan,
+    bytes_per_token,
+    plan_fingerprint,
+    plan_shards,
+    shard_tokens_for,
+)
+from eagle3_extract.samples import Tokenized, read_tokenized
+from eagle3_extract.target import TargetInfo, read_target, read_target_head
+from eagle3_extract.workdir import WorkDir, cleanup_finished, is_complete
+from eagle3_extract.writer import Fragment
+from eagle3_schemas.header import Header, make_header
+from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
+from eagle3_schemas.validate import validate
+
+if TYPE_CHECKING:
+    from eagle3_extract.backends.hf import HFBackend
+
+log = logging.getLogger(__name__)
+
+
+class ExtractionError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunContext:
+    config: ExtractConfig
+    target: TargetInfo
+    tokenized: Tokenized
+    aux_layer_ids: list[int]
+    plans: list[ShardPlan]
+    lineage: dict[str, Any]
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """What is captured: the aux ids, then id N (the last hidden state, pre-norm)."""
+        return [*self.aux_layer_ids, self.target.num_hidden_layers]
+
+    @property
+    def compute_dtype(self) -> str:
+        if self.config.compute_dtype != "auto":
+            return self.config.compute_dtype
+        if self.config.backend == "hf":
+            return "float32"  # the reference computes in full precision
+        return self.target.torch_dtype or "auto"
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the partial one on disk."""
+        c = self.config
+        return {
+            "lineage": self.lineage,
+            "backend": c.backend,
+            "compute_dtype": self.compute_dtype,
+            "storage_dtype": c.storage_dtype,
+            "rank": c.rank,
+            "world_size": c.world_size,
+            "plan_fingerprint": plan_fingerprint(self.plans),
+        }
+
+
+def resolve(config: ExtractConfig) -> RunContext:
+    target = read_target(config.model)
+    tokenized = read_tokenized(config.tokenized, config.max_samples)
+    aux = (
+        list(config.aux_layer_ids)
+        if config.aux_layer_ids
+        else default_aux_layer_ids(target.num_hidden_layers)
+    )
+    per_token = bytes_per_token(len(aux), target.hidden_size, config.storage_dtype)
+    plans = plan_shards(
+        tokenized.samples,
+        config.rank,
+        config.world_size,
+        shard_tokens_for(config.shard_mb, per_token),
+    )
+    recorded = tokenized.header.lineage.get("tokenizer_fingerprint")
+    lineage = {
+        "target_fingerprint": fingerprint_model_dir(config.model),
+        "tokenizer_fingerprint": recorded,
+        "tokenized_fingerprint": fingerprint_artifact(config.tokenized),
+        "aux_layer_ids": aux,
+    }
+    return RunContext(config.with_layer_ids(aux), target, tokenized, aux, plans, lineage)
+
+
+def build_header(ctx: RunContext, fragments: dict[str, Fragment], seconds: float) -> Header:
+    rows = [r for p in ctx.plans for r in fragments[p.name].rows]
+    rejected = [r for p in ctx.plans for r in fragments[p.name].rejected]
+    c = ctx.config
+    return make_header(
+        "hidden_states",
+        ctx.lineage,
+        target=ctx.target.header_target(),
+        aux_layer_ids=ctx.aux_layer_ids,
+        last_hidden_state_layer_id=ctx.target.num_hidden_layers,
+        storage_dtype=c.storage_dtype,
+        compute_dtype=ctx.compute_dtype,
+        backend=c.backend,
+        num_samples=len(rows),
+        num_tokens=sum(r.num_tokens for r in rows),
+        shard_index=c.rank,
+        num_shards_total=c.world_size,
+        rejected_samples=rejected,
+        extraction={
+            "assigned_samples": sum(len(p.samples) for p in ctx.plans),
+            "shards_planned": len(ctx.plans),
+            "seconds_last_attempt": round(seconds, 3),
+            "max_samples": c.max_samples,
+        },
+    )
+
+
+def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str, Any]:
+    """Extract; returns a summary. Idempotent: a complete dataset is left as is.
+
+    ``hf_backend``: an already built transformers backend to capture with (for a model object
+    built in memory, or a capture variant); by default one is loaded from ``config.model``.
+    """
+    start = time.perf_counter()
+    if is_complete(config.out):
+        cleanup_finished(config.out)
+        log.info("%s is already complete; nothing to do", config.out)
+        return {"out": str(config.out), "status": "already complete"}
+    ctx = resolve(config)
+    work = WorkDir(config.out)
+    resuming = work.resumable(ctx.identity())
+    done = work.completed(ctx.plans) if resuming else {}
+    pending = [p for p in ctx.plans if p.name not in done]
+    log.info(
+        "%s: %d of %d shards to do (%s)",
+        config.out,
+        len(pending),
+        len(ctx.plans),
+        "resuming" if resuming else "new run",
+    )
+    if config.preflight:  # before anything is created on disk
+        findings = preflight.static_checks(
+            ctx.config,
+            ctx.target,
+            ctx.tokenized,
+            ctx.aux_layer_ids,
+            sum(p.num_tokens for p in pending),
+            sum(len(p.samples) for p in pending),
+        )
+        preflight.raise_on_errors(findings)
+    work.prepare(ctx.identity())
+    tokens_done = 0
+    if pending:
+        if config.backend == "hf":
+            from eagle3_extract.backends.hf import run_shards_hf
+
+            tokens_done = run_shards_hf(ctx, work, pending, hf_backend)
+        else:
+            from eagle3_extract.backends.vllm_backend import run_shards_vllm
+
+            tokens_done = run_shards_vllm(ctx, work, pending)
+    capture_seconds = time.perf_counter() - start
+    fragments = work.completed(ctx.plans)
+    header = build_header(ctx, fragments, capture_seconds)
+    finished = work.finish(ctx.plans, fragments, header, read_target_head(ctx.target))
+    if config.validate_output:  # before publishing: an invalid dataset never gets the final name
+        violations = validate(finished)
+        if violations:
+            raise ExtractionError(
+                f"{finished}: the written dataset does not validate (left unpublished):\n"
+                + "\n".join(str(v) for v in violations[:20])
+            )
+    out = work.publish()
+    seconds = time.perf_counter() - start
+    summary = {
+        "out": str(out),
+        "status": "complete",
+        "samples": header.fields["num_samples"],
+        "tokens": header.fields["num_tokens"],
+        "rejected": len(header.fields["rejected_samples"]),
+        "tokens_this_attempt": tokens_done,
+        "seconds": round(seconds, 3),
+    }
+    log.info("extraction done: %s", summary)
+    return summary
+
+
+def preflight_only(config: ExtractConfig) -> list[preflight.Finding]:
+    """The checks ``run`` does first, plus the backend's library check, without extracting."""
+    ctx = resolve(config)
+    findings = preflight.static_checks(
+        ctx.config,
+        ctx.target,
+        ctx.tokenized,
+        ctx.aux_layer_ids,
+        sum(p.num_tokens for p in ctx.plans),
+        sum(len(p.samples) for p in ctx.plans),
+    )
+    first = next((p.samples[0] for p in ctx.plans), None)
+    if config.backend == "hf":
+        from eagle3_extract.backends.hf import HFBackend
+
+        if first is not None:
+            backend = HFBackend(config.model, ctx.layer_ids, dtype=ctx.compute_dtype)
+            problems = backend.self_check(first)
+            findings += [preflight.Finding("error", "transformers dry run", p) for p in problems]
+            if not problems:
+                findings.append(
+                    preflight.Finding(
+                        "ok", "transformers dry run", "hooks see the pre-norm residual stream"
+                    )
+                )
+    else:
+        from eagle3_extract.backends.vllm_backend import introspect, model_findings
+
+        findings += introspect()
+        findings += model_findings(
+            ctx.target.architecture, config.pipeline_parallel_size, ctx.layer_ids
+        )
+    return findings

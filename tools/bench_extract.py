@@ -1,0 +1,300 @@
+"""Benchmarks of the extract stage (issue 5's performance targets).
+
+    uv run tools/bench_extract.py                       # all, results as JSON on stdout
+    EAGLE3_VLLM_PYTHON=... uv run tools/bench_extract.py   # + the vLLM backend side by side
+
+1. Shard write throughput: ``write_shard`` (encode, pack, per-sample checksums, atomic write,
+   fsync) vs a raw sequential write of the same number of bytes (+ fsync) on the same disk.
+   Target: ratio >= 0.7.
+2. Bytes per token stored vs ``(n_aux + 1) * H * 2`` (bf16); half that for fp8. Target: < 1 %
+   overhead for bf16.
+3. Tokens/s of the transformers backend and (when ``EAGLE3_VLLM_PYTHON`` is set) the vLLM
+   backend on the embedded target, same input, same dtypes, CPU threads fixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from eagle3_extract.config import ExtractConfig
+from eagle3_extract.plan import ShardPlan, hidden_bytes_per_token
+from eagle3_extract.run import run
+from eagle3_extract.samples import Sample
+from eagle3_extract.writer import CapturedSample, write_shard
+from eagle3_schemas.header import make_header, write_parquet
+from eagle3_schemas.lineage import fingerprint_json, fingerprint_text, fingerprint_tokenizer_dir
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"
+SRC_PATHS = [
+    REPO_ROOT / "packages" / "eagle3-extract" / "src",
+    REPO_ROOT / "packages" / "eagle3-schemas" / "src",
+]
+
+
+def _synthetic_shard(
+    tokens: int, sample_len: int, n_aux: int, hidden: int, dtype: torch.dtype
+) -> tuple[ShardPlan, list[CapturedSample]]:
+    rng = np.random.default_rng(0)
+    samples, captured = [], []
+    for i in range(tokens // sample_len):
+        ids = rng.integers(0, 32000, sample_len).astype(np.int32)
+        mask = (rng.random(sample_len) < 0.6).astype(np.uint8)
+        sample = Sample(i, f"s{i:06d}", ids, mask)
+        states = torch.randn(sample_len, n_aux + 1, hidden, dtype=torch.float32).to(dtype)
+        samples.append(sample)
+        captured.append(CapturedSample(sample, states))
+    return ShardPlan("bench-000000", tuple(samples)), captured
+
+
+def _raw_write(path: Path, size: int, chunk: bytes) -> float:
+    start = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        left = size
+        while left:
+            n = f.write(memoryview(chunk)[: min(left, len(chunk))])
+            left -= n
+        os.fsync(f.fileno())
+    elapsed = time.perf_counter() - start
+    path.unlink()
+    return elapsed
+
+
+def bench_write(directory: Path, shard_mb: int, n_aux: int, hidden: int, repeats: int) -> dict:
+    """write_shard vs raw sequential write of the same bytes, same disk, both fsynced."""
+    per_token = hidden_bytes_per_token(n_aux, hidden, "bfloat16")
+    tokens = shard_mb * 2**20 // per_token // 512 * 512
+    # bf16 in, bf16 stored: what a bf16 target on vLLM hands the writer.
+    plan, captured = _synthetic_shard(tokens, 512, n_aux, hidden, torch.bfloat16)
+    chunk = os.urandom(8 * 2**20)
+    writer_s, raw_s, sizes = [], [], []
+    for _ in range(repeats):
+        work = directory / "write"
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "frag").mkdir(parents=True)
+        start = time.perf_counter()
+        fragment = write_shard(
+            work,
+            work / "frag",
+            plan,
+            captured,
+            n_aux=n_aux,
+            hidden_size=hidden,
+            storage_dtype="bfloat16",
+        )
+        writer_s.append(time.perf_counter() - start)
+        sizes.append(fragment.file_bytes)
+        raw_s.append(_raw_write(directory / "raw.bin", fragment.file_bytes, chunk))
+        shutil.rmtree(work)
+    size = sizes[0]
+    writer, raw = statistics.median(writer_s), statistics.median(raw_s)
+    return {
+        "shard_bytes": size,
+        "tokens": tokens,
+        "hidden_size": hidden,
+        "n_aux": n_aux,
+        "writer_MBps": round(size / writer / 2**20, 1),
+        "raw_MBps": round(size / raw / 2**20, 1),
+        "ratio": round(raw / writer, 3),
+        "repeats": repeats,
+        "writer_s": [round(x, 3) for x in writer_s],
+        "raw_s": [round(x, 3) for x in raw_s],
+        "target_ratio": 0.7,
+    }
+
+
+def bench_bytes_per_token(directory: Path, n_aux: int, hidden: int) -> dict:
+    out = {}
+    for storage in ("bfloat16", "fp8_e4m3"):
+        plan, captured = _synthetic_shard(16384, 512, n_aux, hidden, torch.float32)
+        work = directory / f"bpt-{storage}"
+        (work / "frag").mkdir(parents=True)
+        fragment = write_shard(
+            work,
+            work / "frag",
+            plan,
+            captured,
+            n_aux=n_aux,
+            hidden_size=hidden,
+            storage_dtype=storage,
+        )
+        nominal = (n_aux + 1) * hidden * 2
+        per_token = fragment.file_bytes / plan.num_tokens
+        out[storage] = {
+            "bytes_per_token": round(per_token, 2),
+            "nominal_bf16": nominal,
+            "vs_nominal": round(per_token / nominal, 4),
+            "overhead_pct": round(
+                100 * (per_token / (nominal if storage == "bfloat16" else nominal / 2) - 1), 3
+            ),
+        }
+        shutil.rmtree(work)
+    return out
+
+
+def stdlib_tokenized(target: Path, path: Path, count: int) -> Path:
+    """Chats made from standard-library functions, tokenized with the target's template."""
+    import inspect
+    import json as json_module
+    import textwrap
+
+    from transformers import AutoTokenizer
+
+    functions = [
+        f
+        for module in (textwrap, json_module.decoder, inspect, shutil, argparse)
+        for _, f in sorted(vars(module).items())
+        if inspect.isfunction(f) and f.__module__ == module.__name__ and f.__doc__
+    ][:count]
+    tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    chats, ids, masks = [], [], []
+    for f in functions:
+        chat = [
+            {
+                "role": "user",
+                "content": f"Write `{f.__name__}`: {f.__doc__.strip().splitlines()[0]}",
+            },
+            {"role": "assistant", "content": inspect.getsource(f)[:1500]},
+        ]
+        enc = tokenizer.apply_chat_template(
+            chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        chats.append(chat)
+        ids.append(list(enc["input_ids"]))
+        masks.append(list(enc["assistant_masks"]))
+    table = pa.table(
+        {
+            "id": [f"bench-{i:04d}" for i in range(len(ids))],
+            "input_ids": pa.array(ids, type=pa.list_(pa.int32())),
+            "loss_mask": pa.array(masks, type=pa.list_(pa.uint8())),
+            "num_tokens": pa.array([len(x) for x in ids], type=pa.int32()),
+            "num_loss_tokens": pa.array([sum(m) for m in masks], type=pa.int32()),
+        }
+    )
+    lineage = {
+        "conversations_fingerprint": fingerprint_json(chats),
+        "tokenizer_fingerprint": fingerprint_tokenizer_dir(target),
+        "chat_template_fingerprint": fingerprint_text(tokenizer.chat_template or ""),
+    }
+    header = make_header(
+        "tokenized", lineage, vocab_size=len(tokenizer), max_length=2048, truncation="keep_prefix"
+    )
+    write_parquet(path, table, header)
+    return path
+
+
+def bench_hf(target: Path, tokenized: Path, directory: Path) -> dict:
+    from eagle3_extract.backends.hf import HFBackend
+    from eagle3_extract.samples import read_tokenized
+
+    out = directory / "hf"
+    start = time.perf_counter()
+    summary = run(
+        ExtractConfig(model=target, tokenized=tokenized, out=out, compute_dtype="float32")
+    )
+    total = time.perf_counter() - start
+    shutil.rmtree(out)
+    # Capture alone (forward + hooks), the part comparable with vLLM's steady state.
+    samples = read_tokenized(tokenized).samples
+    header = json.loads((target / "config.json").read_text())
+    n = header["num_hidden_layers"]
+    backend = HFBackend(target, [2, 3, 5, n], dtype="float32")
+    start = time.perf_counter()
+    backend.capture(samples)
+    capture = time.perf_counter() - start
+    return {
+        "tokens": summary["tokens"],
+        "seconds_total": round(total, 2),
+        "tokens_per_s_total": round(summary["tokens"] / total, 1),
+        "tokens_per_s_capture": round(summary["tokens"] / capture, 1),
+    }
+
+
+def bench_vllm(python: str, target: Path, tokenized: Path, directory: Path) -> dict:
+    out = directory / "vllm"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [*map(str, SRC_PATHS), *filter(None, [os.environ.get("EAGLE3_VLLM_PYTHONPATH")])]
+        ),
+    }
+    command = [
+        python, "-m", "eagle3_extract", "run", "--backend", "vllm", "--model", str(target),
+        "--tokenized", str(tokenized), "--out", str(out), "--dtype", "float32",
+        "--storage-dtype", "bfloat16", "--gpu-memory-utilization", "0.1", "--enforce-eager",
+        "--max-model-len", "2048", "--shards-per-call", "1000",
+    ]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        return {"error": done.stderr[-3000:]}
+    summary = json.loads([x for x in done.stdout.splitlines() if x.startswith('{"out"')][-1])
+    ready = re.search(r"vLLM engine ready in ([\d.]+) s", done.stderr)
+    rates = re.findall(r"written \(\d+/\d+, (\d+) tokens/s\)", done.stderr)
+    shutil.rmtree(out)
+    return {
+        "tokens": summary["tokens"],
+        "seconds_wall": round(wall, 1),
+        "engine_start_s": float(ready.group(1)) if ready else None,
+        "tokens_per_s_capture": float(rates[-1]) if rates else None,
+        "tokens_per_s_total_incl_engine_start": round(summary["tokens"] / wall, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--dir", type=Path, help="scratch directory on the disk to measure (default: a temp dir)"
+    )
+    parser.add_argument("--shard-mb", type=int, default=256)
+    parser.add_argument(
+        "--hidden", type=int, default=4096, help="H of the synthetic write benchmark"
+    )
+    parser.add_argument("--n-aux", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=64, help="chats for the backend benchmark")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-backends", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-extract-", dir=args.dir))
+    try:
+        results: dict = {"threads": args.threads, "scratch": str(scratch)}
+        results["write"] = bench_write(
+            scratch, args.shard_mb, args.n_aux, args.hidden, args.repeats
+        )
+        results["bytes_per_token"] = bench_bytes_per_token(scratch, args.n_aux, args.hidden)
+        if not args.skip_backends:
+            tokenized = stdlib_tokenized(TINY_TARGET, scratch / "tokenized.parquet", args.samples)
+            results["hf"] = bench_hf(TINY_TARGET, tokenized, scratch)
+            python = os.environ.get("EAGLE3_VLLM_PYTHON")
+            results["vllm"] = (
+                bench_vllm(python, TINY_TARGET, tokenized, scratch)
+                if python
+                else "EAGLE3_VLLM_PYTHON unset"
+            )
+        print(json.dumps(results, indent=2))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
