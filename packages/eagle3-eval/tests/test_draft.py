@@ -1,0 +1,120 @@
+"""The draft's inference forward: checkpoint reading, vLLM defaults, chain = incremental."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3_eval.draft import (
+    KV,
+    DraftFormatError,
+    DraftSpec,
+    Eagle3Draft,
+    chain_logits,
+    random_draft,
+    read_spec,
+    save_draft,
+)
+from eagle3_schemas.header import make_header
+from eagle3_schemas.lineage import fingerprint_vocab_map
+from eagle3_schemas.testing import fixtures
+from eagle3_schemas.validate import validate
+
+
+def _embed(spec: DraftSpec, seed: int = 0) -> torch.Tensor:
+    return torch.randn(
+        spec.target_vocab_size, spec.hidden_size, generator=torch.Generator().manual_seed(seed)
+    )
+
+
+def test_fixture_checkpoint_loads_with_its_vocab_map(fixture_draft: Path) -> None:
+    spec = read_spec(fixture_draft)
+    assert spec.aux_layer_ids == (1, 2, 3)
+    assert (spec.draft_vocab_size, spec.target_vocab_size) == (12, 32)
+    draft = Eagle3Draft.load(fixture_draft, _embed(spec))
+    _, d2t, _ = fixtures.vocab_arrays()
+    expected = torch.arange(12) + torch.from_numpy(d2t)
+    assert torch.equal(draft.target_ids(), expected)  # target id = i + d2t[i]
+
+
+def test_norm_before_residual_defaults_to_true_as_in_vllm() -> None:
+    # vLLM's speculators conversion uses config_dict.get("norm_before_residual", True).
+    config = fixtures.draft_config()
+    del config["norm_before_residual"]
+    assert DraftSpec.from_config(config).norm_before_residual is True
+
+
+def test_unsorted_aux_ids_are_refused() -> None:
+    # vLLM concatenates the target's states for sorted(set(ids)): another order misfeeds fc.
+    config = fixtures.draft_config()
+    config["eagle_aux_hidden_state_layer_ids"] = [3, 1, 2]
+    with pytest.raises(DraftFormatError, match="sorted and unique"):
+        DraftSpec.from_config(config)
+
+
+def test_wrong_shape_is_named(fixture_draft: Path) -> None:
+    config = json.loads((fixture_draft / "config.json").read_text())
+    config["transformer_layer_config"]["intermediate_size"] = 17
+    (fixture_draft / "config.json").write_text(json.dumps(config))
+    spec = read_spec(fixture_draft)
+    with pytest.raises(DraftFormatError, match=r"mlp\.\w+_proj\.weight has shape"):
+        Eagle3Draft.load(fixture_draft, _embed(spec))
+
+
+def _incremental(draft: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: int, k: int):
+    """vLLM's schedule at anchor t: first pass over rows 0..t, then k-1 chain steps."""
+    n = t + 1
+    mask = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    step = draft(draft.combine(aux[:n]), ids[1 : n + 1], torch.arange(n), None, mask)
+    cache = step.kv
+    logits, hidden = [step.logits[-1]], step.chain_hidden[-1:]
+    for j in range(1, k):
+        position = t + j
+        mask = torch.ones(1, position + 1, dtype=torch.bool)
+        step = draft(hidden, ids[t + 1 + j : t + 2 + j], torch.tensor([position]), cache, mask)
+        cache = [KV.cat([c, s]) for c, s in zip(cache, step.kv, strict=True)]
+        logits.append(step.logits[0])
+        hidden = step.chain_hidden
+    return logits
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_parallel_chain_equals_incremental_decoding(norm_before_residual: bool) -> None:
+    config = fixtures.draft_config()
+    config["norm_before_residual"] = norm_before_residual
+    spec = DraftSpec.from_config(config)
+    draft = random_draft(spec, _embed(spec), seed=3)
+    with torch.no_grad():
+        for module in draft.checkpoint_modules().values():
+            module.weight.mul_(20)  # large weights: differences would show
+    gen = torch.Generator().manual_seed(1)
+    seq_len, k = 11, 3
+    aux = torch.randn(seq_len, 3, 8, generator=gen)
+    ids = torch.randint(0, 32, (seq_len,), generator=gen)
+    with torch.no_grad():
+        parallel = chain_logits(draft, aux, ids, k)
+        for t in range(seq_len - k):
+            for j, logits in enumerate(_incremental(draft, aux, ids, t, k)):
+                torch.testing.assert_close(parallel[j][t], logits, rtol=1e-5, atol=1e-5)
+
+
+def test_save_load_round_trip_is_a_valid_artifact(tmp_path: Path) -> None:
+    config = fixtures.draft_config()
+    spec = DraftSpec.from_config(config)
+    _, d2t, t2d = fixtures.vocab_arrays()
+    draft = random_draft(spec, _embed(spec), torch.from_numpy(d2t), seed=5)
+    lineage = {
+        "target_fingerprint": fixtures.fake_fingerprint("target"),
+        "tokenizer_fingerprint": fixtures.fake_fingerprint("tokenizer"),
+        "hidden_states_fingerprint": fixtures.fake_fingerprint("hidden_states"),
+        "vocab_map_fingerprint": fingerprint_vocab_map(d2t, t2d),
+    }
+    header = make_header("draft_checkpoint", lineage, aux_layer_ids=[1, 2, 3], training={})
+    out = save_draft(draft, tmp_path / "draft", config, header.to_json())
+    assert validate(out) == []
+    again = Eagle3Draft.load(out, draft.embed_tokens.weight)
+    for name, tensor in draft.checkpoint_tensors().items():
+        assert torch.equal(again.checkpoint_tensors()[name], tensor), name

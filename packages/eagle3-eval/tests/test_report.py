@@ -1,0 +1,115 @@
+"""The report artifact: validates, the PNG renders, the table and the comparison read right."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from eagle3_eval.acceptance import SampleCounts, summarize
+from eagle3_eval.cli import main
+from eagle3_eval.plot import DPI, HEIGHT_INCHES, WIDTH_INCHES
+from eagle3_eval.report import (
+    Baseline,
+    EvalResult,
+    ReportError,
+    compare_table,
+    format_table,
+    read_report,
+    write_report,
+)
+from eagle3_schemas.testing.fixtures import fake_fingerprint
+from eagle3_schemas.validate import validate
+
+LINEAGE = {
+    "draft_fingerprint": fake_fingerprint("draft"),
+    "target_fingerprint": fake_fingerprint("target"),
+    "prompts_fingerprint": fake_fingerprint("prompts"),
+}
+
+
+def make_result(
+    accepted: list[list[int]], tps: float = 30.0, temperature: float = 0.0
+) -> EvalResult:
+    samples = []
+    for i, per_step in enumerate(accepted):
+        counts = SampleCounts(f"p{i}", 3, num_generated_tokens=sum(per_step) + len(per_step))
+        for a in per_step:
+            counts.observe(3, a)
+        counts.seconds = 1.0
+        counts.output_token_ids = list(range(counts.num_generated_tokens))
+        counts.extra["source"] = f"file{i}.py"
+        samples.append(counts)
+    baseline = Baseline(
+        tokens_per_second=20.0,
+        per_sample={
+            s.sample_id: (s.num_generated_tokens, 1.5, s.output_token_ids) for s in samples
+        },
+    )
+    return EvalResult(
+        mode="reference",
+        summary=summarize(samples, 3),
+        samples=samples,
+        temperature=temperature,
+        engine={"name": "transformers", "versions": {"torch": "x"}},
+        lineage=LINEAGE,
+        tokens_per_second=tps,
+        baseline=baseline,
+        extra={
+            "prompts": {
+                "held_out_by": "split == 'heldout'",
+                "fingerprint": LINEAGE["prompts_fingerprint"],
+            }
+        },
+    )
+
+
+def test_report_validates_and_the_figure_renders(tmp_path: Path) -> None:
+    out = write_report(make_result([[3, 1, 0], [2, 2]]), tmp_path / "report")
+    assert validate(out) == []
+    report = read_report(out)
+    f = report.fields
+    assert f["acceptance_length"] == pytest.approx(2.6)
+    assert f["speedup"] == pytest.approx(1.5)
+    assert f["outputs_identical_to_baseline"] == {"identical": 2, "compared": 2}
+    assert report.samples.column("accepted_per_position").to_pylist() == [[2, 1, 1], [2, 2, 0]]
+    image = matplotlib.image.imread(out / "acceptance.png")
+    assert image.shape[:2] == (HEIGHT_INCHES * DPI, WIDTH_INCHES * DPI)
+    assert image.std() > 0.05  # something was drawn
+
+
+def test_terminal_table(tmp_path: Path) -> None:
+    out = write_report(make_result([[3, 1, 0], [2, 2]]), tmp_path / "report")
+    table = format_table(read_report(out))
+    assert "acceptance length    2.600   (1 + 8 accepted / 5 drafts)" in table
+    assert "per position         0.800  0.600  0.200" in table
+    assert "speedup 1.50" in table
+    assert "greedy outputs equal to baseline: 2/2" in table
+
+
+def test_compare_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write_report(make_result([[0, 0, 1]], tps=20.0), tmp_path / "a")
+    b = write_report(make_result([[3, 1, 0], [2, 2]]), tmp_path / "b")
+    table = compare_table(read_report(a), read_report(b))
+    row = next(line for line in table.splitlines() if line.startswith("acceptance length"))
+    assert row.split() == ["acceptance", "length", "1.333", "2.600", "1.267"]
+    assert main(["compare", str(a), str(b)]) == 0
+    assert "position 2" in capsys.readouterr().out
+    assert main(["report", str(b)]) == 0
+
+
+def test_inconsistent_report_is_never_published(tmp_path: Path) -> None:
+    result = make_result([[3, 1, 0]])
+    wrong = dataclasses.replace(result.summary, num_accepted_tokens=99)
+    with pytest.raises(ReportError, match="acceptance_length"):
+        write_report(dataclasses.replace(result, summary=wrong), tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary left behind either
+
+
+def test_existing_directory_is_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    with pytest.raises(FileExistsError):
+        write_report(make_result([[1]]), tmp_path / "r")

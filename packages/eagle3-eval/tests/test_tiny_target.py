@@ -1,0 +1,169 @@
+"""The eval modes on the embedded tiny target: an untrained draft scores ~1, a trained one more.
+
+The fast test builds an untrained draft in seconds. The slow ones use the trained draft of
+tools/build_tiny_draft.py (built once per target into a cache folder; ~5 minutes the first
+time) and its held-out prompts and hidden states.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3_eval.cli import main
+from eagle3_eval.draft import DraftSpec, random_draft, save_draft, speculators_config
+from eagle3_eval.report import read_report
+from eagle3_schemas.header import make_header
+from eagle3_schemas.lineage import (
+    fingerprint_json,
+    fingerprint_model_dir,
+    fingerprint_tokenizer_dir,
+    fingerprint_vocab_map,
+)
+from eagle3_schemas.validate import validate
+
+PROMPTS = [
+    "Write a Python function `clamp(x, lo, hi)` that does this: limit x to the range [lo, hi].",
+    "Write a Python function `is_even(n)` that does this: tell whether n is even.",
+    "Write the method `__len__(self)` of class `Stack` that does this: return the size.",
+    "Write a Python function `read_lines(path)` that does this: return the lines of a file.",
+]
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    """The runs below use --threads 1 (small tensors on shared cores); put torch back after."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def untrained_draft(target: Path, out: Path) -> Path:
+    config = json.loads((target / "config.json").read_text())
+    draft_config = speculators_config(
+        target_config=config,
+        verifier_path=str(target),
+        aux_layer_ids=[2, 3, 5],
+        draft_vocab_size=config["vocab_size"],
+    )
+    spec = DraftSpec.from_config(draft_config)
+    embed = torch.zeros(spec.target_vocab_size, spec.hidden_size)  # replaced by the target's
+    draft = random_draft(spec, embed, seed=0)
+    d2t = draft.d2t.numpy()
+    t2d = torch.ones(spec.target_vocab_size, dtype=torch.bool).numpy()
+    lineage = {
+        "target_fingerprint": fingerprint_model_dir(target),
+        "tokenizer_fingerprint": fingerprint_tokenizer_dir(target),
+        "hidden_states_fingerprint": fingerprint_json("none: untrained"),
+        "vocab_map_fingerprint": fingerprint_vocab_map(d2t, t2d),
+    }
+    header = make_header(
+        "draft_checkpoint", lineage, aux_layer_ids=[2, 3, 5], training={"steps": 0}
+    )
+    return save_draft(draft, out, draft_config, header.to_json())
+
+
+def test_untrained_draft_scores_about_one(tmp_path: Path, tiny_target: Path) -> None:
+    draft = untrained_draft(tiny_target, tmp_path / "draft")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": p},
+                        {"role": "assistant", "content": "x"},
+                    ],
+                    "source": f"handwritten/{i}.py",
+                    "split": "heldout",
+                }
+            )
+            + "\n"
+            for i, p in enumerate(PROMPTS)
+        )
+    )
+    out = tmp_path / "report"
+    argv = ["reference", "--draft", str(draft), "--target", str(tiny_target)]
+    argv += ["--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "32"]
+    argv += ["--threads", "1"]
+    assert main(argv) == 0
+    assert validate(out) == []
+    f = read_report(out).fields
+    assert f["num_prompts"] == len(PROMPTS)
+    assert 1.0 <= f["acceptance_length"] < 1.1
+    assert f["engine"]["name"] == "transformers"
+    # Greedy speculative decoding reproduces the target's own greedy output.
+    assert f["outputs_identical_to_baseline"]["identical"] == len(PROMPTS)
+
+
+# ---- the trained draft -----------------------------------------------------------------------
+
+
+def heldout_args(assets: Path, tiny_target: Path) -> list[str]:
+    return [
+        "--target",
+        str(tiny_target),
+        "--prompts",
+        str(assets / "corpus.jsonl"),
+        "--heldout-sources",
+        str(tiny_target / "build_info.json"),
+    ]
+
+
+@pytest.mark.slow
+def test_trained_draft_beats_untrained_in_the_reference_loop(
+    tmp_path: Path, tiny_assets: Path, tiny_target: Path
+) -> None:
+    lengths = {}
+    for name in ("draft", "random-draft"):
+        out = tmp_path / name
+        argv = [
+            "reference",
+            "--draft",
+            str(tiny_assets / name),
+            *heldout_args(tiny_assets, tiny_target),
+        ]
+        argv += ["--out", str(out), "--limit", "12", "--max-new-tokens", "64", "--no-baseline"]
+        argv += ["--threads", "1"]
+        assert main(argv) == 0
+        assert validate(out) == []
+        lengths[name] = read_report(out).fields["acceptance_length"]
+    assert lengths["random-draft"] < 1.1
+    assert lengths["draft"] > 1.6, lengths
+
+
+@pytest.mark.slow
+def test_sampled_reference_run(tmp_path: Path, tiny_assets: Path, tiny_target: Path) -> None:
+    out = tmp_path / "sampled"
+    argv = [
+        "reference",
+        "--draft",
+        str(tiny_assets / "draft"),
+        *heldout_args(tiny_assets, tiny_target),
+    ]
+    argv += ["--out", str(out), "--limit", "6", "--max-new-tokens", "48", "--temperature", "0.8"]
+    argv += ["--threads", "1"]
+    assert main(argv) == 0
+    f = read_report(out).fields
+    assert f["temperature"] == 0.8 and f["sampling"]["draft_proposal"] == "greedy"
+    assert f["acceptance_length"] > 1.3
+    assert f["baseline_tokens_per_second"] > 0
+
+
+@pytest.mark.slow
+def test_offline_on_heldout_hidden_states(tmp_path: Path, tiny_assets: Path) -> None:
+    lengths = {}
+    for name in ("draft", "random-draft"):
+        out = tmp_path / name
+        argv = ["offline", "--draft", str(tiny_assets / name)]
+        argv += ["--hidden-states", str(tiny_assets / "heldout_hidden_states"), "--out", str(out)]
+        argv += ["--threads", "1"]
+        assert main(argv) == 0
+        f = read_report(out).fields
+        assert f["engine"]["name"] == "offline"
+        lengths[name] = f["acceptance_length"]
+    assert lengths["random-draft"] < 1.1
+    assert lengths["draft"] > 1.6, lengths

@@ -1,0 +1,331 @@
+"""The typed train config: defaults < YAML file < CLI overrides, saved as ``run.yaml``.
+
+Every knob lives here, with its default and its meaning. Loading is strict: an unknown key, a
+wrong type or an impossible value stops the run with a message naming the key, the value
+found and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """The configuration cannot describe a run."""
+
+
+@dataclass
+class TargetConfig:
+    # Target model directory (config.json, optionally weights). Gives the draft layer's
+    # defaults (heads, intermediate size, RoPE), the target's RMSNorm eps, and lets preflight
+    # compare its fingerprint with the dataset's lineage. Optional when every value below and
+    # in `draft` is set explicitly.
+    path: str | None = None
+    # Written into the checkpoint as speculators_config.verifier.name_or_path (what the
+    # draft is served with, e.g. a hub id). Defaults to `path`.
+    name_or_path: str | None = None
+    # Epsilon of the target's final RMSNorm, applied to the dataset's pre-norm last hidden
+    # state. Resolution: this value > dataset.json target.rms_norm_eps > target config.json.
+    rms_norm_eps: float | None = None
+
+
+@dataclass
+class DraftConfig:
+    # Expected aux layer ids (vLLM convention). null = take the dataset's; set = the dataset
+    # must carry exactly these (preflight refuses otherwise).
+    aux_layer_ids: list[int] | None = None
+    num_layers: int = 1
+    # null = copied from the target config.json.
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    rms_norm_eps: float | None = None
+    max_position_embeddings: int | None = None
+    rope_theta: float | None = None
+    # RoPE scaling as in the target's config (rope_parameters / rope_scaling); null = copied.
+    rope_scaling: dict[str, Any] | None = None
+    # Norm options vLLM and speculators understand (see model.py for what each does).
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
+    # speculators 0.9.0 keeps the draft LM head frozen at the target's rows; EAGLE-3's paper
+    # trains it. Default follows the field's reference implementation.
+    train_lm_head: bool = False
+    # "chunked": the project's exact TTT attention (causal+document keys plus the per-slot
+    # diagonal of earlier TTT steps), memory O(T·chunk). "sdpa": one dense mask over all
+    # steps' keys and torch's scaled_dot_product_attention (as speculators does; fused
+    # kernels on GPU, O(T²·k) memory).
+    attention: Literal["chunked", "sdpa"] = "chunked"
+    attention_chunk: int = 512
+    # Tokens per chunk of the fused LM-head + KL (draft logits exist one chunk at a time).
+    loss_chunk: int = 1024
+
+
+@dataclass
+class DataConfig:
+    hidden_states: str = ""
+    vocab_map: str = ""
+    # Share of samples held out for validation, chosen by a hash of the sample id (stable
+    # across runs, world sizes and seeds).
+    validation_fraction: float = 0.02
+    # Packed tokens per micro-batch (one packed sequence; longer samples keep their prefix).
+    max_tokens_per_batch: int = 2048
+    num_workers: int = 1
+    prefetch_batches: int = 2
+    max_validation_batches: int | None = None
+
+
+@dataclass
+class TrainLoopConfig:
+    ttt_steps: int = 3
+    ttt_step_loss_decay: float = 1.0
+    epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; stops early when reached
+    lr: float = 1e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adam_eps: float = 1e-8
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float = 0.5
+    # auto = bf16 autocast on CUDA, fp32 on CPU.
+    mixed_precision: Literal["auto", "no", "bf16"] = "auto"
+    seed: int = 0
+    log_every: int = 10
+    save_every: int = 500  # optimizer steps between resumable checkpoints; 0 = epoch ends only
+    keep_checkpoints: int = 2
+    eval_every: int | None = None  # optimizer steps; validation also runs after every epoch
+    best_metric: str = "val/loss"
+    best_mode: Literal["min", "max"] = "min"
+    resume: str = "auto"  # auto (latest checkpoint under output_dir) | never | PATH
+    preflight: bool = True
+    # Full eagle3-schemas validation of every input (checksums of every row); turn off only
+    # for datasets too large to re-hash before each run.
+    validate_inputs: bool = True
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project_name: str = "eagle3-train"
+    torch_threads: int | None = None
+    progress_bar: bool = True
+
+
+@dataclass
+class ExportConfig:
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    include_embeddings: bool = False
+
+
+@dataclass
+class Config:
+    output_dir: str = "runs/eagle3"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """``value`` checked (and widened where lossless) against the annotation ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(
+            errors[0] if len(errors) == 1 else f"{where}: {value!r} fits none of {tp}"
+        )
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, found {type(value).__name__} {value!r}")
+        return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, found {type(value).__name__}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, found {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, found {value!r}")
+        return value
+    if tp is float:
+        # PyYAML (YAML 1.1) reads 3e-4 without a dot as a string; accept what users type.
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, found {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, found {value!r}")
+        return value
+    if tp is Any:
+        return value
+    raise ConfigError(f"{where}: unsupported config type {_type_name(tp)}")
+
+
+def _build(cls: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, found {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        )
+    kwargs = {
+        name: _coerce(value, hints[name], f"{where}.{name}" if where else name)
+        for name, value in data.items()
+    }
+    return cls(**kwargs)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``a.b.c=value`` (value parsed as YAML) as a nested mapping."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. train.lr=3e-4")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from e
+    node: dict[str, Any] = {}
+    cursor = node
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        cursor[part] = {}
+        cursor = cursor[part]
+    cursor[parts[-1]] = value
+    return node
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[dict[str, Any]] | None = None
+) -> Config:
+    """Defaults < the YAML file at ``path`` < each override, validated."""
+    data: dict[str, Any] = {}
+    where = "config"
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the config file ({e})") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, found {type(loaded).__name__}")
+        data = loaded or {}
+        # Relative data/target paths in a config file are relative to the working directory
+        # (the README runs everything from the repository root), as in speculators' recipes.
+    for override in overrides or []:
+        data = _merge(data, override)
+    config = _build(Config, data, "")
+    problems = check_config(config)
+    if problems:
+        raise ConfigError(f"{where}: " + "; ".join(problems))
+    return config
+
+
+def check_config(config: Config) -> list[str]:
+    """Values that are well-typed but cannot make a run."""
+    p = []
+    t, d, data = config.train, config.draft, config.data
+    if not data.hidden_states:
+        p.append("data.hidden_states: required (the hidden-state dataset directory)")
+    if not data.vocab_map:
+        p.append("data.vocab_map: required (the vocab_map .safetensors of eagle3-data)")
+    if t.ttt_steps < 1:
+        p.append(f"train.ttt_steps: {t.ttt_steps} < 1")
+    if not 0 < t.ttt_step_loss_decay <= 1:
+        p.append(f"train.ttt_step_loss_decay: {t.ttt_step_loss_decay} not in (0, 1]")
+    if t.gradient_accumulation_steps < 1:
+        p.append(f"train.gradient_accumulation_steps: {t.gradient_accumulation_steps} < 1")
+    if t.lr <= 0:
+        p.append(f"train.lr: {t.lr} must be > 0")
+    if not 0 <= t.min_lr_ratio <= 1:
+        p.append(f"train.min_lr_ratio: {t.min_lr_ratio} not in [0, 1]")
+    if len(t.betas) != 2:
+        p.append(f"train.betas: expected two numbers, found {t.betas}")
+    if t.epochs < 1:
+        p.append(f"train.epochs: {t.epochs} < 1")
+    if t.max_steps is not None and t.max_steps < 1:
+        p.append(f"train.max_steps: {t.max_steps} < 1")
+    if t.log_every < 1:
+        p.append(f"train.log_every: {t.log_every} < 1")
+    if t.save_every < 0:
+        p.append(f"train.save_every: {t.save_every} < 0")
+    for tracker in t.trackers:
+        if tracker not in ("tensorboard", "wandb", "none"):
+            p.append(f"train.trackers: {tracker!r} is not one of tensorboard, wandb, none")
+    if not 0 <= data.validation_fraction < 1:
+        p.append(f"data.validation_fraction: {data.validation_fraction} not in [0, 1)")
+    if data.max_tokens_per_batch < 2:
+        p.append(f"data.max_tokens_per_batch: {data.max_tokens_per_batch} < 2")
+    if data.num_workers < 0:
+        p.append(f"data.num_workers: {data.num_workers} < 0")
+    if d.num_layers < 1:
+        p.append(f"draft.num_layers: {d.num_layers} < 1")
+    if d.attention_chunk < 1 or d.loss_chunk < 1:
+        p.append("draft.attention_chunk and draft.loss_chunk must be >= 1")
+    if d.aux_layer_ids is not None and (
+        not d.aux_layer_ids or sorted(set(d.aux_layer_ids)) != d.aux_layer_ids
+    ):
+        p.append(f"draft.aux_layer_ids: {d.aux_layer_ids} must be non-empty, sorted and unique")
+    return p
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

@@ -1,0 +1,394 @@
+"""Streaming the hidden-state dataset: epoch plans, packed batches, per-rank shards, workers.
+
+- **Plan** (cheap, no tensor I/O): the samples of a split are shuffled by ``(seed, epoch)``
+  and packed greedily, in that order, into batches of at most ``max_tokens`` tokens (a longer
+  sample keeps its prefix). Batches are dealt round-robin to ranks after trimming the list
+  to a multiple of the world size, so every rank runs the same number of steps and no two
+  ranks share a sample.
+- **Read**: a batch is one packed sequence. Each sample's rows of each tensor are one
+  ``preadv`` from the shard file straight into the batch buffer (no intermediate arrays, no
+  whole-shard loads, no mmap page faults), kept in the storage dtype; conversion happens on
+  the device.
+- **Workers**: ``num_workers`` threads read ahead (``pread`` releases the GIL); batches are
+  handed out in plan order whatever the number of threads. Memory is bounded by
+  ``num_workers × prefetch + 2`` batches.
+- **Resume**: the data position is (epoch, batches consumed); the plan is recomputed and
+  the consumed batches are skipped without being read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from eagle3_schemas.hidden_states import resolve_shard_path
+from eagle3_schemas.safetensors_format import NUMPY_VIEWS, read_safetensors
+
+PER_TOKEN = ("aux_hidden_states", "last_hidden_state", "input_ids", "loss_mask")
+SCALES = ("aux_hidden_states_scale", "last_hidden_state_scale")
+TORCH_VIEWS = {"BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn}
+
+Batch = dict[str, Any]
+# One planned batch: (sample index, tokens taken from the start of the sample)
+BatchPlan = list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ShardTensor:
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+
+class HiddenStateDataset:
+    """The manifest and shard headers of a hidden-state dataset (no tensor data is read)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.header = json.loads((self.root / "dataset.json").read_text(encoding="utf-8"))
+        table = pq.read_table(
+            self.root / "manifest.parquet",
+            columns=["sample_id", "shard", "row_start", "num_tokens", "num_loss_tokens"],
+        )
+        shard_names = table.column("shard").to_pylist()
+        self.shard_paths: list[Path] = []
+        index: dict[str, int] = {}
+        for name in shard_names:
+            if name not in index:
+                index[name] = len(self.shard_paths)
+                self.shard_paths.append(resolve_shard_path(self.root, name))
+        self.sample_ids: list[str] = table.column("sample_id").to_pylist()
+        self.shard_of = np.array([index[n] for n in shard_names], dtype=np.int32)
+        self.row_start = table.column("row_start").to_numpy().astype(np.int64)
+        self.num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
+        self.num_loss_tokens = table.column("num_loss_tokens").to_numpy().astype(np.int64)
+        # plain lists for the per-sample hot loop (numpy scalars are slow to index)
+        self.shard_list: list[int] = self.shard_of.tolist()
+        self.row_start_list: list[int] = self.row_start.tolist()
+        self.shard_tensors: list[dict[str, ShardTensor]] = []
+        for path in self.shard_paths:
+            st = read_safetensors(path)
+            self.shard_tensors.append(
+                {n: ShardTensor(t.dtype, t.shape, t.start) for n, t in st.tensors.items()}
+            )
+        target = self.header["target"]
+        self.hidden_size: int = int(target["hidden_size"])
+        self.vocab_size: int = int(target["vocab_size"])
+        self.aux_layer_ids: list[int] = list(self.header["aux_layer_ids"])
+        self.storage_dtype: str = self.header["storage_dtype"]
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.aux_layer_ids)
+
+    def bytes_per_token(self) -> int:
+        first = self.shard_tensors[0]
+        total = 0
+        for name in PER_TOKEN + SCALES:
+            if name in first:
+                info = first[name]
+                total += (
+                    int(np.prod(info.shape[1:], dtype=np.int64)) * NUMPY_VIEWS[info.dtype].itemsize
+                )
+        return total
+
+
+def is_validation(sample_id: str, fraction: float) -> bool:
+    """Held-out membership from the sample id alone: stable across runs and world sizes."""
+    if fraction <= 0:
+        return False
+    digest = hashlib.blake2b(sample_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+def split_indices(dataset: HiddenStateDataset, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    held = np.array([is_validation(s, fraction) for s in dataset.sample_ids], dtype=bool)
+    all_idx = np.arange(len(dataset))
+    return all_idx[~held], all_idx[held]
+
+
+def plan_epoch(
+    lengths: np.ndarray,
+    indices: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[BatchPlan]:
+    """Shuffle ``indices`` by (seed, epoch) and pack them greedily into token-bounded batches."""
+    order = np.array(indices, dtype=np.int64)
+    if shuffle:
+        order = order[np.random.default_rng([seed, epoch]).permutation(len(order))]
+    batches: list[BatchPlan] = []
+    current: BatchPlan = []
+    used = 0
+    for idx in order.tolist():
+        n = min(int(lengths[idx]), max_tokens)
+        if n < 2:  # a one-token sample has no next token to learn
+            continue
+        if used + n > max_tokens and current:
+            batches.append(current)
+            current, used = [], 0
+        current.append((idx, n))
+        used += n
+    if current:
+        batches.append(current)
+    return batches
+
+
+def rank_batches(batches: list[BatchPlan], rank: int, world: int) -> list[BatchPlan]:
+    """Disjoint per-rank share, equal length on every rank (the remainder is dropped)."""
+    usable = len(batches) - len(batches) % world
+    return batches[rank:usable:world]
+
+
+# numpy-compatible torch dtypes of the same width, to allocate batch buffers in torch
+TORCH_STORAGE = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "F8_E4M3": torch.uint8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "F16": torch.float16,
+    "BF16": torch.uint16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "F32": torch.float32,
+    "I64": torch.int64,
+    "F64": torch.float64,
+}
+
+
+class ShardReader:
+    """Reads sample rows from shard files straight into packed batch buffers.
+
+    Thread-safe: ``pread`` takes explicit offsets, and each thread keeps its own file
+    descriptors (closing a descriptor another thread is reading from is never possible).
+    ``read(plan, slot)`` with ``ring`` slots recycles that slot's buffers: pages already
+    mapped and cached, no allocation per batch; the caller guarantees the batch previously
+    read into the slot is no longer in use. ``pin_memory`` allocates them page-locked for
+    asynchronous copies to the GPU.
+    """
+
+    def __init__(
+        self,
+        dataset: HiddenStateDataset,
+        max_open: int = 16,
+        ring: int = 0,
+        capacity: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.max_open = max_open
+        self.capacity = capacity  # rows allocated per recycled buffer (the largest batch)
+        self.pin_memory = pin_memory
+        self._slots: list[tuple[dict[str, torch.Tensor], list[tuple[str, memoryview, int]]] | None]
+        self._slots = [None] * ring
+        self._local = threading.local()
+        self._caches: list[OrderedDict[int, int]] = []
+        self._lock = threading.Lock()
+
+    def _fd(self, shard: int) -> int:
+        cache = getattr(self._local, "fds", None)
+        if cache is None:
+            cache = self._local.fds = OrderedDict()
+            with self._lock:
+                self._caches.append(cache)
+        fd = cache.get(shard)
+        if fd is None:
+            fd = os.open(self.dataset.shard_paths[shard], os.O_RDONLY)
+            cache[shard] = fd
+            while len(cache) > self.max_open:
+                os.close(cache.popitem(last=False)[1])
+        else:
+            cache.move_to_end(shard)
+        return fd
+
+    def close(self) -> None:
+        with self._lock:
+            for cache in self._caches:
+                while cache:
+                    os.close(cache.popitem()[1])
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _fresh(self, first: dict[str, ShardTensor], rows: int) -> dict[str, torch.Tensor]:
+        return {
+            name: torch.empty(
+                (rows, *first[name].shape[1:]),
+                dtype=TORCH_STORAGE[first[name].dtype],
+                pin_memory=self.pin_memory,
+            )
+            for name in PER_TOKEN + SCALES
+            if name in first
+        }
+
+    def _buffers_for(
+        self, first: dict[str, ShardTensor], total: int, slot: int | None
+    ) -> tuple[dict[str, torch.Tensor], list[tuple[str, memoryview, int]]]:
+        """Buffers of at least ``total`` rows and, per tensor, (name, byte view, row bytes)."""
+        if slot is None or not self._slots:
+            return _with_views(self._fresh(first, total))
+        cached = self._slots[slot]
+        if cached is None or cached[0]["input_ids"].shape[0] < total:
+            cached = self._slots[slot] = _with_views(self._fresh(first, max(total, self.capacity)))
+        return cached
+
+    def read(self, plan: BatchPlan, slot: int | None = None) -> Batch:
+        ds = self.dataset
+        total = sum(n for _, n in plan)
+        first = ds.shard_tensors[ds.shard_list[plan[0][0]]]
+        buffers, targets = self._buffers_for(first, total, slot)
+        cu = [0]
+        pos = 0
+        for idx, n in plan:
+            shard = ds.shard_list[idx]
+            fd = self._fd(shard)
+            infos = ds.shard_tensors[shard]
+            r = ds.row_start_list[idx]
+            for name, view, row_bytes in targets:
+                # one pread per tensor: the page cache copies straight into the batch buffer
+                _pread_into(
+                    fd,
+                    view[pos * row_bytes : (pos + n) * row_bytes],
+                    infos[name].offset + r * row_bytes,
+                )
+            pos += n
+            cu.append(pos)
+        out: Batch = {
+            name: buf[:total].view(TORCH_VIEWS[first[name].dtype])
+            if first[name].dtype in TORCH_VIEWS
+            else buf[:total]
+            for name, buf in buffers.items()
+        }
+        out["cu_seqlens"] = torch.tensor(cu, dtype=torch.int64)
+        out["sample_ids"] = [ds.sample_ids[idx] for idx, _ in plan]
+        return out
+
+
+def _with_views(
+    buffers: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], list[tuple[str, memoryview, int]]]:
+    views = [
+        (name, memoryview(buf.numpy()).cast("B"), buf[0].numel() * buf.element_size())
+        for name, buf in buffers.items()
+    ]
+    return buffers, views
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise OSError(
+                f"short read: {done} of {len(view)} bytes at offset {offset} (truncated shard?)"
+            )
+        done += got
+
+
+class BatchStream:
+    """Planned batches, in plan order, read ahead by ``num_workers`` threads.
+
+    Threads, not processes: the reads are ``pread`` system calls that release the GIL, so
+    they overlap the training step, and a batch needs no pickling or shared-memory copy to
+    reach the trainer. With ``num_workers = 0`` each batch is read when asked for.
+
+    ``recycle``: batch buffers come from a ring of ``ahead + 2`` slots. A batch then stays
+    valid until two further batches have been fetched — true of a training loop, which
+    finishes its step before fetching the next batch; a consumer that keeps batches
+    (``list(stream)``) must leave ``recycle`` off.
+    """
+
+    def __init__(
+        self,
+        dataset: HiddenStateDataset,
+        plan: list[BatchPlan],
+        num_workers: int = 0,
+        prefetch: int = 2,
+        recycle: bool = False,
+        pin_memory: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.plan = plan
+        self.num_workers = num_workers
+        self.ahead = num_workers * prefetch  # batches being read while one is in use
+        self.recycle = recycle
+        self.pin_memory = pin_memory
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[Batch]:
+        ring = self.ahead + 2 if self.recycle else 0
+        capacity = max((sum(n for _, n in b) for b in self.plan), default=0)
+        reader = ShardReader(self.dataset, ring=ring, capacity=capacity, pin_memory=self.pin_memory)
+
+        def slot(i: int) -> int | None:
+            return i % ring if ring else None
+
+        try:
+            if self.num_workers == 0:
+                for i, plan in enumerate(self.plan):
+                    yield reader.read(plan, slot(i))
+                return
+            with ThreadPoolExecutor(self.num_workers, thread_name_prefix="eagle3-read") as pool:
+                pending: deque[Future[Batch]] = deque()
+                for i in range(min(self.ahead, len(self.plan))):
+                    pending.append(pool.submit(reader.read, self.plan[i], slot(i)))
+                following = len(pending)
+                while pending:
+                    batch = pending.popleft().result()
+                    if following < len(self.plan):  # keep `ahead` reads in flight
+                        pending.append(
+                            pool.submit(reader.read, self.plan[following], slot(following))
+                        )
+                        following += 1
+                    yield batch
+        finally:
+            reader.close()
+
+
+def make_loader(
+    dataset: HiddenStateDataset,
+    plan: list[BatchPlan],
+    num_workers: int,
+    prefetch: int = 2,
+    pin_memory: bool = False,
+    recycle: bool = False,
+) -> BatchStream:
+    """Batches of ``plan`` in order (see BatchStream for the worker threads and ``recycle``)."""
+    return BatchStream(dataset, plan, num_workers, prefetch, recycle, pin_memory)
+
+
+def to_device(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    """Model inputs on ``device``; fp8 storage is dequantized there (value = fp8 × scale)."""
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
+    # stored as int32 / uint8; widened on the device, not in the loader
+    out["input_ids"] = out["input_ids"].long()
+    out["loss_mask"] = out["loss_mask"].bool()
+    if out["aux_hidden_states"].dtype == torch.float8_e4m3fn:
+        out["aux_hidden_states"] = out["aux_hidden_states"].float() * out.pop(
+            "aux_hidden_states_scale"
+        ).unsqueeze(-1)
+        out["last_hidden_state"] = out["last_hidden_state"].float() * out.pop(
+            "last_hidden_state_scale"
+        ).unsqueeze(-1)
+    return out

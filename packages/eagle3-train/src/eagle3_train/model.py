@@ -1,0 +1,378 @@
+"""The EAGLE-3 draft network (Llama-style), its training-time-test unroll and loss.
+
+No I/O and no distributed code. Parameter names are the speculators / vLLM checkpoint names
+(``fc``, ``layers.N.*``, ``norm``, ``lm_head``), so export is a rename-free copy.
+
+Architecture (what vLLM's ``Eagle3LlamaForCausalLM`` computes at serving time):
+
+- ``fc``: concat of the ``n_aux`` aux hidden states [n_aux·H] -> H (``norm_before_fc``
+  first applies one RMSNorm over the concatenation; its weight is ``input_norm.weight``);
+- layer 0: ``input_layernorm(embed(token))`` and ``hidden_norm(hidden)`` are concatenated
+  to 2H for q/k/v; the residual is the raw hidden state, or the normed one with
+  ``norm_before_residual``; then Llama attention + MLP with residuals;
+- layers 1..: plain Llama decoder layers (H inputs);
+- ``norm`` then ``lm_head`` over the draft vocabulary. The state fed to the next TTT step is
+  the pre-norm output, or the normed one with ``norm_output``.
+
+Frozen, taken from the target (never trained, never part of the resumable state):
+``embed_tokens`` [V_target, H], ``verifier_norm`` [H] and ``verifier_lm_head``
+[V_draft, H] — the target's lm_head rows of the draft vocabulary only, so the target's
+full-vocabulary logits are never formed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention
+from eagle3_train.loss import (
+    LOSS_EPS,
+    align,
+    fused_linear_kl,
+    step_accuracy,
+)
+
+
+@dataclass
+class DraftArch:
+    """Everything that shapes the draft network (what config.json describes)."""
+
+    hidden_size: int
+    num_aux: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    target_rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None = None
+    num_layers: int = 1
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
+    hidden_act: str = "silu"
+    attention: str = "chunked"
+    attention_chunk: int = 512
+    loss_chunk: int = 1024
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm: computed in float32, weight applied in the input dtype."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    x32 = x.float()
+    return weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
+
+
+class Rotary(nn.Module):
+    """Llama RoPE; non-default types use transformers' ROPE_INIT_FUNCTIONS (e.g. llama3)."""
+
+    def __init__(self, arch: DraftArch) -> None:
+        super().__init__()
+        scaling = dict(arch.rope_scaling or {})
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type == "default":
+            d = arch.head_dim
+            inv_freq = 1.0 / (
+                arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)
+            )
+            self.attention_scaling = 1.0
+        else:
+            from transformers import LlamaConfig
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            cfg = LlamaConfig(
+                hidden_size=arch.hidden_size,
+                num_attention_heads=arch.num_attention_heads,
+                head_dim=arch.head_dim,
+                max_position_embeddings=arch.max_position_embeddings,
+                rope_parameters={**scaling, "rope_theta": arch.rope_theta},
+            )
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, None)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.attention_scaling).to(dtype), (
+            emb.sin() * self.attention_scaling
+        ).to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [heads, T, d]; cos/sin [T, d]."""
+    return x * cos + _rotate_half(x) * sin
+
+
+class LayerCache:
+    """Keys/values of one layer across the TTT steps of one batch."""
+
+    def __init__(self) -> None:
+        self.k0: Tensor | None = None
+        self.v0: Tensor | None = None
+        self.kd: list[Tensor] = []
+        self.vd: list[Tensor] = []
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: DraftArch, in_features: int) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.d = (
+            arch.num_attention_heads,
+            arch.num_key_value_heads,
+            arch.head_dim,
+        )
+        self.q_proj = nn.Linear(in_features, self.nh * self.d, bias=False)
+        self.k_proj = nn.Linear(in_features, self.nkv * self.d, bias=False)
+        self.v_proj = nn.Linear(in_features, self.nkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.d, arch.hidden_size, bias=False)
+        self.impl, self.chunk = arch.attention, arch.attention_chunk
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache, doc_start: Tensor
+    ) -> Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.nh, self.d).transpose(0, 1)
+        k = self.k_proj(x).view(T, self.nkv, self.d).transpose(0, 1)
+        v = self.v_proj(x).view(T, self.nkv, self.d).transpose(0, 1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache.k0 is None:
+            cache.k0, cache.v0 = k, v
+        else:
+            cache.kd.append(k)
+            cache.vd.append(v)
+        assert cache.k0 is not None and cache.v0 is not None
+        empty = k.new_zeros((0, *k.shape))
+        kd = torch.stack(cache.kd) if cache.kd else empty
+        vd = torch.stack(cache.vd) if cache.vd else empty
+        if self.impl == "sdpa":
+            out = dense_ttt_attention(q, cache.k0, cache.v0, kd, vd, doc_start)
+        else:
+            out = chunked_ttt_attention(q, cache.k0, cache.v0, kd, vd, doc_start, self.chunk)
+        return self.o_proj(out.transpose(0, 1).reshape(T, self.nh * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: DraftArch) -> None:
+        super().__init__()
+        if arch.hidden_act != "silu":
+            raise ValueError(f"hidden_act {arch.hidden_act!r}: only 'silu' (Llama) is supported")
+        self.gate_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Layer 0 takes concat(embed, hidden) [2H]; later layers are plain Llama layers."""
+
+    def __init__(self, arch: DraftArch, index: int) -> None:
+        super().__init__()
+        self.first = index == 0
+        self.norm_before_residual = arch.norm_before_residual
+        H = arch.hidden_size
+        self.self_attn = Attention(arch, 2 * H if self.first else H)
+        self.mlp = MLP(arch)
+        self.input_layernorm = RMSNorm(H, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, arch.rms_norm_eps)
+        if self.first:
+            self.hidden_norm = RMSNorm(H, arch.rms_norm_eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        embeds: Tensor | None,
+        cos: Tensor,
+        sin: Tensor,
+        cache: LayerCache,
+        doc_start: Tensor,
+    ) -> Tensor:
+        if self.first:
+            assert embeds is not None
+            hidden = self.hidden_norm(x)
+            residual = hidden if self.norm_before_residual else x
+            attn_in = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)
+        else:
+            residual = x
+            attn_in = self.input_layernorm(x)
+        x = residual + self.self_attn(attn_in, cos, sin, cache, doc_start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DraftLMHead(nn.Module):
+    """The draft LM head; its forward is the fused LM-head + KL so ZeRO-3 gathers the weight."""
+
+    def __init__(self, hidden: int, vocab: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, hidden))
+
+    def forward(
+        self,
+        h: Tensor,
+        target_logp: Tensor | None = None,
+        row_weights: Tensor | None = None,
+        chunk: int = 1024,
+    ) -> tuple[Tensor, Tensor]:
+        if target_logp is None or row_weights is None:
+            logits = h @ self.weight.T
+            return logits, logits.argmax(-1)
+        return fused_linear_kl(h, self.weight, target_logp, row_weights, chunk)
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, arch: DraftArch) -> None:
+        super().__init__()
+        self.arch = arch
+        H = arch.hidden_size
+        if arch.num_attention_heads % arch.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {arch.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {arch.num_key_value_heads}"
+            )
+        if arch.norm_before_fc:
+            self.input_norm = RMSNorm(arch.num_aux * H, arch.rms_norm_eps)
+        self.fc = nn.Linear(arch.num_aux * H, H, bias=False)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.norm = RMSNorm(H, arch.rms_norm_eps)
+        self.lm_head = DraftLMHead(H, arch.draft_vocab_size)
+        self.rotary = Rotary(arch)
+        # Frozen target pieces: buffers, so no optimizer, DDP bucket or ZeRO partition sees
+        # them and no checkpoint stores them (they come from target_head.safetensors).
+        self.register_buffer(
+            "embed_tokens", torch.zeros(arch.target_vocab_size, H), persistent=False
+        )
+        self.register_buffer("verifier_norm", torch.ones(H), persistent=False)
+        self.register_buffer(
+            "verifier_lm_head", torch.zeros(arch.draft_vocab_size, H), persistent=False
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Llama-style init (normal, std 0.02; norms at one)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        nn.init.normal_(self.lm_head.weight, std=0.02)
+
+    @torch.no_grad()
+    def load_target_head(
+        self,
+        embed_tokens: Tensor,
+        norm_weight: Tensor,
+        lm_head_draft_rows: Tensor,
+        init_lm_head: bool = True,
+    ) -> None:
+        """Install the frozen target weights; the draft lm_head starts at the target's rows."""
+        self.embed_tokens.copy_(embed_tokens)
+        self.verifier_norm.copy_(norm_weight)
+        self.verifier_lm_head.copy_(lm_head_draft_rows)
+        if init_lm_head:
+            self.lm_head.weight.copy_(lm_head_draft_rows)
+
+    @torch.no_grad()
+    def target_log_probs(self, last_hidden: Tensor) -> Tensor:
+        """log softmax over the draft vocabulary of lm_head_rows(norm(last)), float32 (also
+        under autocast: the target distribution is the reference, kept exact)."""
+        with torch.autocast(last_hidden.device.type, enabled=False):
+            normed = rms_norm(last_hidden, self.verifier_norm, self.arch.target_rms_norm_eps)
+            logits = normed @ self.verifier_lm_head.float().T
+            return torch.log_softmax(logits, dim=-1)
+
+    def forward(
+        self,
+        aux_hidden: Tensor,  # [T, n_aux, H] (any float dtype)
+        last_hidden: Tensor,  # [T, H] target layer N, pre-norm
+        input_ids: Tensor,  # [T] long
+        loss_mask: Tensor,  # [T] bool/uint8
+        cu_seqlens: Tensor,  # [n+1] long
+        ttt_steps: int,
+        ttt_step_loss_decay: float = 1.0,
+    ) -> tuple[Tensor, Tensor]:
+        """(loss, stats): stats [ttt_steps, 5] float64 holds, per step, the decayed step loss,
+        the KL sum, scored slots, fully-correct slots and the conditional denominator
+        (``loss.unpack_stats`` names them). Plain tensors, so DDP/DeepSpeed hooks see them."""
+        T = input_ids.shape[0]
+        al = align(input_ids, loss_mask, cu_seqlens, ttt_steps)
+        target_logp = self.target_log_probs(last_hidden)
+        target_ids = target_logp.argmax(-1)
+        pdtype = self.fc.weight.dtype
+        x = aux_hidden.reshape(T, -1).to(pdtype)
+        if self.arch.norm_before_fc:
+            x = self.input_norm(x)
+        hidden = self.fc(x)
+        caches = [LayerCache() for _ in self.layers]
+        prev_correct = al.valid[0]
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        rows: list[Tensor] = []
+        for k in range(ttt_steps):
+            embeds = F.embedding(al.step_tokens[k], self.embed_tokens).to(hidden.dtype)
+            cos, sin = self.rotary(al.positions + k, hidden.dtype)
+            x = hidden
+            for i, layer in enumerate(self.layers):
+                x = layer(x, embeds if i == 0 else None, cos, sin, caches[i], al.doc_start)
+            normed = self.norm(x)
+            hidden = normed if self.arch.norm_output else x
+            # Only rows that have a target row t+1+k inside the batch take part.
+            n = T - 1 - k
+            valid = al.valid[k]
+            scored = valid.sum()
+            decay = ttt_step_loss_decay**k
+            row_w = valid[:n].float() * (decay / (float(scored) + LOSS_EPS))
+            if n > 0:
+                step_loss, preds = self.lm_head(
+                    normed[:n], target_logp[1 + k :], row_w, self.arch.loss_chunk
+                )
+            else:
+                step_loss = normed.sum() * 0.0
+                preds = torch.zeros(0, dtype=torch.long, device=normed.device)
+            loss = loss + step_loss
+            with torch.no_grad():
+                full_correct, cond_total, prev_correct = step_accuracy(
+                    preds,
+                    target_ids[1 + k :],
+                    valid[:n],
+                    al.in_doc[k][:n],
+                    prev_correct[:n],
+                )
+                kl_sum = step_loss.detach() * (float(scored) + LOSS_EPS) / decay
+                parts = (step_loss.detach(), kl_sum, scored, full_correct, cond_total)
+                rows.append(torch.stack([p.double() for p in parts]))
+        return loss, torch.stack(rows)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

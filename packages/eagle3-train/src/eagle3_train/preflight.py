@@ -1,0 +1,517 @@
+"""Verify before run: each check is a small function returning findings.
+
+Runs by default before training and alone with ``--preflight``. A finding of level "error"
+stops the run; every message names both sides of a mismatch (which file or config key says
+what). Order: schema validation → lineage and shapes → resume compatibility → library
+interfaces (introspection) → one real forward/backward → memory and disk estimates.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_train.inputs import RunInputs, checkpoint_lineage
+from eagle3_train.model import DraftArch
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # "error" | "warning" | "ok"
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.level.upper():7}] {self.check}: {self.message}"
+
+
+class PreflightError(RuntimeError):
+    """Preflight found errors; the message lists them all."""
+
+
+@dataclass
+class PreflightReport:
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    def render(self) -> str:
+        lines = [f"preflight ({self.seconds:.1f} s): {len(self.errors)} error(s)"]
+        lines += [f"  {f}" for f in self.findings]
+        return "\n".join(lines)
+
+    def raise_on_errors(self) -> None:
+        if self.errors:
+            raise PreflightError(
+                "preflight found errors:\n" + "\n".join(f"  {f}" for f in self.errors)
+            )
+
+
+def _ok(check: str, message: str) -> list[Finding]:
+    return [Finding("ok", check, message)]
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs against their schemas
+
+
+def check_schemas(inputs: RunInputs) -> list[Finding]:
+    from eagle3_schemas.validate import validate
+
+    out = []
+    for role, path in (
+        ("data.hidden_states", inputs.dataset.root),
+        ("data.vocab_map", inputs.vocab.path),
+    ):
+        problems = validate(path)
+        for p in problems[:20]:
+            out.append(Finding("error", "schema", f"{role}: {p}"))
+        if len(problems) > 20:
+            out.append(Finding("error", "schema", f"{role}: ... {len(problems) - 20} more"))
+        if not problems:
+            out += _ok("schema", f"{role} {path} validates")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Lineage and shapes
+
+
+def check_lineage(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
+    cfg, ds, vm = inputs.config, inputs.dataset, inputs.vocab
+    ds_file = f"{ds.root}/dataset.json"
+    ds_lineage = ds.header.get("lineage", {})
+    out: list[Finding] = []
+
+    def err(check: str, message: str) -> None:
+        out.append(Finding("error", check, message))
+
+    expected_ids = cfg.draft.aux_layer_ids
+    if expected_ids is not None and expected_ids != ds.aux_layer_ids:
+        err(
+            "aux_layer_ids",
+            f"dataset {ds_file} has aux_layer_ids {ds.aux_layer_ids} but config "
+            f"draft.aux_layer_ids expects {expected_ids} (vLLM convention: id k = residual after "
+            "k layers); re-extract with the expected ids or fix the config",
+        )
+    if ds_lineage.get("aux_layer_ids") not in (None, ds.aux_layer_ids):
+        err(
+            "aux_layer_ids",
+            f"{ds_file}: header aux_layer_ids {ds.aux_layer_ids} but lineage.aux_layer_ids "
+            f"{ds_lineage.get('aux_layer_ids')}",
+        )
+    n_layers = int(ds.header["target"]["num_hidden_layers"])
+    bad = [i for i in ds.aux_layer_ids if not 0 <= i <= n_layers]
+    if bad:
+        err(
+            "aux_layer_ids",
+            f"{ds_file}: ids {bad} outside [0, {n_layers}] (target num_hidden_layers)",
+        )
+    for key, what in (
+        ("tokenizer_fingerprint", "the vocab map was counted with another tokenizer"),
+        ("tokenized_fingerprint", "the vocab map was counted over another tokenized dataset"),
+    ):
+        a, b = vm.lineage.get(key), ds_lineage.get(key)
+        if a != b:
+            err(
+                "vocab_map",
+                f"lineage {key}: vocab map {vm.path} has {a!r} but hidden-state dataset "
+                f"{ds_file} has {b!r} ({what}: a foreign vocab map)",
+            )
+    if vm.t2d.shape[0] != ds.vocab_size:
+        err(
+            "vocab_map",
+            f"vocab map {vm.path} t2d covers {vm.t2d.shape[0]} target ids but dataset "
+            f"{ds_file} target.vocab_size is {ds.vocab_size}",
+        )
+    elif int(vm.target_ids.max(initial=0)) >= ds.vocab_size:
+        err("vocab_map", f"vocab map {vm.path}: d2t maps past target vocab {ds.vocab_size}")
+
+    tc = inputs.target_config
+    if tc is not None:
+        where = str(inputs.target_config_path)
+        for key, theirs in (
+            ("hidden_size", ds.hidden_size),
+            ("num_hidden_layers", n_layers),
+            ("vocab_size", ds.vocab_size),
+        ):
+            if key in tc and int(tc[key]) != int(theirs):
+                err(
+                    "target",
+                    f"{key}: target config {where} has {tc[key]} but dataset {ds_file} "
+                    f"target.{key} has {theirs}",
+                )
+        out += _check_target_files(inputs)
+    if not any(f.level == "error" for f in out):
+        out += _ok(
+            "lineage",
+            f"aux_layer_ids {ds.aux_layer_ids}, hidden {ds.hidden_size}, V_target "
+            f"{ds.vocab_size}, V_draft {vm.draft_vocab_size}, tokenizer and tokenized set agree "
+            f"(vocab map {vm.fingerprint[:19]}…); target norm eps {arch.target_rms_norm_eps}",
+        )
+    return out
+
+
+def _check_target_files(inputs: RunInputs) -> list[Finding]:
+    """Fingerprints of the target directory against the dataset's lineage, where present."""
+    from eagle3_schemas.lineage import (
+        TOKENIZER_FILES,
+        fingerprint_model_dir,
+        fingerprint_tokenizer_dir,
+    )
+
+    root = Path(inputs.config.target.path or ".")
+    ds_lineage = inputs.dataset.header.get("lineage", {})
+    out = []
+    if list(root.glob("*.safetensors")):
+        mine = fingerprint_model_dir(root)
+        if mine != ds_lineage.get("target_fingerprint"):
+            out.append(
+                Finding(
+                    "error",
+                    "target",
+                    f"target_fingerprint: target.path {root} is {mine} but dataset "
+                    f"{inputs.dataset.root}/dataset.json lineage has "
+                    f"{ds_lineage.get('target_fingerprint')!r} (states of another target)",
+                )
+            )
+    if any((root / n).is_file() for n in TOKENIZER_FILES):
+        mine = fingerprint_tokenizer_dir(root)
+        if mine != ds_lineage.get("tokenizer_fingerprint"):
+            out.append(
+                Finding(
+                    "error",
+                    "target",
+                    f"tokenizer_fingerprint: target.path {root} tokenizer is {mine} but dataset "
+                    f"lineage has {ds_lineage.get('tokenizer_fingerprint')!r}",
+                )
+            )
+    return out
+
+
+def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -> list[Finding]:
+    if resume_from is None:
+        return []
+    state = json.loads((resume_from / "trainer_state.json").read_text(encoding="utf-8"))
+    saved = state.get("lineage") or {}
+    now = checkpoint_lineage(inputs)
+    out = []
+    for key in ("hidden_states_fingerprint", "vocab_map_fingerprint", "aux_layer_ids"):
+        if key in saved and saved[key] != now[key]:
+            out.append(
+                Finding(
+                    "error",
+                    "resume",
+                    f"{key}: checkpoint {resume_from} was trained with {saved[key]!r} but this "
+                    f"run's inputs give {now[key]!r} (set train.resume=never to start afresh)",
+                )
+            )
+    run_yaml = resume_from.parent.parent / "run.yaml"
+    if run_yaml.is_file():
+        import yaml
+
+        old = yaml.safe_load(run_yaml.read_text(encoding="utf-8")).get("draft", {})
+        for key in ("num_layers", "norm_before_residual", "norm_before_fc", "norm_output"):
+            if key in old and old[key] != getattr(inputs.config.draft, key):
+                out.append(
+                    Finding(
+                        "error",
+                        "resume",
+                        f"draft.{key}: {run_yaml} has {old[key]!r} but this config has "
+                        f"{getattr(inputs.config.draft, key)!r}",
+                    )
+                )
+    return out or _ok("resume", f"checkpoint {resume_from} matches the inputs")
+
+
+# ---------------------------------------------------------------------------------------
+# Third-party interfaces this trainer relies on, checked by introspection
+
+
+def _params(fn: Callable[..., Any]) -> set[str]:
+    return set(inspect.signature(fn).parameters)
+
+
+def check_interfaces(arch: DraftArch, deepspeed: bool, offload: bool) -> list[Finding]:
+    import accelerate
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    out: list[Finding] = []
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            out.append(Finding("error", "interfaces", what))
+
+    acc = f"accelerate {accelerate.__version__}"
+    init = _params(Accelerator.__init__)
+    for name in (
+        "cpu",
+        "mixed_precision",
+        "gradient_accumulation_steps",
+        "log_with",
+        "project_dir",
+        "kwargs_handlers",
+    ):
+        need(name in init, f"{acc}: Accelerator() has no parameter {name!r}")
+    for name in (
+        "save_state",
+        "load_state",
+        "get_state_dict",
+        "accumulate",
+        "reduce",
+        "clip_grad_norm_",
+        "unwrap_model",
+        "init_trackers",
+        "log",
+        "end_training",
+    ):
+        need(callable(getattr(Accelerator, name, None)), f"{acc}: Accelerator.{name} is missing")
+    need(
+        "backend" in _params(InitProcessGroupKwargs),
+        f"{acc}: InitProcessGroupKwargs has no 'backend'",
+    )
+    need(
+        "broadcast_buffers" in _params(DistributedDataParallelKwargs),
+        f"{acc}: DistributedDataParallelKwargs has no 'broadcast_buffers'",
+    )
+    try:  # a builtin without a signature: call it the way dense_ttt_attention does
+        x = torch.zeros(1, 1, 2, 4)
+        torch.nn.functional.scaled_dot_product_attention(
+            x, x, x, attn_mask=torch.ones(2, 2, dtype=torch.bool), scale=0.5
+        )
+    except (RuntimeError, TypeError) as e:
+        need(
+            False,
+            f"torch {torch.__version__}: scaled_dot_product_attention(attn_mask=, scale=) fails ({e})",
+        )
+    need(
+        hasattr(torch, "float8_e4m3fn"),
+        f"torch {torch.__version__}: no float8_e4m3fn (fp8 storage)",
+    )
+    try:  # bf16 shards are read as uint16 and viewed: the view must exist
+        torch.zeros(2, dtype=torch.uint16).view(torch.bfloat16)
+    except (RuntimeError, TypeError) as e:
+        need(False, f"torch {torch.__version__}: uint16 -> bfloat16 view fails ({e})")
+    scaling = arch.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        need(rope_type in ROPE_INIT_FUNCTIONS, f"transformers: no RoPE init for {rope_type!r}")
+    if deepspeed:
+        try:
+            import deepspeed as ds
+
+            need(callable(getattr(ds, "initialize", None)), "deepspeed.initialize is missing")
+            if offload:
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+                need(
+                    "adamw_mode" in _params(DeepSpeedCPUAdam.__init__),
+                    "DeepSpeedCPUAdam lacks adamw_mode",
+                )
+        except ImportError as e:
+            need(
+                False,
+                f"a DeepSpeed launch but deepspeed does not import ({e}); install eagle3-train[deepspeed]",
+            )
+    return out or _ok("interfaces", f"{acc}, torch {torch.__version__}: every API used is present")
+
+
+# ---------------------------------------------------------------------------------------
+# One real batch, forward and backward
+
+
+def _rss_mib() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def check_dry_run(
+    inputs: RunInputs, arch: DraftArch, device: torch.device
+) -> tuple[list[Finding], dict[str, float]]:
+    from eagle3_train.data import ShardReader, plan_epoch, split_indices, to_device
+    from eagle3_train.trainer import build_model
+
+    cfg = inputs.config
+    train_idx, _ = split_indices(inputs.dataset, cfg.data.validation_fraction)
+    plan = plan_epoch(
+        inputs.dataset.num_tokens, train_idx, cfg.data.max_tokens_per_batch, cfg.train.seed, 0
+    )
+    if not plan:
+        return [
+            Finding(
+                "error",
+                "dry_run",
+                f"{inputs.dataset.root}: no trainable sample (all shorter than 2 tokens or held out)",
+            )
+        ], {}
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    before = _rss_mib()
+    model = build_model(inputs, arch, cfg.train.seed).to(device)
+    batch = to_device(ShardReader(inputs.dataset).read(plan[0]), device)
+    start = time.perf_counter()
+    precision = cfg.train.mixed_precision
+    autocast = cuda and precision in ("auto", "bf16")
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        loss, stats = model(
+            batch["aux_hidden_states"],
+            batch["last_hidden_state"],
+            batch["input_ids"],
+            batch["loss_mask"],
+            batch["cu_seqlens"],
+            cfg.train.ttt_steps,
+            cfg.train.ttt_step_loss_decay,
+        )
+    after_forward = _rss_mib()  # activations are alive until backward frees them
+    loss.backward()
+    seconds = time.perf_counter() - start
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    peak = (
+        torch.cuda.max_memory_allocated(device) / 2**20
+        if cuda
+        else max(after_forward - before, _rss_mib() - before, 0.0)
+    )
+    info = {"seconds": seconds, "peak_mib": peak, "tokens": float(batch["input_ids"].shape[0])}
+    out = []
+    if not torch.isfinite(loss):
+        out.append(
+            Finding(
+                "error",
+                "dry_run",
+                f"loss is {float(loss.detach())} on the first batch (samples {plan[0][:3]}...)",
+            )
+        )
+    if any(g is None for g in grads):
+        out.append(Finding("error", "dry_run", "some trainable parameters received no gradient"))
+    elif not all(bool(torch.isfinite(g).all()) for g in grads):
+        out.append(Finding("error", "dry_run", "non-finite gradients on the first batch"))
+    if int(stats[0, 2]) == 0:
+        out.append(
+            Finding(
+                "warning", "dry_run", "the first batch has no scored token (loss_mask all zero?)"
+            )
+        )
+    if not out:
+        out += _ok(
+            "dry_run",
+            f"forward+backward of {int(info['tokens'])} tokens × {cfg.train.ttt_steps} TTT steps: "
+            f"loss {float(loss.detach()):.4f}, {seconds:.2f} s, ~{peak:.0f} MiB",
+        )
+    del model, batch
+    return out, info
+
+
+def check_memory(
+    inputs: RunInputs,
+    arch: DraftArch,
+    device: torch.device,
+    world: int,
+    zero_stage: int,
+    dry: dict[str, float],
+) -> list[Finding]:
+    import psutil
+
+    from eagle3_train.model import Eagle3Draft
+
+    with torch.device("meta"):
+        model = Eagle3Draft(arch)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad) + sum(
+        b.numel() for b in model.buffers()
+    )
+    # fp32 weights + grads + AdamW moments; ZeRO shards optimizer (1+), grads (2+), weights (3)
+    per_param = (
+        4 * (1 if zero_stage < 3 else 1 / world)
+        + 4 * (1 if zero_stage < 2 else 1 / world)
+        + 8 * (1 / world if zero_stage >= 1 else 1)
+    )
+    states = trainable * per_param + frozen * 4
+    need = states + dry.get("peak_mib", 0.0) * 2**20
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        where = f"GPU {device}"
+    else:
+        free = psutil.virtual_memory().available
+        where = "host RAM"
+    out = []
+    gib = 2**30
+    msg = (
+        f"estimated {need / gib:.2f} GiB per process ({trainable / 1e6:.1f}M trainable, "
+        f"{frozen / 1e6:.1f}M frozen, activations {dry.get('peak_mib', 0):.0f} MiB measured) "
+        f"vs {free / gib:.2f} GiB free {where}"
+    )
+    procs_here = world if device.type != "cuda" else 1
+    if need * procs_here > free:
+        out.append(Finding("error", "memory", msg + f" × {procs_here} processes: does not fit"))
+    elif need * procs_here > 0.8 * free:
+        out.append(Finding("warning", "memory", msg + " (tight)"))
+    else:
+        out += _ok("memory", msg)
+    ckpt = trainable * 12 * inputs.config.train.keep_checkpoints + trainable * 4 * 3
+    parent = Path(inputs.config.output_dir)
+    while not parent.exists():
+        parent = parent.parent
+    disk_free = shutil.disk_usage(parent).free
+    if ckpt > disk_free:
+        out.append(
+            Finding(
+                "error",
+                "disk",
+                f"checkpoints need ~{ckpt / gib:.2f} GiB, {disk_free / gib:.2f} GiB free under {parent}",
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def run_preflight(
+    inputs: RunInputs,
+    arch: DraftArch,
+    accelerator: Any,
+    resume_from: Path | None,
+    full: bool = True,
+) -> PreflightReport:
+    """All checks. ``full`` (the main process) adds schema validation, the dry run, memory."""
+    start = time.perf_counter()
+    report = PreflightReport()
+    cfg = inputs.config
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None) if accelerator else None
+    ds_cfg = plugin.deepspeed_config if plugin is not None else {}
+    zero = ds_cfg.get("zero_optimization", {})
+    offload = zero.get("offload_optimizer", {}).get("device") in ("cpu", "nvme")
+    if full and cfg.train.validate_inputs:
+        report.findings += check_schemas(inputs)
+        if report.errors:  # later checks assume readable, well-formed inputs
+            report.seconds = time.perf_counter() - start
+            return report
+    report.findings += check_lineage(inputs, arch)
+    report.findings += check_resume(inputs, arch, resume_from)
+    report.findings += check_interfaces(arch, plugin is not None, offload)
+    if full and not report.errors:
+        device = accelerator.device if accelerator is not None else torch.device("cpu")
+        dry_findings, dry = check_dry_run(inputs, arch, device)
+        report.findings += dry_findings
+        world = accelerator.num_processes if accelerator is not None else 1
+        report.findings += check_memory(
+            inputs, arch, device, world, int(zero.get("stage", 0) or 0), dry
+        )
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,682 @@
+"""The training loop under Accelerate (single process, DDP, DeepSpeed ZeRO-2/3).
+
+Reads top to bottom: accelerator → inputs and preflight → model, optimizer, schedule →
+resume → epochs of (micro-batches → optimizer steps → logs, checkpoints) → validation,
+best export → final export. Distribution is applied from outside (accelerate.prepare); the
+model knows nothing of it.
+
+Files under ``output_dir``:
+  run.yaml                 the resolved config of this run
+  metrics.jsonl            one JSON line per logged step / validation (main process)
+  checkpoints/step-N/      resumable state: model, optimizer, RNG (accelerate.save_state),
+                           trainer_state.json (step, data position, scheduler, best);
+                           written as .tmp-step-N and renamed when complete
+  checkpoints/latest.json  the newest complete checkpoint
+  exports/step-N/          speculators-format drafts (validated exports at evaluations)
+  draft/                   the deliverable: the best export (or the last without validation)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_schemas.atomic import write_json_atomic
+from eagle3_schemas.validate import validate
+from eagle3_train.config import Config, dump_config
+from eagle3_train.data import make_loader, plan_epoch, rank_batches, split_indices, to_device
+from eagle3_train.export import draft_config, export_weights, write_checkpoint
+from eagle3_train.inputs import (
+    RunInputs,
+    checkpoint_lineage,
+    load_inputs,
+    load_target_head,
+    resolve_arch,
+)
+from eagle3_train.loss import summarize, unpack_stats
+from eagle3_train.model import DraftArch, Eagle3Draft
+
+log = logging.getLogger("eagle3_train")
+
+EXIT_PREFLIGHT = 2
+EXIT_NAN = 3
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped on purpose (NaN loss); the message says why and what was kept."""
+
+
+@dataclass
+class TrainerState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch
+    batches_done: int = 0  # micro-batches of this rank's epoch plan consumed
+    tokens: int = 0  # tokens seen, all ranks
+    best_value: float | None = None
+    best_step: int | None = None
+    best_export: str | None = None
+    last_checkpoint: str | None = None
+    validated_step: int | None = None
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    lineage: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# ---------------------------------------------------------------------------------------
+# Setup
+
+
+def _is_deepspeed() -> bool:
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def available_trackers(names: list[str]) -> list[str]:
+    import importlib.util
+
+    out = []
+    for name in names:
+        if name == "none":
+            continue
+        if name == "tensorboard" and not (
+            importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")
+        ):
+            log.warning("tensorboard is not installed: metrics go to metrics.jsonl only")
+            continue
+        if name == "wandb" and not importlib.util.find_spec("wandb"):
+            raise RuntimeError("train.trackers has 'wandb' but wandb is not installed")
+        out.append(name)
+    return out
+
+
+def make_accelerator(config: Config, with_trackers: bool = True):
+    """An Accelerator that works on GPU and on CPU (gloo), plain, DDP or DeepSpeed."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    t = config.train
+    cuda = torch.cuda.is_available()
+    deepspeed = _is_deepspeed()
+    # The frozen target buffers never change: do not re-broadcast them every forward.
+    handlers: list[Any] = [DistributedDataParallelKwargs(broadcast_buffers=False)]
+    if not cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Without CUDA, DeepSpeed under Accelerate 1.x reports one process per rank and
+        # gather crashes unless the process group is gloo (ENVIRONMENT.md). In a single
+        # process a backend must not be named at all (Accelerate would ask for a group).
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    precision = t.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if cuda else "no"
+    trackers = available_trackers(t.trackers) if with_trackers else []
+    accelerator = Accelerator(
+        # A MULTI_CPU config starts one process; DDP on CPU needs cpu=True under a multi-process
+        # launch. DeepSpeed on CPU picks its CPU accelerator itself (DS_ACCELERATOR=cpu).
+        cpu=not cuda and not deepspeed,
+        mixed_precision=precision,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        log_with=trackers or None,
+        project_dir=config.output_dir,
+        kwargs_handlers=handlers,
+    )
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        ds = plugin.deepspeed_config
+        ds["train_micro_batch_size_per_gpu"] = 1  # one packed sequence per micro-batch
+        ds["gradient_accumulation_steps"] = t.gradient_accumulation_steps
+        ds["gradient_clipping"] = t.max_grad_norm
+        ds.setdefault("zero_optimization", {})
+        # exports gather the full weights on rank 0
+        ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    return accelerator
+
+
+def build_model(inputs: RunInputs, arch: DraftArch, seed: int) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    model = Eagle3Draft(arch)
+    head = load_target_head(inputs.dataset.root, inputs.vocab.target_ids)
+    model.load_target_head(head["embed_tokens"], head["norm"], head["lm_head_rows"])
+    model.lm_head.weight.requires_grad_(inputs.config.draft.train_lm_head)
+    return model
+
+
+def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.optim.Optimizer:
+    t = config.train
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": t.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    plugin = accelerator.state.deepspeed_plugin
+    offload = plugin is not None and (
+        plugin.deepspeed_config.get("zero_optimization", {})
+        .get("offload_optimizer", {})
+        .get("device")
+        in ("cpu", "nvme")
+    )
+    if offload:
+        # ZeRO-Offload steps the optimizer on the CPU with DeepSpeed's own Adam kernel.
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(
+            groups, lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps, adamw_mode=True
+        )
+    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps)
+
+
+def lr_lambda(config: Config, total_steps: int):
+    t = config.train
+
+    def factor(step: int) -> float:
+        if t.warmup_steps and step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        if t.schedule == "constant":
+            return 1.0
+        span = max(1, total_steps - t.warmup_steps)
+        progress = min(1.0, (step - t.warmup_steps) / span)
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1 - progress
+        return t.min_lr_ratio + (1 - t.min_lr_ratio) * shape
+
+    return factor
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def find_checkpoint(config: Config) -> Path | None:
+    resume = config.train.resume
+    if resume == "never":
+        return None
+    if resume != "auto":
+        path = Path(resume)
+        if not (path / "trainer_state.json").is_file():
+            raise FileNotFoundError(
+                f"train.resume: {path} is not a checkpoint (no trainer_state.json)"
+            )
+        return path
+    pointer = Path(config.output_dir) / "checkpoints" / "latest.json"
+    if not pointer.is_file():
+        return None
+    path = Path(json.loads(pointer.read_text(encoding="utf-8"))["path"])
+    if not path.is_absolute():
+        path = Path(config.output_dir) / "checkpoints" / path
+    return path if (path / "trainer_state.json").is_file() else None
+
+
+def save_checkpoint(accelerator, state: TrainerState, scheduler, config: Config) -> Path:
+    """Resumable state, written under a temporary name and renamed when every rank is done."""
+    root = Path(config.output_dir) / "checkpoints"
+    name = f"step-{state.step:08d}"
+    tmp, final = root / f".tmp-{name}", root / name
+    state.last_checkpoint = str(final)  # on every rank: later decisions must agree
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state.scheduler = scheduler.state_dict()
+        write_json_atomic(tmp / "trainer_state.json", state.to_json())
+        if final.exists():  # the same step saved twice (epoch end == save step)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        write_json_atomic(root / "latest.json", {"path": name, "step": state.step})
+        kept = sorted(p for p in root.glob("step-*") if p.is_dir())
+        for old in kept[: max(0, len(kept) - config.train.keep_checkpoints)]:
+            shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint saved: %s (step %d)", final, state.step)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator, path: Path, scheduler) -> TrainerState:
+    data = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    state = TrainerState(**data)
+    if state.world_size != accelerator.num_processes:
+        raise RuntimeError(
+            f"{path}: saved with {state.world_size} processes but this run has "
+            f"{accelerator.num_processes}; the data position is per rank — resume with the "
+            "same number of processes"
+        )
+    accelerator.load_state(str(path))
+    scheduler.load_state_dict(state.scheduler)
+    return state
+
+
+# ---------------------------------------------------------------------------------------
+# Export
+
+
+def export_draft(
+    accelerator, model, inputs: RunInputs, arch: DraftArch, state: TrainerState, metrics: dict
+) -> Path | None:
+    """Gather the weights (every rank takes part under ZeRO-3) and write a validated export."""
+    full = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        return None
+    cfg = inputs.config
+    out = Path(cfg.output_dir) / "exports" / f"step-{state.step:08d}"
+    if out.exists():
+        return out
+    unwrapped = accelerator.unwrap_model(model)
+    target_arch = (inputs.target_config or {}).get("architectures") or [
+        inputs.dataset.header["target"]["architecture"]
+    ]
+    config_json = draft_config(
+        arch,
+        inputs.aux_layer_ids,
+        cfg.target.name_or_path or cfg.target.path,
+        list(target_arch),
+        cfg.train.ttt_steps,
+    )
+    weights = export_weights(
+        full,
+        inputs.vocab.d2t,
+        inputs.vocab.t2d,
+        cfg.export.dtype,
+        unwrapped.embed_tokens if cfg.export.include_embeddings else None,
+    )
+    lineage = checkpoint_lineage(inputs)
+    training = {
+        "steps": state.step,
+        "tokens": state.tokens,
+        "epoch": state.epoch,
+        "metrics": metrics,
+    }
+    write_checkpoint(out, config_json, weights, lineage, inputs.aux_layer_ids, training)
+    problems = validate(out)
+    if problems:
+        raise RuntimeError(
+            f"{out}: the export does not validate:\n  " + "\n  ".join(map(str, problems))
+        )
+    return out
+
+
+def publish(export: Path, output_dir: Path) -> Path:
+    """Copy ``export`` to ``output_dir/draft`` (temp copy, then swap)."""
+    final = output_dir / "draft"
+    tmp = output_dir / ".tmp-draft"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(export, tmp)
+    if final.exists():
+        old = output_dir / ".old-draft"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    return final
+
+
+# ---------------------------------------------------------------------------------------
+# The loop
+
+
+class MetricWindow:
+    """Sums of per-step counts over micro-batches; reduced across ranks when logged."""
+
+    def __init__(self, ttt_steps: int) -> None:
+        self.stats = torch.zeros(ttt_steps, 5, dtype=torch.float64)
+        self.loss = 0.0
+        self.batches = 0
+        self.tokens = 0
+
+    def add(self, loss: float, stats: torch.Tensor, tokens: int) -> None:
+        self.stats += stats.detach().cpu()
+        self.loss += loss
+        self.batches += 1
+        self.tokens += tokens
+
+    def reduce(self, accelerator) -> tuple[dict[str, float], int]:
+        packed = torch.cat(
+            [
+                self.stats.flatten(),
+                torch.tensor([self.loss, self.batches, self.tokens], dtype=torch.float64),
+            ]
+        ).to(accelerator.device)
+        packed = accelerator.reduce(packed, reduction="sum").cpu()
+        k = self.stats.shape[0]
+        stats, (loss, batches, tokens) = packed[: 5 * k].view(k, 5), packed[5 * k :].tolist()
+        out = summarize(unpack_stats(stats), batches)
+        out["loss"] = loss / max(batches, 1.0)
+        return out, int(tokens)
+
+
+def _write_metrics(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+
+
+def evaluate(
+    accelerator, model, inputs: RunInputs, val_idx, config: Config
+) -> dict[str, float] | None:
+    ds = inputs.dataset
+    plan = plan_epoch(ds.num_tokens, val_idx, config.data.max_tokens_per_batch, 0, 0, shuffle=False)
+    plan = rank_batches(plan, accelerator.process_index, accelerator.num_processes)
+    if config.data.max_validation_batches is not None:
+        plan = plan[: config.data.max_validation_batches]
+    if not plan:
+        return None
+    window = MetricWindow(config.train.ttt_steps)
+    model.eval()
+    with torch.no_grad():
+        for batch in make_loader(ds, plan, 0, recycle=True):
+            b = to_device(batch, accelerator.device)
+            with accelerator.autocast():
+                loss, stats = model(
+                    b["aux_hidden_states"],
+                    b["last_hidden_state"],
+                    b["input_ids"],
+                    b["loss_mask"],
+                    b["cu_seqlens"],
+                    config.train.ttt_steps,
+                    config.train.ttt_step_loss_decay,
+                )
+            window.add(float(loss.detach()), stats, int(b["input_ids"].shape[0]))
+    model.train()
+    metrics, _ = window.reduce(accelerator)
+    return {f"val/{k}": v for k, v in metrics.items()}
+
+
+def _better(value: float, best: float | None, mode: str) -> bool:
+    if math.isnan(value):
+        return False
+    return best is None or (value < best if mode == "min" else value > best)
+
+
+def train(config: Config, preflight_only: bool = False) -> int:
+    """Run (or only preflight) training; returns the process exit code."""
+    t = config.train
+    if t.torch_threads:
+        torch.set_num_threads(t.torch_threads)
+    accelerator = make_accelerator(config, with_trackers=not preflight_only)
+    main = accelerator.is_main_process
+    out_dir = Path(config.output_dir)
+
+    # Inputs and preflight: a mismatch stops every rank within seconds.
+    from eagle3_train.preflight import PreflightError, run_preflight
+
+    try:
+        inputs = load_inputs(config)
+        arch = resolve_arch(inputs)
+        resume_from = find_checkpoint(config)
+        if t.preflight or preflight_only:
+            report = run_preflight(inputs, arch, accelerator, resume_from, full=main)
+            if main:
+                log.info("%s", report.render())
+            report.raise_on_errors()
+    except (PreflightError, ValueError, FileNotFoundError) as e:
+        log.error("preflight failed (rank %d):\n%s", accelerator.process_index, e)
+        _agree_on_failure(accelerator, True)
+        return EXIT_PREFLIGHT
+    if _agree_on_failure(accelerator, False):
+        return EXIT_PREFLIGHT
+    if preflight_only:
+        return 0
+
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "run.yaml").write_text(dump_config(config), encoding="utf-8")
+        for stale in (out_dir / "checkpoints").glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a killed save
+    accelerator.wait_for_everyone()
+
+    model = build_model(inputs, arch, t.seed)
+    optimizer = make_optimizer(model, config, accelerator)
+    train_idx, val_idx = split_indices(inputs.dataset, config.data.validation_fraction)
+    lengths = inputs.dataset.num_tokens
+    rank, world = accelerator.process_index, accelerator.num_processes
+
+    def epoch_plan(epoch: int):
+        plan = rank_batches(
+            plan_epoch(lengths, train_idx, config.data.max_tokens_per_batch, t.seed, epoch),
+            rank,
+            world,
+        )
+        usable = len(plan) - len(plan) % t.gradient_accumulation_steps
+        return plan[:usable]
+
+    steps_per_epoch = len(epoch_plan(0)) // t.gradient_accumulation_steps
+    if steps_per_epoch == 0:
+        log.error(
+            "no optimizer step fits: %d training samples give %d batches per rank with %d "
+            "processes and gradient_accumulation_steps=%d",
+            len(train_idx),
+            len(epoch_plan(0)),
+            world,
+            t.gradient_accumulation_steps,
+        )
+        return EXIT_PREFLIGHT
+    total_steps = steps_per_epoch * t.epochs
+    if t.max_steps is not None:
+        total_steps = min(total_steps, t.max_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config, total_steps))
+    # The scheduler stays outside prepare(): Accelerate would step it once per process.
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    state = TrainerState(world_size=world, lineage=checkpoint_lineage(inputs) if main else {})
+    if resume_from is not None:
+        state = load_checkpoint(accelerator, resume_from, scheduler)
+        log.info(
+            "resumed from %s at step %d (epoch %d, batch %d)",
+            resume_from,
+            state.step,
+            state.epoch,
+            state.batches_done,
+        )
+    # TensorBoard's hparams take scalars and strings only
+    flat = {
+        f"{section}.{k}": (v if isinstance(v, int | float | str | bool) else json.dumps(v))
+        for section, values in config.to_dict().items()
+        if isinstance(values, dict)
+        for k, v in values.items()
+    }
+    accelerator.init_trackers(t.project_name, config=flat)
+    metrics_path = out_dir / "metrics.jsonl"
+    if main:
+        _write_metrics(
+            metrics_path,
+            {
+                "event": "start",
+                "step": state.step,
+                "world_size": world,
+                "resumed_from": str(resume_from) if resume_from else None,
+            },
+        )
+
+    progress = None
+    if main and t.progress_bar:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=total_steps, initial=state.step, desc="train", dynamic_ncols=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    window = MetricWindow(t.ttt_steps)
+    done = state.step >= total_steps
+    started = time.perf_counter()
+    last_metrics: dict[str, float] = {}
+
+    for epoch in range(state.epoch, t.epochs):
+        if done:
+            break
+        plan = epoch_plan(epoch)
+        if epoch != state.epoch:
+            state.epoch, state.batches_done = epoch, 0
+        loader = make_loader(
+            inputs.dataset,
+            plan[state.batches_done :],
+            config.data.num_workers,
+            config.data.prefetch_batches,
+            pin_memory=torch.cuda.is_available(),
+            recycle=True,  # each batch is done with before the next is fetched
+        )
+        for batch in loader:
+            with accelerator.accumulate(model):
+                b = to_device(batch, accelerator.device)
+                loss, stats = model(
+                    b["aux_hidden_states"],
+                    b["last_hidden_state"],
+                    b["input_ids"],
+                    b["loss_mask"],
+                    b["cu_seqlens"],
+                    t.ttt_steps,
+                    t.ttt_step_loss_decay,
+                )
+                if _agree_on_failure(accelerator, not bool(torch.isfinite(loss))):
+                    _stop_nan(accelerator, state, batch, float(loss.detach()), metrics_path)
+                accelerator.backward(loss)
+                grad_norm = None
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(params, t.max_grad_norm)
+                    if grad_norm is not None and _agree_on_failure(
+                        accelerator, not bool(torch.isfinite(torch.as_tensor(grad_norm)))
+                    ):
+                        _stop_nan(
+                            accelerator,
+                            state,
+                            batch,
+                            float("nan"),
+                            metrics_path,
+                            what="gradient norm",
+                        )
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            state.batches_done += 1
+            window.add(float(loss.detach()), stats, int(b["input_ids"].shape[0]))
+            if not accelerator.sync_gradients:
+                continue
+            scheduler.step()
+            state.step += 1
+            if state.step % t.log_every == 0 or state.step == total_steps:
+                metrics, tokens = window.reduce(accelerator)
+                state.tokens += tokens
+                metrics.update(lr=scheduler.get_last_lr()[0], epoch=epoch, tokens=state.tokens)
+                if grad_norm is not None:
+                    metrics["grad_norm"] = float(grad_norm)
+                elapsed = time.perf_counter() - started
+                metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
+                started = time.perf_counter()
+                last_metrics = metrics
+                window = MetricWindow(t.ttt_steps)
+                accelerator.log({f"train/{k}": v for k, v in metrics.items()}, step=state.step)
+                if main:
+                    _write_metrics(metrics_path, {"event": "train", "step": state.step, **metrics})
+                    if progress is not None:
+                        post = {"loss": f"{metrics['loss']:.4f}"}
+                        post.update(
+                            {
+                                f"acc{k}": f"{metrics[f'cond_acc_{k}']:.2f}"
+                                for k in range(t.ttt_steps)
+                            }
+                        )
+                        progress.set_postfix(post)
+            if progress is not None:
+                progress.update(1)
+            if t.eval_every and state.step % t.eval_every == 0:
+                _validate_and_export(
+                    accelerator,
+                    model,
+                    inputs,
+                    arch,
+                    val_idx,
+                    state,
+                    config,
+                    metrics_path,
+                    last_metrics,
+                )
+            if t.save_every and state.step % t.save_every == 0:
+                save_checkpoint(accelerator, state, scheduler, config)
+            if state.step >= total_steps:
+                done = True
+                break
+        if state.batches_done >= len(plan):
+            # epoch finished: validate, then record the position as the next epoch's start
+            _validate_and_export(
+                accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
+            )
+            state.epoch, state.batches_done = epoch + 1, 0
+            save_checkpoint(accelerator, state, scheduler, config)
+
+    if progress is not None:
+        progress.close()
+    if state.validated_step != state.step:  # stopped mid-epoch (max_steps): judge the end too
+        _validate_and_export(
+            accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
+        )
+    if state.last_checkpoint is None or not state.last_checkpoint.endswith(f"{state.step:08d}"):
+        save_checkpoint(accelerator, state, scheduler, config)
+    final_export = export_draft(accelerator, model, inputs, arch, state, last_metrics)
+    if main:
+        chosen = Path(state.best_export) if state.best_export else final_export
+        assert chosen is not None
+        published = publish(chosen, out_dir)
+        _write_metrics(
+            metrics_path,
+            {
+                "event": "done",
+                "step": state.step,
+                "draft": str(published),
+                "best_step": state.best_step,
+            },
+        )
+        log.info("done: %d steps; draft at %s (from %s)", state.step, published, chosen)
+    accelerator.end_training()
+    return 0
+
+
+def _validate_and_export(
+    accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
+) -> None:
+    state.validated_step = state.step
+    val = evaluate(accelerator, model, inputs, val_idx, config) if len(val_idx) else None
+    if val is None:
+        return
+    accelerator.log(val, step=state.step)
+    if accelerator.is_main_process:
+        _write_metrics(metrics_path, {"event": "validation", "step": state.step, **val})
+        log.info("validation at step %d: %s", state.step, {k: round(v, 4) for k, v in val.items()})
+    value = val.get(config.train.best_metric)
+    if value is None:
+        raise KeyError(f"train.best_metric {config.train.best_metric!r} not among {sorted(val)}")
+    if _better(value, state.best_value, config.train.best_mode):
+        path = export_draft(accelerator, model, inputs, arch, state, {**last_metrics, **val})
+        state.best_value, state.best_step = value, state.step
+        state.best_export = str(path) if path is not None else state.best_export
+
+
+def _agree_on_failure(accelerator, failed: bool) -> bool:
+    """True on every rank when any rank failed (one small all-reduce)."""
+    if accelerator.num_processes == 1:
+        return failed
+    flag = torch.tensor([1.0 if failed else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
+
+
+def _stop_nan(
+    accelerator, state: TrainerState, batch, loss: float, metrics_path: Path, what: str = "loss"
+) -> None:
+    message = (
+        f"{what} is not finite ({loss}) at step {state.step + 1} (epoch {state.epoch}, batch "
+        f"{state.batches_done} of rank {accelerator.process_index}; samples "
+        f"{batch['sample_ids'][:5]}{'...' if len(batch['sample_ids']) > 5 else ''}). Stopping "
+        f"without saving; last good checkpoint: {state.last_checkpoint or 'none yet'}. "
+        "Lower train.lr or check the inputs (eagle3-schemas validate), then resume from it."
+    )
+    if accelerator.is_main_process:
+        _write_metrics(metrics_path, {"event": "nan", "step": state.step + 1, "message": message})
+    log.error("%s", message)
+    raise TrainingStopped(message)

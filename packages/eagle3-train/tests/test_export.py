@@ -1,0 +1,75 @@
+"""Export: the written directory validates clean with eagle3-schemas, and speculators' own
+loader (Eagle3DraftModel.from_pretrained) reads it back with our weights."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from eagle3_schemas.validate import validate
+from eagle3_train.config import load_config
+from eagle3_train.export import draft_config, export_weights, write_checkpoint
+from eagle3_train.inputs import checkpoint_lineage, load_inputs, resolve_arch
+from eagle3_train.synthetic import write_target_model
+from eagle3_train.testing import write_config
+from eagle3_train.trainer import build_model
+
+
+@pytest.fixture
+def exported(inputs, tmp_path):
+    config = load_config(write_config(inputs, tmp_path / "run"))
+    run = load_inputs(config)
+    arch = resolve_arch(run)
+    model = build_model(run, arch, seed=0)
+    with torch.no_grad():  # a non-trivial state, so a loader that reads nothing would be caught
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    # speculators' loader reads the verifier's weights: name a target that has them
+    verifier = write_target_model(tmp_path / "verifier", hidden=16, v_target=64)
+    cfg = draft_config(arch, run.aux_layer_ids, str(verifier), ["LlamaForCausalLM"], 3)
+    weights = export_weights(model.state_dict(), run.vocab.d2t, run.vocab.t2d, "float32")
+    out = write_checkpoint(
+        tmp_path / "draft", cfg, weights, checkpoint_lineage(run), run.aux_layer_ids, {"steps": 0}
+    )
+    return out, model, run
+
+
+def test_export_validates_clean(exported):
+    out, _, run = exported
+    assert validate(out) == []
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == run.aux_layer_ids
+    assert cfg["draft_vocab_size"] == 24 and cfg["transformer_layer_config"]["vocab_size"] == 64
+    assert cfg["speculators_config"]["verifier"]["name_or_path"].endswith("verifier")
+
+
+def test_speculators_loader_reads_our_weights(exported):
+    speculators = pytest.importorskip("speculators")
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    out, model, run = exported
+    with warnings.catch_warnings():
+        # transformers/speculators warn about keys they fill later (verifier weights)
+        warnings.simplefilter("ignore")
+        loaded = Eagle3DraftModel.from_pretrained(str(out))
+    assert isinstance(loaded, Eagle3DraftModel), speculators.__version__
+    theirs = loaded.state_dict()
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(theirs[name], tensor, rtol=0, atol=0, msg=name)
+    np.testing.assert_array_equal(theirs["d2t"].numpy(), run.vocab.d2t)
+    np.testing.assert_array_equal(theirs["t2d"].numpy(), run.vocab.t2d)
+    assert loaded.config.eagle_aux_hidden_state_layer_ids == run.aux_layer_ids
+
+
+def test_export_refuses_a_lineage_that_does_not_match_its_vocab(exported, tmp_path):
+    _, model, run = exported
+    lineage = {**checkpoint_lineage(run), "vocab_map_fingerprint": "sha256:" + "0" * 64}
+    weights = export_weights(model.state_dict(), run.vocab.d2t, run.vocab.t2d, "float32")
+    with pytest.raises(ValueError, match="does not match the d2t/t2d"):
+        write_checkpoint(tmp_path / "bad", {}, weights, lineage, run.aux_layer_ids, {})
+    assert not (tmp_path / "bad").exists()

@@ -1,0 +1,90 @@
+"""Real multi-process launches on CPU, as a user types them: 2-process DDP, DeepSpeed ZeRO-2
+and ZeRO-3 (gloo; DS_ACCELERATOR=cpu), with the recipes under recipes/accelerate/.
+
+All three must reproduce, step by step, the losses of one process with gradient accumulation
+2 (rank r of 2 reads batches r, r+2, ...; the single process accumulates the same pairs).
+Both launch forms are exercised: ``accelerate launch eagle3-train`` (bare name, from the
+repository root) and ``accelerate launch -m eagle3_train``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3_schemas.validate import validate
+from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
+
+pytestmark = pytest.mark.distributed
+
+STEPS = 6
+ACCELERATE = str(Path(sys.executable).parent / "accelerate")
+
+
+def _losses(run: Path) -> list[float]:
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r.get("event") == "train"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("launch")
+    inputs = make_inputs(root / "inputs", num_samples=40, min_len=24, max_len=96)
+    sections = dict(train={"max_steps": STEPS, "save_every": 3, "log_every": 1, "epochs": 2})
+    single = root / "single"
+    config = write_config(
+        inputs, single, train={**sections["train"], "gradient_accumulation_steps": 2}
+    )
+    result = run_cli(["--config", str(config)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = _losses(single)
+    assert len(reference) == STEPS
+    return inputs, sections, reference, root
+
+
+def _launch(setup, name: str, recipe: str, form: list[str], deepspeed: bool) -> Path:
+    inputs, sections, _, root = setup
+    run = root / name
+    config = write_config(inputs, run, **sections)
+    env = env_for_subprocess()
+    if deepspeed:
+        env["DS_ACCELERATOR"] = "cpu"
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        f"recipes/accelerate/{recipe}",
+        *form,
+        "--config",
+        str(config),
+    ]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-4000:]}"
+    assert validate(run / "draft") == []
+    return run
+
+
+@pytest.mark.parametrize(
+    ("name", "recipe", "form", "deepspeed"),
+    [
+        ("ddp", "ddp.yaml", ["eagle3-train"], False),
+        ("zero2", "zero2.yaml", ["-m", "eagle3_train"], True),
+        ("zero3", "zero3.yaml", ["eagle3-train"], True),
+    ],
+)
+def test_two_process_run_matches_single_process_accumulation(setup, name, recipe, form, deepspeed):
+    _, _, reference, _ = setup
+    run = _launch(setup, name, recipe, form, deepspeed)
+    losses = _losses(run)
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["world_size"] == 2
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=2e-5, atol=1e-6)
+    draft = load_file(str(run / "draft" / "model.safetensors"))
+    single = load_file(str(setup[3] / "single" / "draft" / "model.safetensors"))
+    for key in draft:
+        torch.testing.assert_close(draft[key], single[key], rtol=1e-4, atol=1e-5, msg=key)

@@ -1,0 +1,86 @@
+"""What users expect of the trainer: run.yaml, metrics, TensorBoard, validation and best
+draft selection, and a clear stop on a non-finite loss that keeps the last good checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
+
+from eagle3_schemas.header import write_safetensors
+from eagle3_schemas.validate import validate
+from eagle3_train.cli import main
+from eagle3_train.testing import make_inputs, write_config
+
+
+@pytest.fixture
+def in_process():
+    """Run the CLI in this process, then undo its global state (threads, Accelerate)."""
+    threads = torch.get_num_threads()
+    yield main
+    torch.set_num_threads(threads)
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _records(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_leaves_config_metrics_tensorboard_and_the_best_draft(tmp_path, in_process):
+    pytest.importorskip("tensorboard")
+    inputs = make_inputs(tmp_path / "inputs", num_samples=40)
+    run = tmp_path / "run"
+    config = write_config(
+        inputs,
+        run,
+        train={"max_steps": 8, "epochs": 3, "trackers": ["tensorboard"], "save_every": 0},
+    )
+    assert in_process(["--config", str(config), "--set", "train.log_every=2"]) == 0
+    assert "log_every: 2" in (run / "run.yaml").read_text()  # the CLI override is recorded
+    records = _records(run)
+    train = [r for r in records if r.get("event") == "train"]
+    assert [r["step"] for r in train] == [2, 4, 6, 8]
+    assert {"loss", "lr", "full_acc_0", "cond_acc_2", "accept_len_proxy", "grad_norm"} <= set(
+        train[0]
+    )
+    vals = [r for r in records if r.get("event") == "validation"]
+    assert vals, "no validation ran"
+    done = records[-1]
+    assert done["event"] == "done"
+    assert list(run.rglob("events.out.tfevents.*")), "no TensorBoard event file"
+    best = min(vals, key=lambda r: r["val/loss"])
+    assert done["best_step"] == best["step"]
+    assert validate(run / "draft") == []
+    exported = json.loads((run / "draft" / "eagle3.json").read_text())
+    assert exported["training"]["steps"] == best["step"]
+    assert exported["lineage"]["vocab_map_fingerprint"].startswith("sha256:")
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, in_process, caplog):
+    inputs = make_inputs(tmp_path / "inputs", num_samples=48, samples_per_shard=8)
+    # poison one shard (validation would refuse it; the run skips preflight to get there)
+    shard = sorted((inputs.hidden_states / "shards").glob("*.safetensors"))[-1]
+    tensors = load_file(str(shard))
+    tensors["last_hidden_state"][:] = float("inf")
+    write_safetensors(shard, tensors)
+    run = tmp_path / "run"
+    config = write_config(
+        inputs,
+        run,
+        data={"validation_fraction": 0.0},
+        train={"max_steps": 40, "epochs": 4, "save_every": 1},
+    )
+    with caplog.at_level(logging.ERROR, logger="eagle3_train"):
+        assert in_process(["--config", str(config), "--no-preflight"]) == 3
+    nan = [r for r in _records(run) if r.get("event") == "nan"]
+    assert len(nan) == 1
+    message = nan[0]["message"]
+    assert "loss is not finite" in message and "last good checkpoint" in message
+    assert any("not finite" in r.getMessage() for r in caplog.records)
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
+    assert latest == nan[0]["step"] - 1  # nothing saved from the failing step on
+    assert not (run / "draft").exists()

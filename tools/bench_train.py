@@ -1,0 +1,360 @@
+"""Benchmark eagle3-train side by side with speculators 0.9.0, in one run.
+
+1. Training step: our Eagle3Draft vs speculators' Eagle3DraftModel at the same config (one
+   packed sequence of T tokens, H, draft vocabulary, TTT steps, AdamW; lm_head frozen in
+   both, as speculators does). speculators runs with sdpa attention and its eager kl_div loss
+   (its defaults need a GPU). Each side runs in its own subprocess, so peak RSS is that
+   side's alone; torch threads are set explicitly.
+2. Loader: eagle3-train's shard streaming vs the raw read throughput of the same shard bytes
+   (sequential 8 MiB reads of the whole files, page cache warm for both, interleaved
+   repeats, best of each). With 2 worker processes the steady state is reported (worker
+   start-up excluded).
+
+    uv run --frozen python tools/bench_train.py                 # H=256 (tiny target), T=2048
+    uv run --frozen python tools/bench_train.py --hidden 128 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+
+def _batch(args, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    docs = args.tokens // args.doc_len
+    lengths = [args.doc_len] * docs
+    total = sum(lengths)
+    mask = torch.zeros(total, dtype=torch.bool)
+    for i in range(docs):
+        mask[i * args.doc_len + args.doc_len // 4 : (i + 1) * args.doc_len] = True
+    cu = torch.tensor([0, *[args.doc_len * (i + 1) for i in range(docs)]])
+    return {
+        "aux": torch.randn(total, 3, args.hidden, generator=g),
+        "last": torch.randn(total, args.hidden, generator=g),
+        "ids": torch.randint(0, args.v_target, (total,), generator=g),
+        "mask": mask,
+        "cu": cu,
+        "lengths": lengths,
+    }
+
+
+def _vocab(args):
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    chosen = torch.sort(torch.randperm(args.v_target, generator=g)[: args.v_draft]).values
+    t2d = torch.zeros(args.v_target, dtype=torch.bool)
+    t2d[chosen] = True
+    return chosen - torch.arange(args.v_draft), t2d
+
+
+def _heads(args) -> tuple[int, int, int]:
+    heads = max(1, args.hidden // 64)
+    return heads, max(1, heads // 2), args.hidden // heads
+
+
+def run_ours(args) -> dict[str, float]:
+    import torch
+
+    from eagle3_train.model import DraftArch, Eagle3Draft
+
+    heads, kv, head_dim = _heads(args)
+    arch = DraftArch(
+        hidden_size=args.hidden,
+        num_aux=3,
+        target_vocab_size=args.v_target,
+        draft_vocab_size=args.v_draft,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=args.intermediate,
+        rms_norm_eps=1e-5,
+        target_rms_norm_eps=1e-5,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+    )
+    torch.manual_seed(0)
+    model = Eagle3Draft(arch)
+    _, t2d = _vocab(args)
+    g = torch.Generator().manual_seed(2)
+    head = torch.randn(args.v_target, args.hidden, generator=g)
+    model.load_target_head(
+        torch.randn(args.v_target, args.hidden, generator=g), torch.ones(args.hidden), head[t2d]
+    )
+    model.lm_head.weight.requires_grad_(False)
+    opt = torch.optim.AdamW(model.trainable_parameters(), lr=1e-4)
+    b = _batch(args)
+
+    def step() -> None:
+        loss, _ = model(b["aux"], b["last"], b["ids"], b["mask"], b["cu"], args.ttt_steps)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _time(step, args, b["ids"].shape[0])
+
+
+def run_speculators(args) -> dict[str, float]:
+    import torch
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.losses.utils import resolve_loss_config
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    heads, kv, head_dim = _heads(args)
+    tl = LlamaConfig(
+        hidden_size=args.hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=args.intermediate,
+        vocab_size=args.v_target,
+        rms_norm_eps=1e-5,
+        num_hidden_layers=1,
+        max_position_embeddings=4096,
+    )
+    tl._attn_implementation = "sdpa"  # FlexAttention has no CPU backward
+    cfg = Eagle3SpeculatorConfig(
+        transformer_layer_config=tl,
+        draft_vocab_size=args.v_draft,
+        norm_before_residual=False,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=args.ttt_steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]),
+        ),
+    )
+    torch.manual_seed(0)
+    model = Eagle3DraftModel(cfg)
+    d2t, t2d = _vocab(args)
+    model.load_vocab_mappings(t2d, d2t)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        head = torch.randn(args.v_target, args.hidden, generator=g)
+        model.embed_tokens.weight.copy_(torch.randn(args.v_target, args.hidden, generator=g))
+        model.lm_head.weight.copy_(head[t2d])
+        model.verifier_lm_head.weight.copy_(head[t2d])
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    b = _batch(args)
+    parts, start = [], 0
+    for n in b["lengths"]:  # speculators' own per-sample shift, then packing
+        s = slice(start, start + n)
+        parts.append(
+            shift_batch(
+                {
+                    "input_ids": b["ids"][s],
+                    "hidden_states": b["aux"][s].reshape(n, -1),
+                    "verifier_last_hidden_states": b["last"][s],
+                    "loss_mask": b["mask"][s],
+                    "lengths": torch.tensor([n]),
+                    "position_ids": torch.arange(n),
+                }
+            )
+        )
+        start += n
+    cat = {k: torch.cat([p[k] for p in parts])[None] for k in parts[0] if k != "lengths"}
+    doc = torch.cat([torch.full((len(p["input_ids"]),), i) for i, p in enumerate(parts)])[None]
+    loss_config = resolve_loss_config("kl_div", "eager")
+
+    def step() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, loss, _ = model(
+                hidden_states=cat["hidden_states"],
+                input_ids=cat["input_ids"],
+                document_ids=doc,
+                loss_mask=cat["loss_mask"],
+                position_ids=cat["position_ids"],
+                verifier_last_hidden_states=cat["verifier_last_hidden_states"],
+                ttt_steps=args.ttt_steps,
+                loss_config=loss_config,
+            )
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _time(step, args, b["ids"].shape[0])
+
+
+def _time(step, args, tokens: int) -> dict[str, float]:
+    for _ in range(args.warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    seconds = (time.perf_counter() - start) / args.steps
+    return {
+        "seconds_per_step": seconds,
+        "tokens_per_s": tokens / seconds,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_side(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    result = run_ours(args) if args.side == "ours" else run_speculators(args)
+    print("BENCH " + json.dumps(result))
+
+
+def bench_loader(args) -> dict[str, float]:
+    import numpy as np
+    import torch
+
+    from eagle3_train.data import HiddenStateDataset, make_loader, plan_epoch
+    from eagle3_train.synthetic import write_dataset
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = write_dataset(
+            Path(tmp) / "hs",
+            num_samples=args.loader_samples,
+            min_len=256,
+            max_len=1024,
+            samples_per_shard=64,
+            hidden=args.hidden,
+            v_target=args.v_target,
+            storage_dtype="bfloat16",
+            num_layers=6,
+            aux_layer_ids=(2, 3, 5),
+        )
+        ds = HiddenStateDataset(root)
+        tokens = int(ds.num_tokens.sum())
+        shard_bytes = sum(p.stat().st_size for p in ds.shard_paths)
+
+        def raw_read() -> float:
+            buf = bytearray(8 << 20)
+            start = time.perf_counter()
+            for path in ds.shard_paths:
+                with open(path, "rb", buffering=0) as f:
+                    while f.readinto(buf):
+                        pass
+            return time.perf_counter() - start
+
+        plan = plan_epoch(ds.num_tokens, np.arange(len(ds)), args.tokens, seed=0, epoch=0)
+
+        def load(workers: int) -> float:
+            """Seconds per epoch; with workers, steady state (from the first batch on, the
+            workers' start-up excluded, scaled to the whole epoch)."""
+            start, seen, first = time.perf_counter(), 0, 0
+            for batch in make_loader(ds, plan, workers, recycle=True):  # as the trainer reads
+                n = int(batch["input_ids"].shape[0])
+                if workers and not first:
+                    start, first = time.perf_counter(), n
+                seen += n
+            assert seen == tokens
+            return (time.perf_counter() - start) * tokens / (seen - first)
+
+        raw_read()  # warm the page cache for both sides
+        load(0)
+        raw_s, w0_s, w2_s = [], [], []
+        for _ in range(args.repeats):  # interleaved, so load changes hit both sides alike
+            raw_s.append(raw_read())
+            w0_s.append(load(0))
+        for _ in range(max(2, args.repeats // 3)):
+            w2_s.append(load(2))
+        out = {
+            "tokens": tokens,
+            "shard_mib": shard_bytes / 2**20,
+            "raw_tokens_per_s": tokens / min(raw_s),
+            "loader_tokens_per_s_w0": tokens / min(w0_s),
+            "loader_tokens_per_s_w2": tokens / min(w2_s),
+        }
+        return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--side", choices=["ours", "speculators"], help=argparse.SUPPRESS)
+    p.add_argument("--tokens", type=int, default=2048, help="packed tokens per step")
+    p.add_argument("--doc-len", type=int, default=512, help="tokens per packed document")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--intermediate", type=int, default=576)
+    p.add_argument("--v-target", type=int, default=4096)
+    p.add_argument("--v-draft", type=int, default=1024)
+    p.add_argument("--ttt-steps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--loader-samples", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=9, help="loader timing repeats (min taken)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two sides")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args()
+    if args.side:
+        run_side(args)
+        return 0
+    forwarded = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k not in ("side", "json", "rounds") and v is not None
+    ]
+    results: dict[str, object] = {
+        "config": {k: v for k, v in vars(args).items() if k not in ("side", "json")}
+    }
+    # Sides alternate over rounds (load on a shared machine hits both alike); the best round
+    # of each side is kept.
+    for _ in range(args.rounds):
+        for side in ("speculators", "ours"):
+            proc = subprocess.run(
+                [sys.executable, __file__, "--side", side, *forwarded],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
+            if line is None:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                return 1
+            got = json.loads(line[6:])
+            best = results.get(side)
+            if not isinstance(best, dict) or got["seconds_per_step"] < best["seconds_per_step"]:
+                results[side] = got
+    results["loader"] = bench_loader(args)
+    ours, theirs, loader = results["ours"], results["speculators"], results["loader"]
+    results["ratios"] = {
+        "train_tokens_per_s_vs_speculators": ours["tokens_per_s"] / theirs["tokens_per_s"],
+        "peak_rss_vs_speculators": ours["peak_rss_mib"] / theirs["peak_rss_mib"],
+        "loader_vs_raw_read_w0": loader["loader_tokens_per_s_w0"] / loader["raw_tokens_per_s"],
+        "loader_vs_raw_read_w2": loader["loader_tokens_per_s_w2"] / loader["raw_tokens_per_s"],
+    }
+    c = args
+    print(
+        f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
+        f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, threads={c.threads}"
+    )
+    print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'peak RSS MiB':>14}")
+    for side in ("speculators", "ours"):
+        r = results[side]
+        print(
+            f"{side:14}{r['seconds_per_step']:>10.3f}{r['tokens_per_s']:>12.0f}{r['peak_rss_mib']:>14.0f}"
+        )
+    print(
+        f"loader: {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB of bf16 shards; raw read "
+        f"{loader['raw_tokens_per_s']:.0f} tok/s, loader {loader['loader_tokens_per_s_w0']:.0f} tok/s (0 workers), "
+        f"{loader['loader_tokens_per_s_w2']:.0f} tok/s (2 workers)"
+    )
+    for k, v in results["ratios"].items():
+        print(f"ratio {k}: {v:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
