@@ -33,7 +33,7 @@ def test_every_schema_states_conventions_and_lineage() -> None:
     assert "vLLM's convention" in hidden["conventions"]["layer_ids"]
     assert "BEFORE the final norm" in hidden["conventions"]["layer_ids"]
     assert "target_id = i + d2t[i]" in load_schema("vocab_map")["conventions"]["d2t"]
-    assert "loss_mask[t+1]" in load_schema("tokenized")["conventions"]["shift"]
+    assert "loss_mask[t+1+k]" in load_schema("tokenized")["conventions"]["shift"]
 
 
 def test_editing_a_released_version_fails(schema_copy: Path) -> None:
