@@ -34,8 +34,12 @@ def render(report_dir: str | Path, out: str | Path | None = None) -> Path:
     f = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
     samples = pq.read_table(report_dir / "samples.parquet")
     k = f["num_speculative_tokens"]
+    engine = f["engine"].get("name", "?")
+    versions = f["engine"].get("versions", {})
+    if engine in versions:
+        engine = f"{engine} {versions[engine]}"
     title = (
-        f"{f['mode']} · {f['engine'].get('name', '?')} · k={k} · T={f['temperature']} · "
+        f"{f['mode']} mode ({engine}) · k={k} · T={f['temperature']} · "
         f"{f['num_prompts']} prompts · acceptance length {f['acceptance_length']:.2f}"
     )
     fig, axes = plt.subplots(1, 3, figsize=(WIDTH_INCHES, HEIGHT_INCHES), dpi=DPI)
