@@ -22,7 +22,7 @@ full-vocabulary logits are never formed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,7 +63,6 @@ class DraftArch:
     attention: str = "chunked"
     attention_chunk: int = 512
     loss_chunk: int = 1024
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class RMSNorm(nn.Module):
@@ -372,7 +371,3 @@ class Eagle3Draft(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
-
-
-def param_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -420,8 +420,9 @@ def train(config: Config, preflight_only: bool = False) -> int:
             if main:
                 log.info("%s", report.render())
             report.raise_on_errors()
-    except (PreflightError, ValueError, FileNotFoundError) as e:
-        log.error("preflight failed (rank %d):\n%s", accelerator.process_index, e)
+    except Exception as e:  # any failure here (even a crash in the dry run) stops every rank
+        detail = str(e) if isinstance(e, PreflightError) else f"{type(e).__name__}: {e}"
+        log.error("preflight failed (rank %d):\n%s", accelerator.process_index, detail)
         _agree_on_failure(accelerator, True)
         return EXIT_PREFLIGHT
     if _agree_on_failure(accelerator, False):
