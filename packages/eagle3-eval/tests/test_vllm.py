@@ -24,6 +24,7 @@ import torch
 
 from eagle3_eval.cli import main
 from eagle3_eval.report import Report, read_report
+from eagle3_eval.vllm_engine import EXPAND_BUG
 from eagle3_schemas.validate import validate
 
 pytestmark = pytest.mark.vllm
@@ -132,3 +133,52 @@ def test_vllm_and_reference_agree_at_temperature_zero(
         vllm.fields["acceptance_length"],
         ref.fields["acceptance_length"],
     )
+
+
+PROBE_AS_AVX2_CPU = """
+import json, torch
+# Report the CPU as one without AVX512, as on the machines where CI was red: vLLM's platform
+# then selects its AVX2 kernel build, and the probe must load that one, not vllm._C.
+torch.cpu._is_avx512_supported = lambda: False
+from eagle3_eval.vllm_engine import known_issues
+issues = known_issues("cpu")
+maps = open("/proc/self/maps").read()
+print(json.dumps({"issues": issues, "avx2": "_C_AVX2.abi3.so" in maps,
+                  "other": any(f"/{n}.abi3.so" in maps for n in ("_C", "_C_AVX512"))}))
+"""
+
+
+def test_known_issues_probe_loads_the_kernels_vllm_selects_for_the_cpu(vllm_python: str) -> None:
+    """On a CPU without AVX512, importing vllm._C dies of SIGILL (CI was red there): the probe
+    must load the kernel build vLLM's own platform picks, and still detect the expand bug."""
+    import json
+    import os
+    import subprocess
+
+    import eagle3_eval
+
+    env = dict(os.environ, PYTHONPATH=str(Path(eagle3_eval.__file__).parents[1]))
+    env.pop("VIRTUAL_ENV", None)
+    done = subprocess.run(
+        [vllm_python, "-c", PROBE_AS_AVX2_CPU], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"issues": [EXPAND_BUG], "avx2": True, "other": False}
+
+
+def test_a_failed_engine_process_shows_its_log_and_keeps_its_job_folder(
+    tmp_path: Path, tiny_assets: Path, tiny_target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Python without vLLM makes the engine child fail for real: the error names the kept
+    folder and quotes the child's last lines, and no report is written."""
+    import sys
+
+    out = tmp_path / "report"
+    argv = ["vllm", *common(tiny_assets, tiny_target), "--out", str(out)]
+    assert main([*argv, "--vllm-python", sys.executable]) == 2
+    err = capsys.readouterr().err
+    assert "No module named 'vllm'" in err
+    kept = Path(err.split("job folder kept for inspection: ")[1].split(" ")[0])
+    assert (kept / "job.json").is_file() and (kept / "vllm.log").is_file()
+    assert not out.exists()

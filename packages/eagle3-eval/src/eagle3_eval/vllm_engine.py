@@ -165,23 +165,19 @@ EXPAND_BUG = (
 def known_issues(platform: str) -> list[str]:
     """Probe, without an engine, for vLLM defects that make some numbers meaningless.
 
-    Touches one private helper (vllm.utils.cpu_triton_utils); if it moved, nothing is probed.
+    The kernels are loaded the way vLLM's own platform loads them for this CPU (its AVX2
+    build where AVX512 is missing: importing another build dies of SIGILL there). Touches
+    one private helper (vllm.utils.cpu_triton_utils); if it moved, nothing is probed.
     """
     if platform != "cpu":
         return []
-    import importlib
-
     import torch
 
     try:
-        for ops in ("vllm._C", "vllm._C_AVX512", "vllm._C_AVX2"):
-            try:
-                importlib.import_module(ops)
-                break
-            except ImportError:
-                continue
+        from vllm.platforms import current_platform
         from vllm.utils.cpu_triton_utils import _expand_kernel_impl
 
+        current_platform.import_kernels()
         out = torch.full((2,), -7.0)
         _expand_kernel_impl(out, torch.tensor([0.5]), torch.tensor([2], dtype=torch.int32), -1, 1)
     except Exception:  # the probe is best effort: vLLM internals move between releases

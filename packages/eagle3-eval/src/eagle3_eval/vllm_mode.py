@@ -95,7 +95,9 @@ def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any
     if code != 0 or not result_path.is_file():
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
         raise VllmError(
-            f"the vLLM engine process failed (exit {code}): {' '.join(command)}\n" + "\n".join(tail)
+            f"the vLLM engine process failed (exit {code}): {' '.join(command)}\n"
+            f"job folder kept for inspection: {workdir} (log: {log_path})\n"
+            f"last {len(tail)} lines of its log:\n" + "\n".join(tail)
         )
     return json.loads(result_path.read_text(encoding="utf-8"))
 
@@ -145,8 +147,9 @@ def run_vllm(inputs: OnlineInputs) -> list[EvalResult]:
     config = inputs.config
     python = vllm_python(config.vllm_python)
     job = make_job(inputs)
-    with tempfile.TemporaryDirectory(prefix="eagle3-eval-vllm-") as tmp:
-        result = run_engine(job, python, Path(tmp))
+    workdir = Path(tempfile.mkdtemp(prefix="eagle3-eval-vllm-"))
+    result = run_engine(job, python, workdir)  # on failure the folder stays, named in the error
+    shutil.rmtree(workdir)
     engine = {
         "name": "vllm",
         "versions": {**result["versions"], **versions("eagle3-eval")},
