@@ -102,7 +102,9 @@ def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any
     return json.loads(result_path.read_text(encoding="utf-8"))
 
 
-def draft_samples(run: dict[str, Any], k: int) -> list[SampleCounts]:
+def draft_samples(
+    run: dict[str, Any], k: int, prompt_lengths: dict[str, int]
+) -> list[SampleCounts]:
     samples = []
     for request in run["requests"]:
         spec = request.get("spec")
@@ -124,6 +126,7 @@ def draft_samples(run: dict[str, Any], k: int) -> list[SampleCounts]:
             seconds=request["seconds"],
             output_token_ids=request["output_token_ids"],
         )
+        counts.num_prompt_tokens = prompt_lengths[request["id"]]
         counts.extra["finish_reason"] = request.get("finish_reason")
         samples.append(counts)
     return samples
@@ -160,10 +163,11 @@ def run_vllm(inputs: OnlineInputs) -> list[EvalResult]:
         "startup_seconds": result["startup_seconds"],
     }
     runs = {(r["engine"], r["temperature"]): r for r in result["runs"]}
+    prompt_lengths = {p["id"]: len(p["token_ids"]) for p in job["prompts"]}
     out = []
     for temperature in config.temperatures:
         run = runs[("draft", temperature)]
-        samples = draft_samples(run, config.k)
+        samples = draft_samples(run, config.k, prompt_lengths)
         check = counter_check(samples, run["counters"])
         if not check["agree"]:
             raise VllmError(
