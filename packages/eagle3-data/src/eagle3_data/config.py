@@ -5,9 +5,39 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_schemas.paths import (
+    check_input_artifact,
+    check_input_dir,
+    check_input_file,
+    check_output,
+    check_output_artifact,
+    refuse,
+)
+
+# Raw chat data ingest reads, besides a ``datasets`` directory saved with ``save_to_disk``.
+RAW_SUFFIXES = (".jsonl", ".json", ".parquet")
+RAW_EXPECTED = "a .jsonl, .json or .parquet file, or a datasets directory (save_to_disk)"
+# What save_to_disk writes at the top of a Dataset / a DatasetDict directory.
+DATASETS_MARKERS = ("state.json", "dataset_dict.json")
+
 
 class ConfigError(ValueError):
     """A command was asked for something it cannot do; the message says what to change."""
+
+
+def check_raw_input(path: Path) -> None:
+    """A raw input ingest can read: refused up front, not after every other input was read."""
+    if path.is_dir():
+        if not any((path / marker).is_file() for marker in DATASETS_MARKERS):
+            problem = f"is a directory without {' or '.join(DATASETS_MARKERS)}"
+            refuse("input", path, problem, RAW_EXPECTED)
+        return
+    check_input_file(path, "input", RAW_EXPECTED, RAW_SUFFIXES)
+
+
+def check_rejects(path: Path) -> None:
+    """The rejects file is a side output, replaced on every run: it may exist, as a file."""
+    check_output(path, "--rejects", "a JSONL file for rejected records", may_exist=True)
 
 
 @dataclass(frozen=True)
@@ -22,12 +52,9 @@ class IngestConfig:
 
     def check(self) -> None:
         for path in self.inputs:
-            if not path.exists():
-                raise ConfigError(f"input {path} does not exist")
-        if self.output.exists():
-            raise ConfigError(
-                f"output {self.output} already exists; refusing to overwrite an artifact"
-            )
+            check_raw_input(path)
+        check_output_artifact(self.output, "conversations", "--out")
+        check_rejects(self.rejects)
 
 
 @dataclass(frozen=True)
@@ -51,8 +78,9 @@ class RegenerateConfig:
     retries: int = 4
     timeout_s: float = 120.0
     backoff_s: float = 1.0
-    limit: int | None = None  # regenerate only the first N conversations
+    limit: int | None = None  # regenerate only N conversations: the first N, or with sample_seed
     engine_args: dict[str, object] = field(default_factory=dict)  # passed to vllm.LLM(...) as is
+    sample_seed: int | None = None  # with limit: N conversations drawn at random by id
 
     @property
     def journal(self) -> Path:
@@ -60,8 +88,7 @@ class RegenerateConfig:
         return self.output.with_name(self.output.name + ".journal.jsonl")
 
     def check(self) -> None:
-        if not self.conversations.is_file():
-            raise ConfigError(f"conversations {self.conversations} does not exist")
+        check_input_artifact(self.conversations, "conversations", "conversations")
         if self.engine == "endpoint" and not self.endpoint:
             raise ConfigError(
                 "--endpoint URL is required with --engine endpoint (e.g. http://127.0.0.1:8000/v1)"
@@ -70,10 +97,15 @@ class RegenerateConfig:
             raise ConfigError(f"--engine {self.engine!r}: expected 'endpoint' or 'vllm'")
         if self.concurrency < 1 or self.retries < 0:
             raise ConfigError("--concurrency must be >= 1 and --retries >= 0")
-        if self.output.exists():
-            raise ConfigError(
-                f"output {self.output} already exists; refusing to overwrite an artifact"
-            )
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if self.sample_seed is not None and self.limit is None:
+            raise ConfigError("--sample-seed draws --limit N conversations: give --limit too")
+        # The output appears only when every sample is done; until then the run resumes from
+        # its journal beside it, so an existing output means a finished run.
+        check_output_artifact(self.output, "conversations", "--out")
+        check_output(self.journal, "journal", "a JSONL journal file", may_exist=True)
+        check_rejects(self.rejects)
 
 
 @dataclass(frozen=True)
@@ -87,18 +119,14 @@ class TokenizeConfig:
     chunk_rows: int = 256  # conversations per worker task
 
     def check(self) -> None:
-        if not self.conversations.is_file():
-            raise ConfigError(f"conversations {self.conversations} does not exist")
-        if not self.tokenizer.is_dir():
-            raise ConfigError(
-                f"--tokenizer {self.tokenizer} is not a directory (a Hugging Face tokenizer or model directory)"
-            )
+        check_input_artifact(self.conversations, "conversations", "conversations")
+        check_input_dir(
+            self.tokenizer, "--tokenizer", "a Hugging Face tokenizer or model directory"
+        )
         if self.max_length < 2 or self.workers < 1:
             raise ConfigError("--max-length must be >= 2 and --workers >= 1")
-        if self.output.exists():
-            raise ConfigError(
-                f"output {self.output} already exists; refusing to overwrite an artifact"
-            )
+        check_output_artifact(self.output, "tokenized", "--out")
+        check_rejects(self.rejects)
 
 
 @dataclass(frozen=True)
@@ -109,11 +137,7 @@ class VocabConfig:
     target_vocab_size: int | None = None  # default: the tokenized header's vocab_size
 
     def check(self) -> None:
-        if not self.tokenized.is_file():
-            raise ConfigError(f"tokenized {self.tokenized} does not exist")
+        check_input_artifact(self.tokenized, "tokenized", "tokenized")
         if self.draft_vocab_size < 1:
             raise ConfigError("--draft-vocab-size must be >= 1")
-        if self.output.exists():
-            raise ConfigError(
-                f"output {self.output} already exists; refusing to overwrite an artifact"
-            )
+        check_output_artifact(self.output, "vocab_map", "--out")

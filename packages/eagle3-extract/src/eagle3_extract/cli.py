@@ -1,11 +1,13 @@
 """``eagle3-extract``: capture target hidden states into a sharded dataset.
 
     eagle3-extract run --model DIR --tokenized FILE --out DIR [--backend hf|vllm] ...
+        [--max-samples N [--sample-seed S]]
     eagle3-extract preflight --model DIR --tokenized FILE --out DIR [...]   (checks only)
     eagle3-extract merge --out DIR IN_DIR...
     eagle3-extract verify DATASET --model DIR [--tokenized FILE] [--samples N]
 
-Exit status: 0 success, 1 a check failed (preflight, verify, merge refusal), 2 bad usage.
+Exit status: 0 success, 1 a check failed (preflight, verify, merge refusal), 2 bad usage (a bad
+argument or path, refused before any work).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from eagle3_extract.config import (
     ConfigError,
     ExtractConfig,
 )
+from eagle3_schemas.paths import PathArgumentError, check_output
 
 log = logging.getLogger("eagle3_extract")
 
@@ -69,7 +72,17 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="target shard size")
     p.add_argument("--batch-tokens", type=int, default=8192, help="hf: padded tokens per batch")
-    p.add_argument("--max-samples", type=int, help="only the first N tokenized samples")
+    p.add_argument(
+        "--max-samples",
+        type=int,
+        help="only N tokenized samples: the first N, or a random N with --sample-seed",
+    )
+    p.add_argument(
+        "--sample-seed",
+        type=int,
+        help="with --max-samples: draw the N samples at random with this seed (reproducible; "
+        "the first N of a corpus sorted by source are a biased subset)",
+    )
     p.add_argument("--no-validate", dest="validate_output", action="store_false")
     v = p.add_argument_group("vLLM (passed through)")
     v.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -103,6 +116,7 @@ def _config(args: argparse.Namespace, preflight: bool = True) -> ExtractConfig:
         shard_mb=args.shard_mb,
         batch_tokens=args.batch_tokens,
         max_samples=args.max_samples,
+        sample_seed=args.sample_seed,
         preflight=preflight,
         validate_output=args.validate_output,
         tokenizer=args.tokenizer,
@@ -141,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--samples", type=int, default=8, help="samples to recompute")
     verify.add_argument("--tolerance", type=float, help="max relative error per layer")
     verify.add_argument("--seed", type=int, default=0)
-    verify.add_argument("--json", type=Path, help="also write the report here")
+    verify.add_argument("--json", type=Path, help="also write the report here (replaced)")
     return parser
 
 
@@ -154,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return _dispatch(args)
-    except ConfigError as e:
+    except (ConfigError, PathArgumentError) as e:
         log.error("%s", e)
         return 2
 
@@ -192,6 +206,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "verify":
         from eagle3_extract.verify import verify
 
+        if args.json:  # before the recomputation, not after it
+            # A check's report, not an artifact: rerunning verify refreshes it (atomically).
+            expected = "a JSON report file"
+            check_output(args.json, "--json", expected, suffix=".json", may_exist=True)
         report = verify(
             args.dataset,
             args.model,

@@ -16,6 +16,8 @@ BACKENDS = ("hf", "vllm")
 STORAGE_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_SHARD_MB = 1024
+# What --model must name, in the messages that refuse it.
+MODEL_EXPECTED = "a target model directory (Hugging Face format, with config.json)"
 
 
 class ConfigError(ValueError):
@@ -71,6 +73,9 @@ class ExtractConfig:
     # hf backend: padded tokens per forward batch
     batch_tokens: int = 8192
     max_samples: int | None = None
+    # With max_samples: draw that many rows at random with this seed instead of the first ones
+    # (a corpus sorted by source would make the first rows a biased subset).
+    sample_seed: int | None = None
     preflight: bool = True
     validate_output: bool = True
     tokenizer: Path | None = None  # defaults to the model directory
@@ -104,6 +109,10 @@ class ExtractConfig:
             problems.append(f"batch_tokens must be >= 1, found {self.batch_tokens}")
         if self.max_samples is not None and self.max_samples < 0:
             problems.append(f"max_samples must be >= 0, found {self.max_samples}")
+        if self.sample_seed is not None and self.max_samples is None:
+            problems.append("sample_seed draws a random max_samples rows: set max_samples too")
+        if self.sample_seed is not None and self.sample_seed < 0:
+            problems.append(f"sample_seed must be >= 0, found {self.sample_seed}")
         if self.shards_per_call < 1:
             problems.append(f"shards_per_call must be >= 1, found {self.shards_per_call}")
         if problems:

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from eagle3_schemas.atomic import atomic_directory
 from eagle3_schemas.header import make_header, read_header, write_json_header, write_parquet
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_file
+from eagle3_schemas.paths import check_input_artifact, check_output_artifact
 from eagle3_schemas.validate import validate
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,10 @@ def check_inputs(inputs: Sequence[Path], allow_missing_ranks: bool = False) -> l
 def merge(inputs: Sequence[Path], out: Path, allow_missing_ranks: bool = False) -> dict[str, Any]:
     if len(inputs) < 1:
         raise MergeError("merge needs at least one input dataset")
+    # Paths first: validating the inputs reads every row, minutes for a large dataset.
+    for path in inputs:
+        check_input_artifact(path, "hidden_states", "input")
+    check_output_artifact(out, "hidden_states", "--out")
     problems = check_inputs(inputs, allow_missing_ranks)
     if problems:
         raise MergeError("refusing to merge:\n  " + "\n  ".join(problems))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eagle3_extract import preflight
-from eagle3_extract.config import ExtractConfig, default_aux_layer_ids
+from eagle3_extract.config import MODEL_EXPECTED, ExtractConfig, default_aux_layer_ids
 from eagle3_extract.plan import (
     ShardPlan,
     bytes_per_token,
@@ -23,10 +23,19 @@ from eagle3_extract.plan import (
 )
 from eagle3_extract.samples import Tokenized, read_tokenized
 from eagle3_extract.target import TargetInfo, read_target, read_target_head
-from eagle3_extract.workdir import WorkDir, cleanup_finished, is_complete
+from eagle3_extract.workdir import WorkDir, cleanup_finished, is_complete, partial_dir
 from eagle3_extract.writer import Fragment
+from eagle3_schemas.conversations import describe_selection
 from eagle3_schemas.header import Header, make_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
+from eagle3_schemas.paths import (
+    check_input_artifact,
+    check_input_dir,
+    check_output,
+    check_output_artifact,
+    describe_artifact,
+    refuse,
+)
 from eagle3_schemas.validate import validate
 
 if TYPE_CHECKING:
@@ -75,9 +84,32 @@ class RunContext:
         }
 
 
+def check_paths(config: ExtractConfig) -> None:
+    """Refuse bad paths before anything is read or created, naming the ``--flag``.
+
+    ``--out`` may hold a complete dataset (the run is then a no-op) and ``OUT.partial`` a killed
+    run (resumed); anything else already under ``--out`` belongs to someone else.
+    """
+    check_input_dir(config.model, "--model", MODEL_EXPECTED, must_contain=("config.json",))
+    check_input_artifact(config.tokenized, "tokenized", "--tokenized")
+    if config.tokenizer is not None:
+        check_input_dir(config.tokenizer, "--tokenizer", "a tokenizer directory")
+    check_output_artifact(config.out, "hidden_states", "--out", may_exist=True)
+    if config.out.exists() and not is_complete(config.out):
+        refuse(
+            "--out",
+            config.out,
+            "exists and is not a complete hidden-state dataset (no dataset.json)",
+            f"{describe_artifact('hidden_states')} not there yet; a killed run resumes from "
+            f"{partial_dir(config.out)}, never into --out itself",
+        )
+    work = partial_dir(config.out)
+    check_output(work, "--out", "the run's work directory", directory=True, may_exist=True)
+
+
 def resolve(config: ExtractConfig) -> RunContext:
     target = read_target(config.model)
-    tokenized = read_tokenized(config.tokenized, config.max_samples)
+    tokenized = read_tokenized(config.tokenized, config.max_samples, config.sample_seed)
     aux = (
         list(config.aux_layer_ids)
         if config.aux_layer_ids
@@ -123,6 +155,9 @@ def build_header(ctx: RunContext, fragments: dict[str, Fragment], seconds: float
             "shards_planned": len(ctx.plans),
             "seconds_last_attempt": round(seconds, 3),
             "max_samples": c.max_samples,
+            # Not a field of schema v1 (which allows extra header fields): which rows were taken.
+            "sample_seed": c.sample_seed,
+            "selection": describe_selection(c.max_samples, c.sample_seed),
         },
     )
 
@@ -133,6 +168,7 @@ def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str,
     ``hf_backend``: an already built transformers backend to capture with (for a model object
     built in memory, or a capture variant); by default one is loaded from ``config.model``.
     """
+    check_paths(config)
     start = time.perf_counter()
     if is_complete(config.out):
         cleanup_finished(config.out)
@@ -199,6 +235,7 @@ def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str,
 
 def preflight_only(config: ExtractConfig) -> list[preflight.Finding]:
     """The checks ``run`` does first, plus the backend's library check, without extracting."""
+    check_paths(config)
     ctx = resolve(config)
     findings = preflight.static_checks(
         ctx.config,

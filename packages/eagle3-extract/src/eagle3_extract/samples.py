@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eagle3_schemas.conversations import select_rows
 from eagle3_schemas.header import Header, read_header
 
 
@@ -36,14 +38,19 @@ class Tokenized:
         return sum(s.num_tokens for s in self.samples)
 
 
-def read_tokenized(path: Path, max_samples: int | None = None) -> Tokenized:
-    """Read the first ``max_samples`` rows (all when None) of a tokenized Parquet file."""
+def read_tokenized(
+    path: Path, max_samples: int | None = None, sample_seed: int | None = None
+) -> Tokenized:
+    """Read the rows of a tokenized Parquet file that ``select_rows`` picks."""
     header = read_header(path)
     if header.artifact != "tokenized":
         raise ValueError(f"{path}: is a {header.artifact!r} artifact, expected 'tokenized'")
     table = pq.read_table(path, columns=["id", "input_ids", "loss_mask"])
-    if max_samples is not None:
-        table = table.slice(0, max_samples)
+    rows = select_rows(table.column("id").to_pylist(), max_samples, sample_seed)
+    if sample_seed is None:
+        table = table.slice(0, len(rows))  # the first rows: no copy
+    else:
+        table = table.take(pa.array(rows, pa.int64()))
     ids = table.column("id").to_pylist()
     input_ids = table.column("input_ids").combine_chunks()
     loss_mask = table.column("loss_mask").combine_chunks()
@@ -58,8 +65,8 @@ def read_tokenized(path: Path, max_samples: int | None = None) -> Tokenized:
         c, d = int(mask_offsets[i]), int(mask_offsets[i + 1])
         if b - a != d - c:
             raise ValueError(
-                f"{path}: row {i} (id {sample_id!r}): input_ids has {b - a} tokens but "
+                f"{path}: row {rows[i]} (id {sample_id!r}): input_ids has {b - a} tokens but "
                 f"loss_mask has {d - c}"
             )
-        samples.append(Sample(i, sample_id, flat_ids[a:b], flat_mask[c:d]))
+        samples.append(Sample(rows[i], sample_id, flat_ids[a:b], flat_mask[c:d]))
     return Tokenized(path, header, samples)

@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle3_extract.config import MODEL_EXPECTED
 from eagle3_extract.reader import DatasetReader
 from eagle3_extract.samples import Sample, read_tokenized
 from eagle3_extract.storage import STORAGE_RELATIVE_ERROR
 from eagle3_schemas.header import read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
+from eagle3_schemas.paths import check_input_artifact, check_input_dir
 from eagle3_schemas.validate import validate
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,10 @@ def verify(
     seed: int = 0,
     batch_tokens: int = 8192,
 ) -> VerifyReport:
+    check_input_artifact(dataset, "hidden_states", "dataset")
+    check_input_dir(model, "--model", MODEL_EXPECTED, must_contain=("config.json",))
+    if tokenized is not None:
+        check_input_artifact(tokenized, "tokenized", "--tokenized")
     report = VerifyReport(str(dataset))
     violations = validate(dataset)
     if violations:

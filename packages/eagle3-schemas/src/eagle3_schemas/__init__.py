@@ -16,11 +16,13 @@ from eagle3_schemas.lineage import (
     fingerprint_vocab_map,
     lineage_mismatches,
 )
+from eagle3_schemas.paths import PathArgumentError
 from eagle3_schemas.validate import Violation, detect_kind, validate
 
 __all__ = [
     "ArtifactError",
     "Header",
+    "PathArgumentError",
     "Violation",
     "atomic_directory",
     "atomic_path",

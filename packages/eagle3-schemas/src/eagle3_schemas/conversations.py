@@ -1,8 +1,10 @@
-"""Contract of the conversations artifact shared by its writers and readers: roles and ids."""
+"""Contract of the conversations artifact shared by its writers and readers: roles, ids, and
+the seeded selection of samples by id that every stage taking a subset uses."""
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,3 +44,34 @@ def conversation_problem(messages: Sequence[Mapping[str, Any]]) -> str | None:
     if "assistant" not in turns:
         return "no_assistant: no assistant turn"
     return None
+
+
+def select_rows(
+    ids: Sequence[str], max_samples: int | None, sample_seed: int | None = None
+) -> list[int]:
+    """The rows a stage takes, in file order: all, the first ``max_samples``, or (with
+    ``sample_seed``) ``max_samples`` rows drawn at random.
+
+    The draw keeps the rows whose ``blake2b(f"{seed}:{id}")`` is smallest: the same seed picks
+    the same samples on any machine and numpy version, and whatever the file's row order.
+    """
+    count = len(ids) if max_samples is None else min(max_samples, len(ids))
+    if sample_seed is None:
+        return list(range(count))
+    keys = (
+        (hashlib.blake2b(f"{sample_seed}:{sample_id}".encode(), digest_size=8).digest(), row)
+        for row, sample_id in enumerate(ids)
+    )
+    return sorted(row for _, row in heapq.nsmallest(count, keys))
+
+
+def describe_selection(max_samples: int | None, sample_seed: int | None) -> str:
+    """How ``select_rows`` chose, in words, for an artifact header."""
+    if max_samples is None:
+        return "all rows"
+    if sample_seed is None:
+        return f"the first {max_samples} rows"
+    return (
+        f"{max_samples} rows at random: the smallest blake2b('{sample_seed}:' + id) "
+        "(8-byte digest), kept in file order"
+    )

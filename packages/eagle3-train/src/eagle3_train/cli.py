@@ -14,8 +14,22 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
-from eagle3_train.config import ConfigError, load_config, parse_override
+from eagle3_schemas.header import read_header
+from eagle3_schemas.paths import (
+    PathArgumentError,
+    artifact_noun,
+    check_input_artifact,
+    check_input_dir,
+    check_input_file,
+    check_output,
+    refuse,
+)
+from eagle3_train.config import Config, ConfigError, load_config, parse_override
+
+CONFIG_EXPECTED = "a YAML config file (e.g. recipes/tiny/train.yaml)"
+OUTPUT_EXPECTED = "a directory of its own for the run (new, or an earlier run to resume)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,12 +58,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_paths(config: Config, output_flag: str) -> None:
+    """Refuse bad paths before the accelerator, trackers or inputs are touched.
+
+    The output directory may exist: training resumes from its checkpoints. It must not be an
+    artifact of another stage (a hidden-state dataset, a draft, a report): the run would write
+    its checkpoints and exports into it.
+    """
+    check_input_artifact(config.data.hidden_states, "hidden_states", "data.hidden_states")
+    check_input_artifact(config.data.vocab_map, "vocab_map", "data.vocab_map")
+    if config.target.path:
+        target_expected = "a target model directory (with config.json)"
+        check_input_dir(config.target.path, "target.path", target_expected, ("config.json",))
+    if config.train.resume not in ("auto", "never"):
+        resume_expected = "a checkpoint directory of an earlier run (with trainer_state.json)"
+        check_input_dir(
+            config.train.resume, "train.resume", resume_expected, ("trainer_state.json",)
+        )
+    out = Path(config.output_dir)
+    check_output(out, output_flag, OUTPUT_EXPECTED, directory=True, may_exist=True)
+    if out.is_dir():
+        try:
+            kind = read_header(out).artifact
+        except ValueError:  # no header file: not an artifact, a run directory or a new one
+            return
+        refuse(output_flag, out, f"is {artifact_noun(kind)}", OUTPUT_EXPECTED)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        check_input_file(args.config, "--config", CONFIG_EXPECTED, (".yaml", ".yml"))
         overrides = [parse_override(o) for o in args.overrides]
         if args.output_dir:
             overrides.append({"output_dir": args.output_dir})
@@ -60,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_preflight:
             overrides.append({"train": {"preflight": False}})
         config = load_config(args.config, overrides)
-    except ConfigError as e:
+        check_paths(config, "--output-dir" if args.output_dir else "output_dir")
+    except (ConfigError, PathArgumentError) as e:
         print(f"eagle3-train: config error: {e}", file=sys.stderr)
         return 2
     from eagle3_train.trainer import EXIT_NAN, TrainingStopped, train

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from eagle3_extract.plan import ShardPlan
+from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
 from eagle3_extract.writer import CapturedSample, CaptureError, write_shard
 
@@ -164,12 +165,16 @@ class HFBackend:
             stacked[row, : s.num_tokens].to(torch.float32).clone() for row, s in enumerate(batch)
         ]
 
-    def capture(self, samples: Sequence[Sample]) -> list[CapturedSample]:
-        """States of ``samples``, returned in the order given."""
+    def capture(
+        self, samples: Sequence[Sample], progress: CaptureProgress | None = None
+    ) -> list[CapturedSample]:
+        """States of ``samples``, returned in the order given; ``progress`` counts each batch."""
         by_id: dict[str, torch.Tensor] = {}
         for batch in batches(samples, self.batch_tokens):
             for sample, states in zip(batch, self.forward_states(batch), strict=True):
                 by_id[sample.sample_id] = states
+            if progress is not None:
+                progress.advance(len(batch), sum(s.num_tokens for s in batch))
         return [CapturedSample(s, by_id[s.sample_id]) for s in samples]
 
     @torch.inference_mode()
@@ -233,26 +238,28 @@ def run_shards_hf(
         log.info("preflight [ok] transformers dry run: hooks see the pre-norm residual stream")
     tokens = 0
     started = time.perf_counter()
-    for number, plan in enumerate(pending, 1):
-        captured = backend.capture(plan.samples)
-        fragment = write_shard(
-            work.root,
-            work.fragments_dir,
-            plan,
-            captured,
-            n_aux=len(ctx.aux_layer_ids),
-            hidden_size=ctx.target.hidden_size,
-            storage_dtype=config.storage_dtype,
-        )
-        tokens += plan.num_tokens
-        elapsed = time.perf_counter() - started
-        log.info(
-            "shard %s written (%d/%d, %d samples, %d rejected, %.0f tokens/s)",
-            plan.name,
-            number,
-            len(pending),
-            len(fragment.rows),
-            len(fragment.rejected),
-            tokens / max(elapsed, 1e-9),
-        )
+    samples = sum(len(p.samples) for p in pending)
+    with capture_progress(samples, sum(p.num_tokens for p in pending)) as bar:
+        for number, plan in enumerate(pending, 1):
+            captured = backend.capture(plan.samples, bar)
+            fragment = write_shard(
+                work.root,
+                work.fragments_dir,
+                plan,
+                captured,
+                n_aux=len(ctx.aux_layer_ids),
+                hidden_size=ctx.target.hidden_size,
+                storage_dtype=config.storage_dtype,
+            )
+            tokens += plan.num_tokens
+            elapsed = time.perf_counter() - started
+            log.info(
+                "shard %s written (%d/%d, %d samples, %d rejected, %.0f tokens/s)",
+                plan.name,
+                number,
+                len(pending),
+                len(fragment.rows),
+                len(fragment.rejected),
+                tokens / max(elapsed, 1e-9),
+            )
     return tokens

@@ -10,6 +10,9 @@ Before the first shard a one-sample dry run checks the engine's capture: shape `
 finite values, token ids, and that no two captured layer ids hold the same tensor (what a model
 that drops a layer id would produce: vLLM broadcasts a short stack into the buffer silently).
 
+Progress: ``LLM.generate``'s ``use_tqdm`` hook feeds the run's one bar (``EngineRequests``) a
+step per finished request, instead of vLLM drawing a bar per call.
+
 Runs in vLLM's own environment (``python -m eagle3_extract run --backend vllm``); tensor and
 pipeline parallel sizes and any other ``LLM`` argument pass straight through.
 """
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3_extract.plan import ShardPlan
 from eagle3_extract.preflight import Finding
+from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
 from eagle3_extract.writer import CaptureError
 
@@ -138,8 +142,59 @@ def _request(sample: Sample, params: dict[str, Any]) -> tuple[Any, Any]:
     )
 
 
-def _generate(llm: Any, requests: Sequence[tuple[Any, Any]], samples: Sequence[Sample]) -> None:
-    outputs = llm.generate([r[0] for r in requests], [r[1] for r in requests], use_tqdm=False)
+class EngineRequests:
+    """Stands in for the bar ``LLM.generate(use_tqdm=<callable>)`` would draw, and feeds the
+    run's bar instead: one line for the whole run rather than one per generate call.
+
+    vLLM (0.32) calls the callable twice: with the prompts while rendering them (given back
+    untouched: no bar for that), then with ``total=`` for its request loop, where the object
+    gets ``update(n)`` per finished request and reads ``format_dict["elapsed"]``, sets
+    ``postfix`` and calls ``refresh()`` / ``close()``. A finished request is credited with the
+    call's mean tokens per sample (vLLM does not say which one finished); summed over the call
+    that is exact. ``finish()`` credits whatever the hook did not report.
+    """
+
+    def __init__(self, progress: CaptureProgress, samples: Sequence[Sample]) -> None:
+        self._progress = progress
+        self._samples = len(samples)
+        self._tokens = sum(s.num_tokens for s in samples)
+        self._started = time.perf_counter()
+        self.n = 0
+        self.postfix: object = None
+
+    def __call__(self, iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return iterable if iterable is not None else self
+
+    @property
+    def format_dict(self) -> dict[str, float]:
+        return {"elapsed": max(time.perf_counter() - self._started, 1e-6)}
+
+    def update(self, n: int = 1) -> None:
+        n = min(n, self._samples - self.n)
+        if n > 0:
+            self.n += n
+            self._progress.advance(n, n * self._tokens / self._samples)
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.update(self._samples - self.n)
+
+
+def _generate(
+    llm: Any,
+    requests: Sequence[tuple[Any, Any]],
+    samples: Sequence[Sample],
+    progress: CaptureProgress | None = None,
+) -> None:
+    engine_bar = EngineRequests(progress, samples) if progress is not None else None
+    outputs = llm.generate(
+        [r[0] for r in requests], [r[1] for r in requests], use_tqdm=engine_bar or False
+    )
     if not isinstance(outputs, list) or len(outputs) != len(requests):
         raise CaptureError(
             f"LLM.generate returned {type(outputs).__name__} of "
@@ -152,6 +207,8 @@ def _generate(llm: Any, requests: Sequence[tuple[Any, Any]], samples: Sequence[S
                 f"sample {sample.sample_id!r}: the engine's output carries other prompt token ids "
                 "than were sent"
             )
+    if engine_bar is not None:
+        engine_bar.finish()
 
 
 def _wait(paths: Sequence[Path], errors_dir: Path, what: str) -> None:
@@ -238,25 +295,31 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
     tokens = 0
     started = time.perf_counter()
     step = ctx.config.shards_per_call
-    for first in range(0, len(pending), step):
-        group = pending[first : first + step]
-        requests, samples = [], []
-        for plan in group:
-            for position, sample in enumerate(plan.samples):
-                shard = {"shard": plan.name, "shard_size": len(plan.samples), "position": position}
-                requests.append(_request(sample, shard))
-                samples.append(sample)
-        _generate(llm, requests, samples)
-        _wait([work.fragments_dir / f"{p.name}.json" for p in group], errors_dir, "shards")
-        tokens += sum(p.num_tokens for p in group)
-        log.info(
-            "shards %s..%s written (%d/%d, %.0f tokens/s)",
-            group[0].name,
-            group[-1].name,
-            first + len(group),
-            len(pending),
-            tokens / max(time.perf_counter() - started, 1e-9),
-        )
+    total_samples = sum(len(p.samples) for p in pending)
+    with capture_progress(total_samples, sum(p.num_tokens for p in pending)) as bar:
+        for first in range(0, len(pending), step):
+            group = pending[first : first + step]
+            requests, samples = [], []
+            for plan in group:
+                for position, sample in enumerate(plan.samples):
+                    shard = {
+                        "shard": plan.name,
+                        "shard_size": len(plan.samples),
+                        "position": position,
+                    }
+                    requests.append(_request(sample, shard))
+                    samples.append(sample)
+            _generate(llm, requests, samples, bar)
+            _wait([work.fragments_dir / f"{p.name}.json" for p in group], errors_dir, "shards")
+            tokens += sum(p.num_tokens for p in group)
+            log.info(
+                "shards %s..%s written (%d/%d, %.0f tokens/s)",
+                group[0].name,
+                group[-1].name,
+                first + len(group),
+                len(pending),
+                tokens / max(time.perf_counter() - started, 1e-9),
+            )
     return tokens
 
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from safetensors.numpy import save_file
 
 from eagle3_schemas.header import HEADER_KEY
-from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.safetensors_format import NUMPY_VIEWS, read_safetensors
 
 
 def load_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -63,3 +63,53 @@ def rewrite_header(path: Path, mutate: Callable[[dict[str, Any]], None]) -> None
 
 def artifact_files(root: Path) -> list[Path]:
     return [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def _to_float32(array: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "BF16":  # stored as uint16: the high half of a float32
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32)
+
+
+def _from_float32(array: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "BF16":  # round to nearest even, as torch does
+        bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return array.astype({"F32": np.float32, "F16": np.float16}[dtype])
+
+
+def map_hidden_state_rows(
+    dataset: Path, tensor: str, transform: Callable[[np.ndarray], np.ndarray]
+) -> None:
+    """Replace each sample's rows of a per-token tensor (``aux_hidden_states`` or
+    ``last_hidden_state``) of a hidden-state dataset by ``transform(rows)`` (float32 in and
+    out, stored back in the tensor's dtype), then rewrite the manifest checksums over the new
+    bytes: the dataset stays schema-valid, as a backend with that bug would have written it."""
+    from eagle3_schemas.hidden_states import row_checksum
+
+    manifest_path = dataset / "manifest.parquet"
+    manifest = pq.read_table(manifest_path)
+    spans = list(
+        zip(
+            manifest.column("shard").to_pylist(),
+            manifest.column("row_start").to_pylist(),
+            manifest.column("num_tokens").to_pylist(),
+            strict=True,
+        )
+    )
+    for shard in sorted({name for name, _, _ in spans}):
+        path = dataset / shard
+        info = read_safetensors(path).tensors[tensor]
+        view = NUMPY_VIEWS[info.dtype]
+        data = bytearray(path.read_bytes())  # edited in place: header and dtype stay as written
+        values = np.frombuffer(data, dtype=view, count=info.numel, offset=info.start)
+        values = values.reshape(info.shape)
+        for name, start, n in spans:
+            if name == shard:
+                rows = _to_float32(values[start : start + n], info.dtype)
+                values[start : start + n] = _from_float32(transform(rows), info.dtype)
+        path.write_bytes(bytes(data))
+    checksums = [row_checksum(read_safetensors(dataset / s), a, n) for s, a, n in spans]
+    column = pa.array(checksums, type=manifest.schema.field("checksum").type)
+    index = manifest.schema.get_field_index("checksum")
+    pq.write_table(manifest.set_column(index, "checksum", column), manifest_path)

@@ -1,0 +1,142 @@
+"""Bad path arguments are refused before any work, with a message naming the argument, the path
+and what was expected, and leave nothing behind."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3_eval import offline, online, report
+from eagle3_eval.cli import main
+from eagle3_schemas.testing import fixtures
+
+
+def _work_started(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the command started working on a bad argument")
+
+
+@pytest.fixture
+def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first step of real work in each command fails the test if it is reached."""
+    monkeypatch.setattr(offline, "run_offline", _work_started)
+    monkeypatch.setattr(online, "prepare", _work_started)
+    monkeypatch.setattr(report, "read_report", _work_started)
+    # The package re-exports validate(), which hides the module of that name from dotted paths.
+    monkeypatch.setattr(
+        importlib.import_module("eagle3_schemas.validate"), "validate", _work_started
+    )
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")  # enough for the path checks; never loaded here
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "several" / "temperature-0").mkdir(parents=True)
+    return {
+        "target": target,
+        "prompts": prompts,
+        "draft": fixtures.build("draft_checkpoint", tmp_path),
+        "ds": fixtures.build("hidden_states", tmp_path),
+        "tok": fixtures.build("tokenized", tmp_path),
+        "report": fixtures.build("eval_report", tmp_path),
+    }
+
+
+OFFLINE = "offline --draft {draft} --hidden-states {ds}"
+REFERENCE = "reference --draft {draft} --target {target}"
+# (argv with {placeholders}, the message expected on stderr, formatted the same way)
+CASES = {
+    "offline draft missing": (
+        "offline --draft {tmp}/nope --hidden-states {ds} --out {tmp}/r",
+        "--draft {tmp}/nope: does not exist; expected a draft checkpoint directory",
+    ),
+    "offline draft without config.json": (
+        "offline --draft {tmp}/empty --hidden-states {ds} --out {tmp}/r",
+        "--draft {tmp}/empty: has no config.json; expected a draft checkpoint directory",
+    ),
+    "offline hidden states is a file": (
+        "offline --draft {draft} --hidden-states {tok} --out {tmp}/r",
+        "--hidden-states {tok}: is a file, not a directory; expected a hidden_states artifact "
+        "(a directory)",
+    ),
+    "offline hidden states of another kind": (
+        "offline --draft {draft} --hidden-states {report} --out {tmp}/r",
+        "--hidden-states {report}: is an eval_report artifact; expected a hidden_states artifact",
+    ),
+    "offline output exists": (
+        OFFLINE + " --out {tmp}/empty",
+        "--out {tmp}/empty: already exists; refusing to overwrite it; expected an eval_report "
+        "artifact (a directory)",
+    ),
+    "offline output named like a file": (
+        OFFLINE + " --out {tmp}/report.parquet",
+        "--out {tmp}/report.parquet: names a .parquet file, but the output is a directory",
+    ),
+    "offline output parent is a file": (
+        OFFLINE + " --out {tmp}/a_file/r",
+        "--out {tmp}/a_file/r: cannot be created: {tmp}/a_file is a file, not a directory",
+    ),
+    "offline one of several temperatures exists": (
+        OFFLINE + " --out {tmp}/several --temperature 0 --temperature 1",
+        "--out {tmp}/several/temperature-0: already exists",
+    ),
+    "reference target without config.json": (
+        "reference --draft {draft} --target {tmp}/empty --prompts {prompts} --out {tmp}/r",
+        "--target {tmp}/empty: has no config.json; expected a target model directory",
+    ),
+    "reference prompts missing": (
+        REFERENCE + " --prompts {tmp}/nope.jsonl --out {tmp}/r",
+        "--prompts {tmp}/nope.jsonl: does not exist; expected a conversations .parquet artifact "
+        "or a .jsonl file",
+    ),
+    "reference prompts of unknown type": (
+        REFERENCE + " --prompts {tmp}/notes.txt --out {tmp}/r",
+        "--prompts {tmp}/notes.txt: has the suffix '.txt'",
+    ),
+    "reference held-out sources missing": (
+        REFERENCE + " --prompts {prompts} --heldout-sources {tmp}/nope.json --out {tmp}/r",
+        "--heldout-sources {tmp}/nope.json: does not exist; expected a JSON file",
+    ),
+    "vllm python missing": (
+        "vllm --draft {draft} --target {target} --prompts {prompts} --out {tmp}/r "
+        "--vllm-python {tmp}/nope/python",
+        "--vllm-python {tmp}/nope/python: is neither an executable file nor a command on PATH",
+    ),
+    "report missing": (
+        "report {tmp}/nope",
+        "REPORT {tmp}/nope: does not exist; expected an eval_report artifact (a directory)",
+    ),
+    "compare with another kind": (
+        "compare {report} {ds}",
+        "REPORT_B {ds}: is a hidden_states artifact; expected an eval_report artifact",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_argument_is_refused_before_any_work(
+    case: str,
+    tmp_path: Path,
+    files: dict[str, Path],
+    no_work: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv, message = CASES[case]
+    names = {"tmp": tmp_path, **files}
+    before = sorted(tmp_path.rglob("*"))
+    started = time.perf_counter()
+    code = main(argv.format(**names).split())
+    assert time.perf_counter() - started < 1.0
+    assert code == 2
+    assert message.format(**names) in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*")) == before  # no report directory or temp file
