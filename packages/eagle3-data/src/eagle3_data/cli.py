@@ -75,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
         help="first retry delay in seconds, doubled each retry",
     )
     p.add_argument(
-        "--limit", type=int, help="only N conversations: the first N, or a random N with --sample-seed"
+        "--limit",
+        type=int,
+        help="only N conversations: the first N, or a random N with --sample-seed",
     )
     p.add_argument(
         "--sample-seed",

@@ -306,7 +306,9 @@ def _publish(config: RegenerateConfig, source_fingerprint: str, summary: Regener
         parquet_stream(config.output, SCHEMA) as out,
     ):
         rows: dict[str, list[Any]] = {"id": [], "messages": [], "source": []}
-        for sample_id, source, original in _conversations(config.conversations, config.limit, config.sample_seed):
+        for sample_id, source, original in _conversations(
+            config.conversations, config.limit, config.sample_seed
+        ):
             journal.seek(offsets[sample_id])
             entry = json.loads(journal.readline())
             if "rejected" in entry:
