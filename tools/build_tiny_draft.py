@@ -26,7 +26,9 @@ test tier would say so.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -56,6 +58,7 @@ from eagle3_schemas.header import make_header, write_json_header, write_parquet,
 from eagle3_schemas.hidden_states import SHARD_DIR, checksum_rows
 from eagle3_schemas.lineage import (
     fingerprint_artifact,
+    fingerprint_file,
     fingerprint_json,
     fingerprint_model_dir,
     fingerprint_tokenizer_dir,
@@ -68,8 +71,6 @@ TARGET = REPO / "recipes" / "tiny" / "target"
 AUX_LAYER_IDS = [2, 3, 5]  # low, middle, high of the 6-layer target (as recipes/tiny/train.yaml)
 K_TRAIN = 3  # test-time-training unroll
 MAX_TOKENS = 512
-# Bump when what this script builds changes: cached assets of another version are rebuilt.
-ASSETS_VERSION = 3
 DEFAULTS = {
     "train_conversations": 600,
     "heldout_conversations": 48,
@@ -82,11 +83,106 @@ DEFAULTS = {
 }
 
 
-def default_dir(target: Path) -> Path:
-    """Cache folder keyed by the target's fingerprint and ASSETS_VERSION."""
+def eagle3_eval_imports(path: Path) -> set[str]:
+    """Names of the eagle3_eval modules a source file imports, at any depth of its code."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.split(".")[0] == "eagle3_eval")
+        elif (
+            isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "eagle3_eval"
+        ):
+            names.add(node.module)
+            package = importlib.util.find_spec(node.module)
+            if package is None or package.submodule_search_locations is None:
+                continue  # a module: its names are functions and classes
+            for alias in node.names:  # "from eagle3_eval import draft" may name a module
+                if importlib.util.find_spec(f"{node.module}.{alias.name}") is not None:
+                    names.add(f"{node.module}.{alias.name}")
+    return names
+
+
+def _source_name(module: str, origin: Path) -> str:
+    """A module's path inside its install root: eagle3_eval/draft.py, eagle3_eval/__init__.py."""
+    parts = module.split(".") + (["__init__"] if origin.name == "__init__.py" else [])
+    return "/".join(parts) + ".py"
+
+
+def builder_sources() -> dict[str, Path]:
+    """The code whose content decides what this script builds, by a name that does not depend
+    on where it is installed.
+
+    This file; the corpus builder it runs (tools/build_tiny_target.py); the eagle3_eval modules
+    it imports, followed import by import (read from the sources, so the set does not depend on
+    what the calling process happens to have imported); and the whole eagle3_schemas package,
+    schema files included, since it writes and validates every artifact.
+    """
+    sources = {
+        "tools/build_tiny_draft.py": Path(__file__).resolve(),
+        "tools/build_tiny_target.py": REPO / "tools" / "build_tiny_target.py",
+    }
+    todo, seen = ["eagle3_eval", *eagle3_eval_imports(Path(__file__))], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        origin = Path(spec.origin)
+        sources[_source_name(name, origin)] = origin
+        todo += eagle3_eval_imports(origin)
+    schemas_root = Path(importlib.util.find_spec("eagle3_schemas").origin).parent
+    # os.walk, not rglob: schema_files is a symlink to the repository's schemas/ folder.
+    for folder, dirs, files in os.walk(schemas_root, followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for file in files:
+            path = Path(folder) / file
+            sources[path.relative_to(schemas_root.parent).as_posix()] = path
+    return dict(sorted(sources.items()))
+
+
+def stdlib_fingerprint() -> str:
+    """The corpus builder's input: this interpreter's standard-library files (same function as
+    the one that stamps recipes/tiny/target/build_info.json)."""
+    spec = importlib.util.spec_from_file_location(
+        "build_tiny_target", REPO / "tools" / "build_tiny_target.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("build_tiny_target", module)  # its dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module.stdlib_fingerprint(module.stdlib_root())
+
+
+def assets_key(target: Path, settings: dict[str, object]) -> dict[str, object]:
+    """Everything the assets are a function of, by content: no version number to bump by hand.
+
+    The target (weights and tokenizer), the corpus's input, the sources that build and check
+    the assets, the settings, and the torch/transformers releases that compute them.
+    """
+    import transformers
+
+    return {
+        "target_fingerprint": fingerprint_model_dir(target),
+        "tokenizer_fingerprint": fingerprint_tokenizer_dir(target),
+        "stdlib_fingerprint": stdlib_fingerprint(),
+        "sources": {name: fingerprint_file(path) for name, path in builder_sources().items()},
+        "settings": settings,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def default_dir(target: Path, settings: dict[str, object]) -> Path:
+    """Cache folder keyed by ``assets_key``: any change to what builds the assets rebuilds them."""
     base = Path(os.environ.get("EAGLE3_CACHE_DIR", Path.home() / ".cache" / "eagle3"))
-    key = hashlib.sha256(f"{fingerprint_model_dir(target)} v{ASSETS_VERSION}".encode()).hexdigest()
+    key = fingerprint_json(assets_key(target, settings)).removeprefix("sha256:")
     return base / "eval-tiny" / key[:16]
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, object]:
+    return {k: getattr(args, k) for k in DEFAULTS}
 
 
 def stable_order(rows: list[dict], n: int) -> list[dict]:
@@ -316,7 +412,7 @@ def write_hidden_states(
 def build(args) -> Path:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    out: Path = args.out or default_dir(args.target)
+    out: Path = args.out or default_dir(args.target, settings_of(args))
     if out.exists():
         print(f"already built: {out}")
         return out
@@ -428,7 +524,7 @@ def build(args) -> Path:
                 ),
                 "training": training,
                 "seconds": round(time.monotonic() - began, 1),
-                "settings": {k: getattr(args, k) for k in DEFAULTS},
+                "settings": settings_of(args),
             },
         )
     print(f"built {out} in {time.monotonic() - began:.0f}s")
@@ -446,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
     args = parser.parse_args(argv)
     if args.print_dir:
-        print(args.out or default_dir(args.target))
+        print(args.out or default_dir(args.target, settings_of(args)))
         return 0
     build(args)
     return 0

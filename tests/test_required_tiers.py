@@ -1,0 +1,81 @@
+"""The workspace conftest's EAGLE3_REQUIRE_TIERS hook, run on throwaway test files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"  # placed in tests/
+INI = """
+[pytest]
+markers =
+    vllm: vllm tier
+    distributed: distributed tier
+"""
+TESTS = """
+import pytest
+
+@pytest.mark.vllm
+def test_runs(): pass
+
+@pytest.mark.vllm
+def test_skips(): pytest.skip("no vllm python")
+
+@pytest.mark.vllm
+def test_expected_failure(): pytest.xfail("known defect")
+
+@pytest.mark.distributed
+def test_launch(): pass
+"""
+
+
+@pytest.fixture
+def tree(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makeini(INI)
+    pytester.makepyfile(test_tiers=TESTS)
+    monkeypatch.setenv("EAGLE3_VLLM_PYTHON", "/bin/sh")  # executable: the prerequisite holds
+    return pytester
+
+
+def test_unset_changes_nothing(tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EAGLE3_REQUIRE_TIERS", raising=False)
+    assert tree.runpytest("-k", "not skips").ret == 0
+
+
+def test_a_skip_in_a_required_tier_fails(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLE3_REQUIRE_TIERS", "vllm")
+    result = tree.runpytest()
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        ["*tier 'vllm': 1 test(s) skipped*", "*test_skips: Skipped: no vllm python*"]
+    )
+
+
+def test_xfail_counts_as_run_and_a_full_tier_passes(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLE3_REQUIRE_TIERS", "vllm,distributed")
+    assert tree.runpytest("-k", "not skips").ret == 0
+
+
+def test_a_deselected_tier_fails(tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EAGLE3_REQUIRE_TIERS", "vllm,distributed")
+    result = tree.runpytest("-m", "not distributed", "-k", "not skips")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*tier 'distributed': no test executed*"])
+
+
+def test_missing_vllm_python_is_a_usage_error(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLE3_REQUIRE_TIERS", "vllm")
+    monkeypatch.delenv("EAGLE3_VLLM_PYTHON")
+    result = tree.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*EAGLE3_VLLM_PYTHON is not set*"])
