@@ -33,7 +33,8 @@ from eagle3_schemas import read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
 from eagle3_schemas.testing.edits import map_hidden_state_rows
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# The first test also runs the whole pipeline (~7 min on 2 idle cores): room for a busy machine.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "recipes" / "tiny" / "target"

@@ -55,6 +55,45 @@ def test_unsorted_aux_ids_are_refused() -> None:
         DraftSpec.from_config(config)
 
 
+def test_combine_applies_norm_before_fc_then_fc_norm_as_vllm() -> None:
+    # vLLM 0.32 llama_eagle3.py, combine_hidden_states: input_norm (norm_before_fc) over the
+    # concatenation, then fc_norm per aux chunk of the result, then fc. With both flags set
+    # the order matters; it was once applied the other way round here.
+    config = fixtures.draft_config()
+    config["norm_before_fc"] = True
+    config["fc_norm"] = True
+    spec = DraftSpec.from_config(config)
+    draft = random_draft(spec, _embed(spec), seed=2)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        assert draft.input_norm is not None and draft.fc_norm is not None
+        draft.input_norm.weight.copy_(1 + torch.randn(draft.input_norm.weight.shape, generator=gen))
+        for norm in draft.fc_norm:
+            norm.weight.copy_(1 + torch.randn(norm.weight.shape, generator=gen))
+        scales = torch.tensor([1.0, 8.0, 30.0])[None, :, None]  # aux layers of growing size
+        aux = torch.randn(5, spec.num_aux, spec.target_hidden_size, generator=gen) * scales
+
+        def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + spec.rms_norm_eps))
+
+        h = rms(aux.flatten(-2), draft.input_norm.weight)
+        chunks = h.chunk(spec.num_aux, dim=-1)
+        h = torch.cat([rms(c, n.weight) for c, n in zip(chunks, draft.fc_norm, strict=True)], -1)
+        expected = h @ draft.fc.weight.T
+        reversed_order = (
+            rms(
+                torch.stack(
+                    [rms(aux[:, i], n.weight) for i, n in enumerate(draft.fc_norm)], 1
+                ).flatten(-2),
+                draft.input_norm.weight,
+            )
+            @ draft.fc.weight.T
+        )
+        got = draft.combine(aux)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert (got - reversed_order).abs().max() > 1e-2  # the test can tell the two orders apart
+
+
 def test_wrong_shape_is_named(fixture_draft: Path) -> None:
     config = json.loads((fixture_draft / "config.json").read_text())
     config["transformer_layer_config"]["intermediate_size"] = 17

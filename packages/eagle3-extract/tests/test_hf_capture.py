@@ -104,3 +104,25 @@ def test_self_check_passes_on_a_sound_model(llama_target: Path) -> None:
 )
 def test_default_aux_layer_ids(layers: int, expected: list[int]) -> None:
     assert default_aux_layer_ids(layers) == expected
+
+
+def test_dataset_header_records_the_layer_shape_a_draft_copies(
+    target_factory, tokenized: Path, tmp_path: Path
+) -> None:
+    """dataset.json ``target`` carries heads, MLP width and RoPE as the target's config states
+    them, so the trainer can size the draft from the dataset without the target directory."""
+    import json
+
+    from eagle3_extract.config import ExtractConfig
+    from eagle3_extract.run import run
+    from eagle3_extract.target import LAYER_SHAPE_KEYS
+
+    for arch in ("llama", "qwen3"):
+        target = target_factory(arch)
+        out = tmp_path / arch
+        run(ExtractConfig(model=target, tokenized=tokenized, out=out, max_samples=2))
+        recorded = json.loads((out / "dataset.json").read_text())["target"]
+        config = json.loads((target / "config.json").read_text())
+        expected = {k: config[k] for k in LAYER_SHAPE_KEYS if config.get(k) is not None}
+        assert {"num_attention_heads", "num_key_value_heads", "intermediate_size"} <= set(expected)
+        assert {k: recorded[k] for k in expected} == expected

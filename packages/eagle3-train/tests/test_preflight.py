@@ -6,8 +6,10 @@ import json
 import time
 
 import pytest
+import torch
 
 from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.validate import validate
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
 from eagle3_train.preflight import run_preflight
@@ -121,3 +123,107 @@ def test_cli_overrides_win_over_the_file(inputs, tmp_path):
     )
     assert config.train.lr == 3e-4 and config.draft.num_layers == 2
     assert config.train.ttt_steps == 3  # defaults below the file
+
+
+# ---------------------------------------------------------------------------------------
+# Derive, don't repeat (issue 14, item 4): the dataset records its aux ids, target sizes and
+# norm eps; the YAML need not restate them (and target.path is optional).
+
+DRAFT_SHAPE = {
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 32,
+    "max_position_embeddings": 4096,
+}
+
+
+def _without(path, *keys):
+    """Drop ``section.key`` (or a whole ``section``) from the YAML file at ``path``."""
+    import yaml
+
+    cfg = yaml.safe_load(path.read_text())
+    for key in keys:
+        section, _, name = key.partition(".")
+        if name:
+            del cfg[section][name]
+        else:
+            del cfg[section]
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_aux_ids_are_taken_from_the_dataset_when_the_config_omits_them(tmp_path):
+    other = make_inputs(tmp_path / "other", aux_layer_ids=(0, 2, 4))
+    config = load_config(_without(write_config(other, tmp_path / "run"), "draft.aux_layer_ids"))
+    assert config.draft.aux_layer_ids is None
+    run = load_inputs(config)
+    report = run_preflight(run, resolve_arch(run), None, None, full=True)
+    assert [str(f) for f in report.errors] == []
+    assert any(f.check == "dry_run" and f.level == "ok" for f in report.findings)
+    assert run.aux_layer_ids == [0, 2, 4]
+
+
+def test_a_run_without_target_path_or_aux_ids_trains_and_exports_the_datasets_ids(tmp_path):
+    """No target section at all, no draft.aux_layer_ids: the dataset ([0, 2, 4], eps,
+    architecture, sizes) and the draft section are enough; the export serves those ids."""
+    from accelerate.state import AcceleratorState
+
+    from eagle3_train.cli import main
+
+    other = make_inputs(tmp_path / "other", aux_layer_ids=(0, 2, 4))
+    path = write_config(
+        other, tmp_path / "run", draft=DRAFT_SHAPE, train={"max_steps": 2, "save_every": 0}
+    )
+    path = _without(path, "target", "draft.aux_layer_ids")
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--config", str(path), "--set", "target.name_or_path=org/target"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        AcceleratorState._reset_state(reset_partial_state=True)
+    exported = json.loads((tmp_path / "run" / "draft" / "config.json").read_text())
+    assert exported["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
+    verifier = exported["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": "org/target", "architectures": ["LlamaForCausalLM"]}
+    layer = exported["transformer_layer_config"]
+    assert (layer["num_attention_heads"], layer["num_key_value_heads"]) == (4, 2)
+    assert (layer["intermediate_size"], layer["rms_norm_eps"]) == (32, 1e-6)  # eps: dataset.json
+
+
+def test_without_target_path_the_missing_draft_shape_is_named(inputs, tmp_path):
+    from eagle3_train.inputs import InputError
+
+    config = load_config(_without(write_config(inputs, tmp_path / "run"), "target"))
+    with pytest.raises(InputError) as e:
+        resolve_arch(load_inputs(config))
+    message = str(e.value)
+    for key in ("num_attention_heads", "intermediate_size", "max_position_embeddings"):
+        assert f"draft.{key}" in message
+    assert "target.path" in message and "dataset.json" in message
+
+
+def test_the_draft_shape_comes_from_dataset_json_where_extract_recorded_it(inputs, tmp_path):
+    header_path = inputs.hidden_states / "dataset.json"
+    header = json.loads(header_path.read_text())
+    header["target"].update(DRAFT_SHAPE, rope_theta=500000.0)
+    header_path.write_text(json.dumps(header))
+    assert validate(inputs.hidden_states) == []  # extra target keys are within schema v1
+    config = load_config(_without(write_config(inputs, tmp_path / "run"), "target"))
+    run = load_inputs(config)
+    arch = resolve_arch(run)
+    assert (arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim) == (4, 2, 4)
+    assert (arch.intermediate_size, arch.rope_theta) == (32, 500000.0)
+    findings = run_preflight(run, arch, None, None, full=False).findings
+    assert not [f for f in findings if f.level == "error"]
+    # nothing names the target for `vllm serve <draft>`: said before the run, not after
+    assert any(f.level == "warning" and "target.name_or_path" in f.message for f in findings)
+
+
+def test_a_stated_aux_id_contradiction_is_refused_without_target_path(tmp_path):
+    other = make_inputs(tmp_path / "other", aux_layer_ids=(0, 2, 4))
+    path = _without(write_config(other, tmp_path / "run", draft=DRAFT_SHAPE), "target")
+    run = load_inputs(load_config(path))  # the config states [1, 2, 3]
+    errors = [str(f) for f in run_preflight(run, resolve_arch(run), None, None).errors]
+    assert len(errors) == 1, errors
+    assert f"dataset {other.hidden_states}/dataset.json has aux_layer_ids [0, 2, 4]" in errors[0]
+    assert "config draft.aux_layer_ids expects [1, 2, 3]" in errors[0]

@@ -466,12 +466,14 @@ class Eagle3Draft(nn.Module):
 
     def combine(self, aux_hidden_states: Tensor) -> Tensor:
         """Target aux states [n, n_aux, H_target] (ascending layer ids) -> draft input [n, H]."""
-        x = aux_hidden_states.to(self.fc.weight.dtype)
-        if self.fc_norm is not None:
-            x = torch.stack([norm(x[:, i]) for i, norm in enumerate(self.fc_norm)], dim=1)
-        x = x.flatten(-2)
+        x = aux_hidden_states.to(self.fc.weight.dtype).flatten(-2)
+        # vLLM's order (llama_eagle3.py combine_hidden_states): input_norm over the whole
+        # concatenation first, then fc_norm per aux chunk of it.
         if self.input_norm is not None:
             x = self.input_norm(x)
+        if self.fc_norm is not None:
+            chunks = x.chunk(self.spec.num_aux, dim=-1)
+            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(x)
 
     def forward(

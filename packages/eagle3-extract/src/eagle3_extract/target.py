@@ -8,7 +8,7 @@ environment.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,15 @@ class TargetInfo:
     tie_word_embeddings: bool
     torch_dtype: str | None
     max_position_embeddings: int | None = None
+    # The decoder-layer shape a draft copies (heads, MLP width, RoPE), as the config states it.
+    layer_shape: dict[str, Any] = field(default_factory=dict)
 
     def header_target(self) -> dict[str, Any]:
-        """The ``target`` object of dataset.json (extra fields allowed by the schema)."""
+        """The ``target`` object of dataset.json (extra fields allowed by the schema).
+
+        Beyond what extraction itself needs, it records the layer shape, so the trainer can
+        size the draft from the dataset alone (no target directory restated in its config).
+        """
         return {
             "architecture": self.architecture,
             "model_type": self.model_type,
@@ -49,7 +55,26 @@ class TargetInfo:
             "vocab_size": self.vocab_size,
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
+            **(
+                {"max_position_embeddings": self.max_position_embeddings}
+                if self.max_position_embeddings
+                else {}
+            ),
+            **self.layer_shape,
         }
+
+
+# Keys of a decoder layer's shape that a draft layer copies from its target.
+LAYER_SHAPE_KEYS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "hidden_act",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+)
 
 
 def read_target(path: Path) -> TargetInfo:
@@ -81,6 +106,7 @@ def read_target(path: Path) -> TargetInfo:
         ),
         torch_dtype=config.get("dtype") or config.get("torch_dtype") or text.get("torch_dtype"),
         max_position_embeddings=text.get("max_position_embeddings"),
+        layer_shape={k: text[k] for k in LAYER_SHAPE_KEYS if text.get(k) is not None},
     )
 
 

@@ -24,9 +24,12 @@ class ConfigError(ValueError):
 @dataclass
 class TargetConfig:
     # Target model directory (config.json, optionally weights). Gives the draft layer's
-    # defaults (heads, intermediate size, RoPE), the target's RMSNorm eps, and lets preflight
-    # compare its fingerprint with the dataset's lineage. Optional when every value below and
-    # in `draft` is set explicitly.
+    # defaults (heads, intermediate size, RoPE) and lets preflight compare its fingerprints
+    # with the dataset's lineage. Optional: the trainer's target tensors (embeddings, final
+    # norm, lm_head) come from the dataset's target_head.safetensors, the target's norm eps,
+    # architecture, sizes and aux ids from dataset.json; without it, state the draft's shape
+    # in `draft` (num_attention_heads, intermediate_size, max_position_embeddings, ...) unless
+    # dataset.json `target` records those keys, and set name_or_path for the export.
     path: str | None = None
     # Written into the checkpoint as speculators_config.verifier.name_or_path (what the
     # draft is served with, e.g. a hub id). Defaults to `path`.

@@ -127,9 +127,11 @@ def target_rms_norm_eps(inputs: RunInputs) -> tuple[float | None, str]:
 
 
 def resolve_arch(inputs: RunInputs) -> DraftArch:
-    """The draft's shape: config values, else the target's config.json, else an error."""
+    """The draft's shape: config values, else the target's config.json (target.path), else
+    the same keys in dataset.json ``target`` (where the extract stage recorded them), else an
+    error naming the missing draft.* keys."""
     d = inputs.config.draft
-    t = inputs.target_config or {}
+    t = {**inputs.dataset.header["target"], **(inputs.target_config or {})}
     H = inputs.dataset.hidden_size
     heads = d.num_attention_heads or t.get("num_attention_heads")
     theta, scaling = _rope(t)
@@ -146,7 +148,8 @@ def resolve_arch(inputs: RunInputs) -> DraftArch:
     if missing:
         raise InputError(
             f"draft.{', draft.'.join(missing)}: no value — set them in the config or point "
-            "target.path at the target model directory (its config.json supplies them)"
+            "target.path at the target model directory (its config.json supplies them); "
+            f"{inputs.dataset.root}/dataset.json target does not record them"
         )
     eps, _ = target_rms_norm_eps(inputs)
     if eps is None:

@@ -153,6 +153,17 @@ def check_lineage(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
                     f"target.{key} has {theirs}",
                 )
         out += _check_target_files(inputs)
+    elif cfg.target.name_or_path is None:
+        out.append(
+            Finding(
+                "warning",
+                "target",
+                "neither target.path nor target.name_or_path is set: the export's "
+                "speculators_config.verifier.name_or_path will be null, so `vllm serve <draft>` "
+                "cannot find the target (serving the target with --speculative-config still "
+                "works); set target.name_or_path to the target's hub id or path",
+            )
+        )
     if not any(f.level == "error" for f in out):
         out += _ok(
             "lineage",
