@@ -33,6 +33,9 @@ class Script:
 
     fail_first: dict[str, int] = field(default_factory=dict)  # 503 this many times, then answer
     always: dict[str, int] = field(default_factory=dict)  # always this status
+    bodies: dict[str, bytes] = field(
+        default_factory=dict
+    )  # body of that status (default: scripted)
     sleep_first: dict[str, float] = field(default_factory=dict)  # first request hangs this long
     truncated: set[str] = field(default_factory=set)
     malformed_first: set[str] = field(default_factory=set)
@@ -64,7 +67,8 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
                 if n == 1 and key in script.sleep_first:
                     time.sleep(script.sleep_first[key])
                 if key in script.always:
-                    return self._send(script.always[key], b'{"error": "scripted"}')
+                    body = script.bodies.get(key, b'{"error": "scripted"}')
+                    return self._send(script.always[key], body)
                 if n <= script.fail_first.get(key, 0):
                     return self._send(503, b'{"error": "overloaded"}')
                 if n == 1 and key in script.malformed_first:
@@ -278,3 +282,24 @@ def test_a_seeded_limit_regenerates_a_reproducible_random_subset(
     assert pq.read_table(out, columns=["id"]).column("id").to_pylist() == [ids[r] for r in chosen]
     selection = read_header(out).fields["regeneration"]["selection"]
     assert selection.startswith("8 rows at random: the smallest blake2b('3:' + id)")
+
+
+def test_a_conversation_longer_than_the_served_context_is_rejected_not_retried_forever(
+    endpoint, tmp_path: Path, write_conversations
+) -> None:
+    """vLLM answers 400 "maximum context length" for that sample alone: it is a final reject
+    (too_long), and the artifact is published; any other 400 still leaves it to a rerun."""
+    url, script = endpoint
+    source = write_conversations(tmp_path / "c.parquet", _conversations(3))
+    script.always = {"q1": 400}
+    script.bodies = {
+        "q1": b'{"object": "error", "message": "This model\'s maximum context length is 4096 '
+        b'tokens. However, you requested 5000 tokens.", "type": "BadRequestError", "code": 400}'
+    }
+    summary = run(_config(tmp_path, source, url))
+    assert summary.published and summary.regenerated == 2 and summary.rejected == 1
+    assert script.requests["q1"] == 1
+    rejected = [
+        json.loads(line) for line in (tmp_path / "regen.rejects.jsonl").read_text().splitlines()
+    ]
+    assert [r["reason"].split(":")[0] for r in rejected] == ["too_long"]

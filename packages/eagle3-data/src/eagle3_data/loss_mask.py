@@ -75,6 +75,13 @@ def _locate_answer(text: str, content: str, cursor: int) -> tuple[int, int]:
     found = text.find(content, cursor)
     if found >= 0:
         return found, found + len(content)
+    # Templates that trim message contents (Llama-3.x's `| trim`) render the answer without
+    # its surrounding whitespace: that is still the answer, not a rewrite.
+    stripped = content.strip()
+    if stripped != content and stripped:
+        found = text.find(stripped, cursor)
+        if found >= 0:
+            return found, found + len(stripped)
     if THINK_CLOSE not in content:
         return -1, -1
     reasoning, visible = content.split(THINK_CLOSE, 1)

