@@ -61,3 +61,25 @@ def test_the_contract_library_needs_no_torch() -> None:
 @pytest.mark.parametrize("stage", ["eagle3-extract", "eagle3-eval"])
 def test_vllm_is_an_extra(stage: str) -> None:
     assert "vllm" in _locked_requirements(stage, "--extra", "vllm")
+
+
+def test_a_plain_uv_run_installs_every_stage_and_what_the_recipes_use() -> None:
+    """`uv run pytest` / the tiny recipe on a fresh clone: the root project pulls every stage
+    with the CPU-usable extras the recipes ask for (TensorBoard tracker, DeepSpeed configs,
+    eval figures), and never the CUDA vLLM."""
+    uv = shutil.which("uv")
+    assert uv is not None
+    done = subprocess.run(
+        [uv, "export", "--frozen", "--no-dev", "--no-hashes", "--no-header"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    names = {
+        re.split(r"[=<>;@ \[]", line.strip().removeprefix("-e ./packages/"), maxsplit=1)[0].lower()
+        for line in done.stdout.splitlines()
+        if line.strip() and not line.startswith(("#", "--", " "))
+    }
+    assert {*STAGES, "eagle3-schemas", "tensorboard", "deepspeed", "matplotlib"} <= names
+    assert "vllm" not in names
