@@ -43,7 +43,7 @@ PROMPTS = 40
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> tuple[Path, str]:
+def run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> tuple[Path, str, str]:
     out = tmp_path_factory.mktemp("pipeline") / "tiny"
     env = dict(os.environ, EAGLE3_VLLM_PYTHON=vllm_python, PROMPTS=str(PROMPTS))
     done = subprocess.run(
@@ -54,15 +54,15 @@ def run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> tuple[Pat
         text=True,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return out, done.stdout
+    return out, done.stdout, done.stderr
 
 
 def _report(out: Path) -> dict:
     return json.loads((out / "eval-vllm" / "report.json").read_text())
 
 
-def test_vllm_measured_acceptance_passes_the_gate(run: tuple[Path, str]) -> None:
-    out, printed = run
+def test_vllm_measured_acceptance_passes_the_gate(run: tuple[Path, str, str]) -> None:
+    out, printed, _ = run
     report = _report(out)
     assert report["mode"] == "vllm" and report["num_speculative_tokens"] == K
     assert report["num_prompts"] == PROMPTS and report["temperature"] == 0.0
@@ -75,14 +75,14 @@ def test_vllm_measured_acceptance_passes_the_gate(run: tuple[Path, str]) -> None
     assert figure == (out / "eval-vllm" / "acceptance.png").resolve() and figure.stat().st_size
 
 
-def test_greedy_outputs_with_the_draft_equal_the_target_alone(run: tuple[Path, str]) -> None:
+def test_greedy_outputs_with_the_draft_equal_the_target_alone(run: tuple[Path, str, str]) -> None:
     report = _report(run[0])
     assert report["outputs_identical_to_baseline"]["identical"] == PROMPTS
     samples = pq.read_table(run[0] / "eval-vllm" / "samples.parquet").to_pylist()
     assert all(s["num_prompt_tokens"] > 0 for s in samples)
 
 
-def test_each_hand_off_is_the_artifact_the_next_stage_consumed(run: tuple[Path, str]) -> None:
+def test_each_hand_off_is_the_artifact_the_next_stage_consumed(run: tuple[Path, str, str]) -> None:
     out = run[0]
     tokenized = read_header(out / "train.tokenized.parquet").lineage
     assert tokenized["conversations_fingerprint"] == fingerprint_artifact(
@@ -123,7 +123,7 @@ def _failing_layers(printed: str) -> list[str]:
 
 
 def test_aux_states_one_position_late_are_stopped_by_verify(
-    run: tuple[Path, str], tmp_path: Path
+    run: tuple[Path, str, str], tmp_path: Path
 ) -> None:
     out = run[0]
     dataset = Path(shutil.copytree(out / "hidden_states", tmp_path / "late"))
@@ -136,7 +136,9 @@ def test_aux_states_one_position_late_are_stopped_by_verify(
     assert _failing_layers(done.stdout) == aux, done.stdout
 
 
-def test_a_post_norm_last_state_is_stopped_by_verify(run: tuple[Path, str], tmp_path: Path) -> None:
+def test_a_post_norm_last_state_is_stopped_by_verify(
+    run: tuple[Path, str, str], tmp_path: Path
+) -> None:
     out = run[0]
     dataset = Path(shutil.copytree(out / "hidden_states", tmp_path / "post-norm"))
     config = json.loads((TARGET / "config.json").read_text())
@@ -150,3 +152,11 @@ def test_a_post_norm_last_state_is_stopped_by_verify(run: tuple[Path, str], tmp_
     done = _verify(dataset, out)
     assert done.returncode == 1, done.stdout + done.stderr
     assert _failing_layers(done.stdout) == [str(config["num_hidden_layers"])], done.stdout
+
+
+def test_every_long_step_shows_a_progress_bar_that_completes(run: tuple[Path, str, str]) -> None:
+    """Minutes without output read as a hang: regenerate, extract, train and the vLLM
+    evaluation each draw a bar on stderr, and each reaches its end."""
+    progress = run[2]
+    for bar in ("regenerate", "extract", "train", "vllm eval"):
+        assert f"{bar}: 100%" in progress, f"no completed {bar!r} progress bar"

@@ -30,6 +30,12 @@ COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# Lines the parent turns into its progress bar (everything else goes to the log only).
+PROGRESS = "@eagle3-eval-progress "
+
+
+def report_progress(phase: str, done: int = 0) -> None:
+    print(PROGRESS + json.dumps({"phase": phase, "done": done}), flush=True)
 
 
 def read_counters(llm: Any, k: int) -> dict[str, Any]:
@@ -69,7 +75,9 @@ def spec_metrics(completion: Any) -> dict[str, Any] | None:
     }
 
 
-def run_prompts(llm: Any, job: dict[str, Any], temperature: float, k: int) -> dict[str, Any]:
+def run_prompts(
+    llm: Any, job: dict[str, Any], temperature: float, k: int, phase: str
+) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -97,6 +105,7 @@ def run_prompts(llm: Any, job: dict[str, Any], temperature: float, k: int) -> di
         )
         elapsed = time.perf_counter() - began
         seconds += elapsed
+        report_progress(phase, len(batch))
         for prompt, output in zip(batch, outputs, strict=True):
             completion = output.outputs[0]
             requests.append(
@@ -205,12 +214,14 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         pass
     engines = [("draft", True)] + ([("baseline", False)] if job["baseline"] else [])
     for name, with_draft in engines:
+        report_progress(f"starting the {name} engine")
         began = time.perf_counter()
         llm = make_engine(job, with_draft)
         result["startup_seconds"][name] = time.perf_counter() - began
         warm_up(llm, job)
         for temperature in job["temperatures"]:
-            run_result = run_prompts(llm, job, temperature, job["k"] if with_draft else 0)
+            phase = f"{name} engine, temperature {temperature}"
+            run_result = run_prompts(llm, job, temperature, job["k"] if with_draft else 0, phase)
             run_result["engine"] = name
             result["runs"].append(run_result)
         shutdown(llm)

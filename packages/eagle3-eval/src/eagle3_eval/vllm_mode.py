@@ -24,9 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from eagle3_eval.acceptance import SampleCounts, positions_from_histogram
 from eagle3_eval.online import OnlineInputs, assemble
 from eagle3_eval.report import Baseline, EvalResult, versions
+from eagle3_eval.vllm_engine import PROGRESS
 
 ENV_PYTHON = "EAGLE3_VLLM_PYTHON"
 LOG_TAIL_LINES = 60
@@ -90,8 +93,22 @@ def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any
     env.pop("VIRTUAL_ENV", None)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = [python, "-m", "eagle3_eval", "vllm-engine", str(job_path), str(result_path)]
-    with log_path.open("w", encoding="utf-8") as log:
-        code = subprocess.call(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    runs = len(job["temperatures"]) * (2 if job["baseline"] else 1)
+    with (
+        log_path.open("w", encoding="utf-8") as log,
+        tqdm(total=runs * len(job["prompts"]), desc="vllm eval", unit="prompt") as bar,
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as child,
+    ):
+        assert child.stdout is not None
+        for line in child.stdout:  # the whole log to the file; progress lines to the bar
+            log.write(line)
+            if line.startswith(PROGRESS):
+                progress = json.loads(line[len(PROGRESS) :])
+                bar.set_postfix_str(progress["phase"], refresh=False)
+                bar.update(progress["done"])
+        code = child.wait()
     if code != 0 or not result_path.is_file():
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
         raise VllmError(
