@@ -88,3 +88,21 @@ def test_two_process_run_matches_single_process_accumulation(setup, name, recipe
     single = load_file(str(setup[3] / "single" / "draft" / "model.safetensors"))
     for key in draft:
         torch.testing.assert_close(draft[key], single[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_a_one_process_cpu_launch_uses_every_core(setup):
+    """`accelerate launch` exports OMP_NUM_THREADS=1 for a non-use_cpu config: the trainer's
+    default spreads this machine's cores over its local processes instead (one process: all)."""
+    import os
+
+    inputs, sections, _, root = setup
+    run = root / "threads"
+    config = write_config(inputs, run, train={**sections["train"], "torch_threads": None})
+    env = env_for_subprocess()
+    env.pop("OMP_NUM_THREADS")
+    cmd = [ACCELERATE, "launch", "--config_file", "recipes/accelerate/single.yaml"]
+    cmd += ["-m", "eagle3_train", "--config", str(config)]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["torch_threads"] == len(os.sched_getaffinity(0))

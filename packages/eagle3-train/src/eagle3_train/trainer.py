@@ -399,12 +399,25 @@ def _better(value: float, best: float | None, mode: str) -> bool:
     return best is None or (value < best if mode == "min" else value > best)
 
 
+def _cpu_threads(configured: int | None, accelerator: Any) -> int:
+    """Torch threads for this process: the config's, else this machine's cores shared among
+    its local processes. `accelerate launch` exports OMP_NUM_THREADS=1 unless told otherwise
+    (use_cpu configs excepted), which left a one-process CPU run on one core (measured: the
+    whole tiny-recipe run took as long as speculators' two-thread plain loop)."""
+    if configured:
+        return configured
+    if accelerator.device.type != "cpu":
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))  # this machine's
+    return max(1, (cores or 1) // max(1, local))
+
+
 def train(config: Config, preflight_only: bool = False) -> int:
     """Run (or only preflight) training; returns the process exit code."""
     t = config.train
-    if t.torch_threads:
-        torch.set_num_threads(t.torch_threads)
     accelerator = make_accelerator(config, with_trackers=not preflight_only)
+    torch.set_num_threads(_cpu_threads(t.torch_threads, accelerator))
     main = accelerator.is_main_process
     out_dir = Path(config.output_dir)
 
@@ -496,6 +509,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
                 "event": "start",
                 "step": state.step,
                 "world_size": world,
+                "torch_threads": torch.get_num_threads(),
                 "resumed_from": str(resume_from) if resume_from else None,
             },
         )
