@@ -184,6 +184,11 @@ def test_workers_write_disjoint_shards_that_merge_into_the_whole(
     header = read_header(merged).fields
     assert header["shard_index"] == 0 and header["num_shards_total"] == 1
     assert [m["rank"] for m in header["merged_from"]] == [0, 1, 2]
+    # Each rank's extraction record (which samples it took, how) survives the merge.
+    assert [m["extraction"] for m in header["merged_from"]] == [
+        read_header(o).fields["extraction"] for o in outs
+    ]
+    assert all(m["extraction"]["selection"] for m in header["merged_from"])
 
 
 def test_merge_refuses_overlap_missing_ranks_and_lineage_mismatch(

@@ -142,6 +142,8 @@ def merge(inputs: Sequence[Path], out: Path, allow_missing_ranks: bool = False) 
                     "world_size": h.fields["num_shards_total"],
                     "num_samples": h.fields["num_samples"],
                     "fingerprint": fingerprint_artifact(p),
+                    # each rank's own record (its sample selection, timings) stays with it
+                    "extraction": h.fields.get("extraction"),
                 }
                 for p, h in zip(inputs, headers, strict=True)
             ],
