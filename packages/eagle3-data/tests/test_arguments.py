@@ -4,7 +4,6 @@ path and what was expected, and leave nothing behind."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -12,22 +11,19 @@ import pytest
 from eagle3_data import ingest, regenerate, tokenization, vocab
 from eagle3_data.cli import main
 from eagle3_schemas.testing import fixtures
+from eagle3_schemas.testing.cli import assert_refused_before_work, work_started
 from eagle3_schemas.validate import Violation
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 
 
-def _work_started(*args: object, **kwargs: object) -> None:
-    raise AssertionError("the command started working on a bad argument")
-
-
 @pytest.fixture
 def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first step of real work in each command fails the test if it is reached."""
-    monkeypatch.setattr(ingest, "_records", _work_started)
-    monkeypatch.setattr(regenerate, "_conversations", _work_started)
-    monkeypatch.setattr(tokenization, "load_tokenizer", _work_started)
-    monkeypatch.setattr(vocab, "count_loss_tokens", _work_started)
+    monkeypatch.setattr(ingest, "_records", work_started)
+    monkeypatch.setattr(regenerate, "_conversations", work_started)
+    monkeypatch.setattr(tokenization, "load_tokenizer", work_started)
+    monkeypatch.setattr(vocab, "count_loss_tokens", work_started)
 
 
 @pytest.fixture
@@ -126,13 +122,8 @@ def test_bad_argument_is_refused_before_any_work(
 ) -> None:
     argv, message = CASES[case]
     names = {"tmp": tmp_path, **files}
-    before = sorted(tmp_path.rglob("*"))
-    started = time.perf_counter()
-    code = main(argv.format(**names).split())
-    assert time.perf_counter() - started < 1.0
-    assert code == 2
+    assert_refused_before_work(main, argv.format(**names).split(), tmp_path)
     assert message.format(**names) in capsys.readouterr().err
-    assert sorted(tmp_path.rglob("*")) == before  # no output, rejects, journal or temp file
 
 
 def test_output_that_fails_its_schema_leaves_the_artifact_name(

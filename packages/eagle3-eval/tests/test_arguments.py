@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -13,21 +12,18 @@ import pytest
 from eagle3_eval import offline, online, report
 from eagle3_eval.cli import main
 from eagle3_schemas.testing import fixtures
-
-
-def _work_started(*args: object, **kwargs: object) -> None:
-    raise AssertionError("the command started working on a bad argument")
+from eagle3_schemas.testing.cli import assert_refused_before_work, work_started
 
 
 @pytest.fixture
 def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first step of real work in each command fails the test if it is reached."""
-    monkeypatch.setattr(offline, "run_offline", _work_started)
-    monkeypatch.setattr(online, "prepare", _work_started)
-    monkeypatch.setattr(report, "read_report", _work_started)
+    monkeypatch.setattr(offline, "run_offline", work_started)
+    monkeypatch.setattr(online, "prepare", work_started)
+    monkeypatch.setattr(report, "read_report", work_started)
     # The package re-exports validate(), which hides the module of that name from dotted paths.
     monkeypatch.setattr(
-        importlib.import_module("eagle3_schemas.validate"), "validate", _work_started
+        importlib.import_module("eagle3_schemas.validate"), "validate", work_started
     )
 
 
@@ -133,10 +129,5 @@ def test_bad_argument_is_refused_before_any_work(
 ) -> None:
     argv, message = CASES[case]
     names = {"tmp": tmp_path, **files}
-    before = sorted(tmp_path.rglob("*"))
-    started = time.perf_counter()
-    code = main(argv.format(**names).split())
-    assert time.perf_counter() - started < 1.0
-    assert code == 2
+    assert_refused_before_work(main, argv.format(**names).split(), tmp_path)
     assert message.format(**names) in capsys.readouterr().err
-    assert sorted(tmp_path.rglob("*")) == before  # no report directory or temp file

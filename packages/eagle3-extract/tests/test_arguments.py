@@ -3,7 +3,6 @@ and what was expected, and leave nothing behind."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -11,18 +10,15 @@ import pytest
 from eagle3_extract import merge, run, verify
 from eagle3_extract.cli import main
 from eagle3_schemas.testing import fixtures
-
-
-def _work_started(*args: object, **kwargs: object) -> None:
-    raise AssertionError("the command started working on a bad argument")
+from eagle3_schemas.testing.cli import assert_refused_before_work, work_started
 
 
 @pytest.fixture
 def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first step of real work in each command fails the test if it is reached."""
-    monkeypatch.setattr(run, "resolve", _work_started)
-    monkeypatch.setattr(merge, "check_inputs", _work_started)
-    monkeypatch.setattr(verify, "validate", _work_started)
+    monkeypatch.setattr(run, "resolve", work_started)
+    monkeypatch.setattr(merge, "check_inputs", work_started)
+    monkeypatch.setattr(verify, "validate", work_started)
 
 
 @pytest.fixture
@@ -129,10 +125,5 @@ def test_bad_argument_is_refused_before_any_work(
 ) -> None:
     argv, message = CASES[case]
     names = {"tmp": tmp_path, **files}
-    before = sorted(tmp_path.rglob("*"))
-    started = time.perf_counter()
-    code = main(argv.format(**names).split())
-    assert time.perf_counter() - started < 1.0
-    assert code == 2
+    assert_refused_before_work(main, argv.format(**names).split(), tmp_path)
     assert message.format(**names) in caplog.text
-    assert sorted(tmp_path.rglob("*")) == before  # no dataset, work directory or temp file

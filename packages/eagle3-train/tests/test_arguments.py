@@ -3,24 +3,20 @@ directory), with a message naming the argument, the path and what was expected."
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from eagle3_schemas.testing import fixtures
+from eagle3_schemas.testing.cli import assert_refused_before_work, work_started
 from eagle3_train import trainer
 from eagle3_train.cli import main
 from eagle3_train.testing import Inputs, write_config
 
 
-def _work_started(*args: object, **kwargs: object) -> None:
-    raise AssertionError("training started on a bad argument")
-
-
 @pytest.fixture
 def files(tmp_path: Path, inputs: Inputs, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    monkeypatch.setattr(trainer, "train", _work_started)
+    monkeypatch.setattr(trainer, "train", work_started)
     (tmp_path / "empty").mkdir()
     (tmp_path / "a_file").write_text("")
     (tmp_path / "config.json").write_text("{}")
@@ -90,10 +86,5 @@ def test_bad_argument_is_refused_before_any_work(
 ) -> None:
     argv, message = CASES[case]
     names = {"tmp": tmp_path, **files}
-    before = sorted(tmp_path.rglob("*"))
-    started = time.perf_counter()
-    code = main(argv.format(**names).split())
-    assert time.perf_counter() - started < 1.0
-    assert code == 2
+    assert_refused_before_work(main, argv.format(**names).split(), tmp_path)
     assert message.format(**names) in capsys.readouterr().err
-    assert sorted(tmp_path.rglob("*")) == before  # no run directory, tracker log or checkpoint
