@@ -93,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         help="argument for vllm.LLM with --engine vllm (VALUE parsed as JSON when it can be), e.g. tensor_parallel_size=8",
     )
 
+    _trust_flag(p, "the model (--engine vllm)")
     p = sub.add_parser("tokenize", help="conversations → token ids + assistant-only loss masks")
     p.add_argument("conversations", type=Path)
     p.add_argument(
@@ -102,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rejects", type=Path)
     p.add_argument("--max-length", type=int, default=2048)
     p.add_argument("--workers", type=int, default=2)
+    _trust_flag(p, "the tokenizer")
 
     p = sub.add_parser("vocab", help="loss-token counts → draft vocabulary map (d2t, t2d)")
     p.add_argument("tokenized", type=Path)
@@ -111,6 +113,15 @@ def _parser() -> argparse.ArgumentParser:
         "--target-vocab-size", type=int, help="default: the tokenized header's vocab_size"
     )
     return parser
+
+
+def _trust_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help=f"run the Python code {what} ships (auto_map; Kimi's tokenizer needs it); "
+        "without it a directory with such code is refused before any work",
+    )
 
 
 def _key_value(text: str, flag: str) -> tuple[str, str]:
@@ -155,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.timeout,
                 args.backoff,
                 args.limit,
-                dict(_engine_arg(a) for a in args.engine_arg),
+                dict(_engine_arg(a) for a in args.engine_arg)
+                | ({"trust_remote_code": True} if args.trust_remote_code else {}),
                 args.sample_seed,
             )
             summary = asdict(regenerate.run(config))
@@ -175,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 _rejects(args),
                 args.max_length,
                 args.workers,
+                trust_remote_code=args.trust_remote_code,
             )
             summary = asdict(tokenization.run(config))
         else:

@@ -13,6 +13,7 @@ from eagle3_schemas.paths import (
     check_output_artifact,
     refuse,
 )
+from eagle3_schemas.remote_code import check_trust
 
 # Raw chat data ingest reads, besides a ``datasets`` directory saved with ``save_to_disk``.
 RAW_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -101,6 +102,9 @@ class RegenerateConfig:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.sample_seed is not None and self.limit is None:
             raise ConfigError("--sample-seed draws --limit N conversations: give --limit too")
+        if self.engine == "vllm" and Path(self.model).is_dir():
+            # The offline engine loads the model's tokenizer and config in this process.
+            check_trust(self.model, bool(self.engine_args.get("trust_remote_code")), "all")
         # The output appears only when every sample is done; until then the run resumes from
         # its journal beside it, so an existing output means a finished run.
         check_output_artifact(self.output, "conversations", "--out")
@@ -117,12 +121,14 @@ class TokenizeConfig:
     max_length: int = 2048
     workers: int = 2
     chunk_rows: int = 256  # conversations per worker task
+    trust_remote_code: bool = False  # run the tokenizer's own Python code (Kimi's)
 
     def check(self) -> None:
         check_input_artifact(self.conversations, "conversations", "conversations")
         check_input_dir(
             self.tokenizer, "--tokenizer", "a Hugging Face tokenizer or model directory"
         )
+        check_trust(self.tokenizer, self.trust_remote_code, "tokenizer")
         if self.max_length < 2 or self.workers < 1:
             raise ConfigError("--max-length must be >= 2 and --workers >= 1")
         check_output_artifact(self.output, "tokenized", "--out")

@@ -43,12 +43,16 @@ class ChatRenderer:
                 "the tokenizer has no chat template; a target's template is needed to render samples"
             )
         probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": PROBE}]
-        rendered = tokenizer.apply_chat_template(probe, tokenize=False)
+        rendered = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
         after = rendered[rendered.rindex(PROBE) + len(PROBE) :]
         return cls(tokenizer, after.rstrip())
 
     def render(self, messages: Sequence[dict[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), tokenize=False)
+        # Always explicit: Kimi's tokenizer code defaults to appending the generation prompt,
+        # which would make the next assistant header look like part of every answer's closing.
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=False
+        )
 
     def trained_spans(self, messages: Sequence[dict[str, str]], text: str) -> list[tuple[int, int]]:
         """Character spans of ``text`` the model is trained to produce, one per assistant turn."""

@@ -6,6 +6,7 @@ Truncation policy: a sample longer than ``max_length`` keeps its first ``max_len
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -23,6 +24,7 @@ from eagle3_data.loss_mask import ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
 from eagle3_schemas.header import make_header, parquet_stream
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
+from eagle3_schemas.remote_code import remote_code_record
 
 SCHEMA = pa.schema(
     [
@@ -56,10 +58,14 @@ class Encoded:
     messages: Any = None
 
 
-def load_tokenizer(directory: Path) -> Any:
+def load_tokenizer(directory: Path, trust_remote_code: bool = False) -> Any:
+    """The target's tokenizer; custom code in ``directory`` runs only when trusted (checked
+    before, by ``TokenizeConfig.check``)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    return AutoTokenizer.from_pretrained(
+        str(directory), local_files_only=True, trust_remote_code=trust_remote_code
+    )
 
 
 def target_vocab_size(directory: Path, tokenizer: Any) -> int:
@@ -107,14 +113,25 @@ def encode_batch(
         pending.append((encoded, spans, text))
     if not pending:
         return results
-    # The Rust tokenizer directly: transformers' per-sample Python conversion of offsets
-    # would cost a quarter of the whole encode.
-    encodings = renderer.tokenizer.backend_tokenizer.encode_batch(
-        [text for _, _, text in pending], add_special_tokens=False
-    )
-    for (encoded, spans, _), encoding in zip(pending, encodings, strict=True):
-        ids_array = np.asarray(encoding.ids, dtype=np.int32)
-        mask = spans_to_token_mask(encoding, spans)
+    if getattr(renderer.tokenizer, "is_fast", False):
+        # The Rust tokenizer directly: transformers' per-sample Python conversion of offsets
+        # would cost a quarter of the whole encode.
+        encodings = renderer.tokenizer.backend_tokenizer.encode_batch(
+            [text for _, _, text in pending], add_special_tokens=False
+        )
+        masked = [
+            (np.asarray(encoding.ids, dtype=np.int32), spans_to_token_mask(encoding, spans))
+            for (_, spans, _), encoding in zip(pending, encodings, strict=True)
+        ]
+    else:
+        masked = [
+            encode_without_offsets(renderer.tokenizer, text, spans) for _, spans, text in pending
+        ]
+    for (encoded, _, _), result in zip(pending, masked, strict=True):
+        if isinstance(result, str):
+            encoded.error = result
+            continue
+        ids_array, mask = result
         encoded.truncated = len(ids_array) > max_length
         ids_array, mask = ids_array[:max_length], mask[:max_length]
         if not mask.any():
@@ -126,6 +143,31 @@ def encode_batch(
             continue
         encoded.input_ids, encoded.loss_mask, encoded.messages = ids_array, mask, None
     return results
+
+
+def encode_without_offsets(
+    tokenizer: Any, text: str, spans: list[tuple[int, int]]
+) -> tuple[np.ndarray, np.ndarray] | str:
+    """Ids and mask from a tokenizer that reports no character offsets (a Python tokenizer, such
+    as Kimi's TikToken one): the text is encoded in pieces cut at the span edges, and the pieces'
+    ids must equal the whole text's ids — then every token lies inside one piece and the mask is
+    exact. If a token straddles an edge the sample is rejected, never masked approximately.
+    Templates put special tokens around each turn, so edges fall between tokens in practice."""
+    whole = tokenizer.encode(text, add_special_tokens=False)
+    edges = sorted({0, len(text), *(edge for span in spans for edge in span)})
+    ids: list[int] = []
+    mask: list[int] = []
+    for a, b in itertools.pairwise(edges):
+        piece = tokenizer.encode(text[a:b], add_special_tokens=False)
+        trained = any(start <= a and b <= end for start, end in spans)
+        ids += piece
+        mask += [int(trained)] * len(piece)
+    if ids != list(whole):
+        return (
+            "token_straddles_span: a token of the whole rendered text crosses the edge of an "
+            "assistant turn, so no exact per-token mask exists for this tokenizer"
+        )
+    return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
 
 
 def encode(
@@ -163,13 +205,14 @@ def run(config: TokenizeConfig) -> TokenizeSummary:
     config.check()  # paths, the input's artifact kind, settings: before any work
     if config.workers > 1:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # a process per core already; fork-safe
-    tokenizer = load_tokenizer(config.tokenizer)
+    tokenizer = load_tokenizer(config.tokenizer, config.trust_remote_code)
     renderer = ChatRenderer.for_tokenizer(tokenizer)
     vocab_size = target_vocab_size(config.tokenizer, tokenizer)
     lineage = {
         "conversations_fingerprint": fingerprint_artifact(config.conversations),
         "tokenizer_fingerprint": fingerprint_tokenizer_dir(config.tokenizer),
         "chat_template_fingerprint": fingerprint_text(tokenizer.chat_template),
+        **remote_code_record(config.tokenizer, config.trust_remote_code),
     }
     summary = TokenizeSummary()
     _worker.update(renderer=renderer, max_length=config.max_length)

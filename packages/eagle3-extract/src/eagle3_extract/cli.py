@@ -28,6 +28,7 @@ from eagle3_extract.config import (
     ExtractConfig,
 )
 from eagle3_schemas.paths import PathArgumentError, check_output
+from eagle3_schemas.remote_code import RemoteCodeRefused
 
 log = logging.getLogger("eagle3_extract")
 
@@ -68,6 +69,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         help="compute dtype (auto: float32 for hf, the model's own for vllm)",
     )
     p.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: --model)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the Python code the model or tokenizer ships (auto_map; Kimi's tokenizer); "
+        "without it such a directory is refused before any work",
+    )
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="target shard size")
@@ -120,6 +127,7 @@ def _config(args: argparse.Namespace, preflight: bool = True) -> ExtractConfig:
         preflight=preflight,
         validate_output=args.validate_output,
         tokenizer=args.tokenizer,
+        trust_remote_code=args.trust_remote_code,
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -168,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return _dispatch(args)
-    except (ConfigError, PathArgumentError) as e:
+    except (ConfigError, PathArgumentError, RemoteCodeRefused) as e:
         log.error("%s", e)
         return 2
 

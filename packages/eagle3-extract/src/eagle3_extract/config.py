@@ -79,6 +79,7 @@ class ExtractConfig:
     preflight: bool = True
     validate_output: bool = True
     tokenizer: Path | None = None  # defaults to the model directory
+    trust_remote_code: bool = False  # run the Python code the model/tokenizer ships (Kimi's)
     # vLLM pass-through
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1

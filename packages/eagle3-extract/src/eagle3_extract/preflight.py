@@ -17,7 +17,7 @@ from pathlib import Path
 from eagle3_extract.config import ConfigError, ExtractConfig, check_layer_ids
 from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
 from eagle3_extract.samples import Sample, Tokenized
-from eagle3_extract.target import TargetInfo, head_bytes
+from eagle3_extract.target import TargetInfo, head_bytes, transformers_refusal
 from eagle3_schemas.lineage import fingerprint_tokenizer_dir
 from eagle3_schemas.validate import validate
 
@@ -52,6 +52,13 @@ def check_tokenized(path: Path) -> list[Finding]:
         shown = "\n  ".join(str(v) for v in violations[:10])
         return [Finding("error", "tokenized input", f"{len(violations)} violation(s):\n  {shown}")]
     return [Finding("ok", "tokenized input", f"{path} validates (schema tokenized)")]
+
+
+def check_backend(backend: str, target: TargetInfo) -> list[Finding]:
+    refusal = transformers_refusal(target) if backend == "hf" else None
+    if refusal:
+        return [Finding("error", "backend", refusal)]
+    return []
 
 
 def check_layers(target: TargetInfo, aux_layer_ids: Sequence[int]) -> list[Finding]:
@@ -166,6 +173,7 @@ def static_checks(
     )
     return [
         *check_tokenized(config.tokenized),
+        *check_backend(config.backend, target),
         *check_layers(target, aux_layer_ids),
         *check_vocab(target, tokenized),
         *check_tokenizer_lineage(config.tokenizer_dir, tokenized),

@@ -36,6 +36,7 @@ from eagle3_schemas.paths import (
     describe_artifact,
     refuse,
 )
+from eagle3_schemas.remote_code import check_trust, remote_code_record
 from eagle3_schemas.validate import validate
 
 if TYPE_CHECKING:
@@ -94,6 +95,12 @@ def check_paths(config: ExtractConfig) -> None:
     check_input_artifact(config.tokenized, "tokenized", "--tokenized")
     if config.tokenizer is not None:
         check_input_dir(config.tokenizer, "--tokenizer", "a tokenizer directory")
+    # vLLM loads the tokenizer and the model's config; transformers here only the model.
+    check_trust(
+        config.model, config.trust_remote_code, "all" if config.backend == "vllm" else "model"
+    )
+    if config.backend == "vllm" and config.tokenizer is not None:
+        check_trust(config.tokenizer, config.trust_remote_code, "tokenizer")
     check_output_artifact(config.out, "hidden_states", "--out", may_exist=True)
     if config.out.exists() and not is_complete(config.out):
         refuse(
@@ -128,6 +135,7 @@ def resolve(config: ExtractConfig) -> RunContext:
         "tokenizer_fingerprint": recorded,
         "tokenized_fingerprint": fingerprint_artifact(config.tokenized),
         "aux_layer_ids": aux,
+        **remote_code_record(config.model, config.trust_remote_code, "all"),
     }
     return RunContext(config.with_layer_ids(aux), target, tokenized, aux, plans, lineage)
 
@@ -250,7 +258,12 @@ def preflight_only(config: ExtractConfig) -> list[preflight.Finding]:
         from eagle3_extract.backends.hf import HFBackend
 
         if first is not None:
-            backend = HFBackend(config.model, ctx.layer_ids, dtype=ctx.compute_dtype)
+            backend = HFBackend(
+                config.model,
+                ctx.layer_ids,
+                dtype=ctx.compute_dtype,
+                trust_remote_code=config.trust_remote_code,
+            )
             problems = backend.self_check(first)
             findings += [preflight.Finding("error", "transformers dry run", p) for p in problems]
             if not problems:

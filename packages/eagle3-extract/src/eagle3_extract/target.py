@@ -38,6 +38,8 @@ class TargetInfo:
     tie_word_embeddings: bool
     torch_dtype: str | None
     max_position_embeddings: int | None = None
+    # The checkpoint's quantization_config (top level or in text_config), None for plain weights.
+    quantization: dict[str, Any] | None = None
     # The decoder-layer shape a draft copies (heads, MLP width, RoPE), as the config states it.
     layer_shape: dict[str, Any] = field(default_factory=dict)
 
@@ -106,8 +108,38 @@ def read_target(path: Path) -> TargetInfo:
         ),
         torch_dtype=config.get("dtype") or config.get("torch_dtype") or text.get("torch_dtype"),
         max_position_embeddings=text.get("max_position_embeddings"),
+        quantization=config.get("quantization_config") or text.get("quantization_config"),
         layer_shape={k: text[k] for k in LAYER_SHAPE_KEYS if text.get(k) is not None},
     )
+
+
+def transformers_refusal(info: TargetInfo) -> str | None:
+    """Why transformers cannot compute this target's states, or None. Compressed-tensors
+    checkpoints (Kimi-K2.5's INT4 routed experts) need vLLM's kernels; transformers either fails
+    on them or dequantizes a 1T-parameter model, so they are refused before a byte is loaded."""
+    quant = info.quantization
+    if not quant:
+        return None
+    method = quant.get("quant_method", "unknown")
+    groups = quant.get("config_groups") or {}
+    weights = [g.get("weights") or {} for g in groups.values()]
+    bits = sorted({w.get("num_bits") for w in weights if w.get("num_bits")})
+    described = method + (f" int{'/'.join(map(str, bits))}" if bits else "")
+    if weights and any(w.get("group_size") for w in weights):
+        described += f" (group size {weights[0].get('group_size')}, {quant.get('format', '?')})"
+    return (
+        f"{info.path}/config.json: the weights are quantized ({described}); the transformers "
+        "backend cannot run them — use --backend vllm, which loads them with its own kernels"
+    )
+
+
+def text_model_prefix(info: TargetInfo) -> str:
+    """The prefix of the decoder's tensors in the checkpoint ('' for plain models,
+    'language_model.model.' for Kimi-K2.5's wrapper), found from the embedding's name."""
+    name = _find(_tensor_index(info.path), "embed_tokens.weight")
+    if name is None:
+        raise TargetError(f"{info.path}: no embed_tokens.weight under any known prefix")
+    return name[: -len("embed_tokens.weight")]
 
 
 def _tensor_index(path: Path) -> dict[str, Path]:

@@ -74,14 +74,18 @@ def fingerprint_files(paths: Iterable[Path], root: Path) -> str:
 
 
 def fingerprint_tokenizer_dir(directory: str | os.PathLike[str]) -> str:
-    """Vocabulary, merges, special tokens and chat template files of a HF tokenizer directory."""
+    """Vocabulary, merges, special tokens and chat template files of a HF tokenizer directory,
+    and the Python files its ``auto_map`` names (a custom tokenizer's behaviour is its code)."""
+    from eagle3_schemas.remote_code import remote_code
+
     directory = Path(directory)
     present = [directory / n for n in TOKENIZER_FILES if (directory / n).is_file()]
     if not present:
         raise FileNotFoundError(
             f"{directory}: no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})"
         )
-    return fingerprint_files(present, directory)
+    code = {entry.file for entry in remote_code(directory, "tokenizer") if entry.file.is_file()}
+    return fingerprint_files([*present, *sorted(code)], directory)
 
 
 def fingerprint_model_dir(directory: str | os.PathLike[str]) -> str:

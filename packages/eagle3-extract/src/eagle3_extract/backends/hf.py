@@ -10,7 +10,9 @@ Only the base model runs (``AutoModel``): no LM head is loaded or computed.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,6 +24,7 @@ from torch import nn
 from eagle3_extract.plan import ShardPlan
 from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
+from eagle3_extract.target import read_target, text_model_prefix, transformers_refusal
 from eagle3_extract.writer import CapturedSample, CaptureError, write_shard
 
 if TYPE_CHECKING:
@@ -33,18 +36,46 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_base_model(model_dir: Path, dtype: torch.dtype) -> nn.Module:
-    from transformers import AutoModel
+def load_base_model(
+    model_dir: Path, dtype: torch.dtype, trust_remote_code: bool = False
+) -> nn.Module:
+    """The target's decoder stack (no LM head), for plain and multimodal-wrapper checkpoints.
+
+    A wrapper (Kimi-K2.5: ``text_config`` + weights under ``language_model.model.``) loads only
+    its language model: built from the text config, its tensors renamed from the wrapper's
+    prefix. Quantized checkpoints (Kimi's INT4 routed experts) are refused before loading.
+    """
+    from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
+    refusal = transformers_refusal(read_target(model_dir))
+    if refusal:  # before a byte of weights is read
+        raise CaptureError(refusal)
+    config_file = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if "text_config" in config_file:
+        wrapper = AutoConfig.from_pretrained(
+            model_dir, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        kwargs["config"] = wrapper.get_text_config()
+        prefix = text_model_prefix(read_target(model_dir))
+        kwargs["key_mapping"] = {"^" + re.escape(prefix): ""}
     # Loading the base model from a *ForCausalLM checkpoint reports lm_head.weight as
     # "UNEXPECTED": by design here (no LM head is computed), so keep that report quiet.
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model = AutoModel.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+        model, info = AutoModel.from_pretrained(
+            model_dir, dtype=dtype, local_files_only=True, output_loading_info=True, **kwargs
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise CaptureError(
+            f"{model_dir}: {len(missing)} weight(s) of the decoder are not in the checkpoint "
+            f"(e.g. {missing[:3]}); they would be random"
+        )
     model.eval()
     return model
 
@@ -142,9 +173,14 @@ class HFBackend:
         dtype: str = "float32",
         batch_tokens: int = 8192,
         model: nn.Module | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         self.dtype = DTYPES[dtype]
-        self.model = model if model is not None else load_base_model(model_dir, self.dtype)
+        self.model = (
+            model
+            if model is not None
+            else load_base_model(model_dir, self.dtype, trust_remote_code)
+        )
         self.layers, self.norm = decoder_parts(self.model)
         self.layer_ids = list(layer_ids)
         self.batch_tokens = batch_tokens
@@ -225,7 +261,11 @@ def run_shards_hf(
     config = ctx.config
     if backend is None:
         backend = HFBackend(
-            config.model, ctx.layer_ids, dtype=ctx.compute_dtype, batch_tokens=config.batch_tokens
+            config.model,
+            ctx.layer_ids,
+            dtype=ctx.compute_dtype,
+            batch_tokens=config.batch_tokens,
+            trust_remote_code=config.trust_remote_code,
         )
     if backend.layer_ids != ctx.layer_ids:
         raise CaptureError(

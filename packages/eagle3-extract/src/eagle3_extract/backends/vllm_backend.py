@@ -76,6 +76,7 @@ def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
         "pipeline_parallel_size": c.pipeline_parallel_size,
         "gpu_memory_utilization": c.gpu_memory_utilization,
         "enforce_eager": c.enforce_eager,
+        "trust_remote_code": c.trust_remote_code,
         # Every token's states must be computed by this request's own forward; a prefix-cache
         # hit would skip them (and the cache-only layer would hold another request's slots).
         "enable_prefix_caching": False,
