@@ -7,7 +7,6 @@ Truncation policy: a sample longer than ``max_length`` keeps its first ``max_len
 from __future__ import annotations
 
 import itertools
-import json
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from eagle3_data.rejects import RejectsFile
 from eagle3_schemas.header import make_header, parquet_stream
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 from eagle3_schemas.remote_code import remote_code_record
+from eagle3_schemas.target_config import read_text_config
 
 SCHEMA = pa.schema(
     [
@@ -71,7 +71,7 @@ def load_tokenizer(directory: Path, trust_remote_code: bool = False) -> Any:
 def target_vocab_size(directory: Path, tokenizer: Any) -> int:
     """The target's vocabulary (embedding rows): config.json's when the directory has one."""
     config = directory / "config.json"
-    size = json.loads(config.read_text())["vocab_size"] if config.is_file() else len(tokenizer)
+    size = read_text_config(directory)["vocab_size"] if config.is_file() else len(tokenizer)
     if len(tokenizer) > size:
         raise ValueError(
             f"{directory}: tokenizer has {len(tokenizer)} tokens but config.json vocab_size is {size}"

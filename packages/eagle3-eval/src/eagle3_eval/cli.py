@@ -46,6 +46,20 @@ def _online_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the run without the draft")
     p.add_argument("--ignore-lineage", action="store_true")
     p.add_argument("--no-figure", action="store_true")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the Python code the target ships (auto_map; Kimi's tokenizer); without it "
+        "such a target is refused before any work",
+    )
+    p.add_argument(
+        "--chat-template-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to the chat template when prompts are rendered (VALUE parsed as JSON), "
+        "e.g. thinking=false for Kimi's instant mode: render prompts as the data was rendered",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,6 +157,8 @@ def _online_config(args: argparse.Namespace):
         max_new_tokens=args.max_new_tokens,
         baseline=not args.no_baseline,
         ignore_lineage=args.ignore_lineage,
+        trust_remote_code=args.trust_remote_code,
+        chat_template_kwargs=parse_engine_args(args.chat_template_kwarg, "--chat-template-kwarg"),
         **extra,
     )
 
@@ -239,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3_eval.vllm_mode import VllmError
     from eagle3_schemas.header import ArtifactError
     from eagle3_schemas.paths import PathArgumentError
+    from eagle3_schemas.remote_code import RemoteCodeRefused
 
     try:
         return _run(args)
@@ -252,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         VllmError,
         ArtifactError,
         PathArgumentError,
+        RemoteCodeRefused,
         FileNotFoundError,
     ) as e:
         print(f"eagle3-eval {args.command}: error: {e}", file=sys.stderr)

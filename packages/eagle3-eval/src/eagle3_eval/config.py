@@ -17,6 +17,7 @@ from eagle3_schemas.paths import (
     check_output_artifact,
     refuse,
 )
+from eagle3_schemas.remote_code import check_trust
 
 DRAFT_PROPOSALS = ("greedy", "sample")
 DRAFT_EXPECTED = "a draft checkpoint directory (speculators format, with config.json)"
@@ -94,6 +95,8 @@ class OnlineConfig:
     max_new_tokens: int = 128
     baseline: bool = True
     ignore_lineage: bool = False
+    trust_remote_code: bool = False  # the target's own tokenizer/model code (Kimi's)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. thinking: false
     # reference mode
     dtype: str = "float32"
     draft_proposal: str = "greedy"
@@ -141,18 +144,21 @@ class OnlineConfig:
                 "a Python interpreter that can import vllm",
             )
         check_report_outputs(self.out, self.temperatures)
+        # The tokenizer loads here and in vLLM's engine; the model in the engine / reference.
+        check_trust(self.target, self.trust_remote_code, "all")
 
     def vllm_engine_args(self) -> dict[str, Any]:
-        return {**DEFAULT_VLLM_ENGINE_ARGS, **self.engine_args}
+        trust = {"trust_remote_code": True} if self.trust_remote_code else {}
+        return {**DEFAULT_VLLM_ENGINE_ARGS, **trust, **self.engine_args}
 
 
-def parse_engine_args(items: list[str]) -> dict[str, Any]:
+def parse_engine_args(items: list[str], flag: str = "--engine-arg") -> dict[str, Any]:
     """KEY=VALUE pairs; VALUE is parsed as JSON when it can be (numbers, booleans, objects)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--engine-arg {item!r}: expected KEY=VALUE")
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:

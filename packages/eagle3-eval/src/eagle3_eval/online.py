@@ -63,8 +63,10 @@ def prepare(config: OnlineConfig) -> OnlineInputs:
     notes += check_lineage(
         draft, {"target_fingerprint": target_fp}, f"target {config.target}", config.ignore_lineage
     )
-    tokenizer = AutoTokenizer.from_pretrained(config.target, local_files_only=True)
-    prompts = build_prompt_set(config.prompts, tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.target, local_files_only=True, trust_remote_code=config.trust_remote_code
+    )
+    prompts = build_prompt_set(config.prompts, tokenizer, config.chat_template_kwargs)
     return OnlineInputs(
         config, draft, target_fp, prompts, stop_token_ids(config.target, tokenizer), notes
     )
@@ -103,7 +105,9 @@ def assemble(
                 "max_new_tokens": config.max_new_tokens,
                 "stop_token_ids": inputs.stop_token_ids,
                 "draft_proposal": config.draft_proposal if mode == "reference" else "greedy",
+                "chat_template_kwargs": config.chat_template_kwargs,
             },
+            "trust_remote_code": config.trust_remote_code,
             "notes": inputs.notes,
             **extra,
         },

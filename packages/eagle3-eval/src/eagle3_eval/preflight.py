@@ -14,6 +14,7 @@ from typing import Any
 
 from eagle3_eval.draft import CONFIG_FILE, LINEAGE_FILE, WEIGHTS_FILE, DraftSpec, read_spec
 from eagle3_schemas.lineage import fingerprint_files, lineage_mismatches
+from eagle3_schemas.target_config import text_config
 from eagle3_schemas.validate import validate
 
 
@@ -94,6 +95,7 @@ def check_aux_ids(spec: DraftSpec, layer_ids: list[int], where: str) -> None:
 
 def check_target_shape(spec: DraftSpec, config: dict[str, Any], where: str) -> None:
     problems = []
+    config = text_config(config)  # a wrapper's (Kimi-K2.5's) sizes sit under text_config
     hidden = config.get("hidden_size")
     if hidden is not None and int(hidden) != spec.target_hidden_size:
         problems.append(

@@ -147,14 +147,18 @@ def select(rows: list[dict[str, Any]], selection: PromptSelection) -> tuple[list
     return kept, " and ".join(rules)
 
 
-def build_prompt_set(selection: PromptSelection, tokenizer: Any) -> PromptSet:
+def build_prompt_set(
+    selection: PromptSelection, tokenizer: Any, template_kwargs: dict[str, Any] | None = None
+) -> PromptSet:
     rows, rule = select(read_rows(selection.path), selection)
     prompts: list[Prompt] = []
     too_long = 0
     for row in rows:
         messages = prompt_messages(row["messages"])
         sample_id = str(row.get("id") or conversation_id(row["messages"]))
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+        )
         # The template writes the special tokens itself; the tokenizer must not add more.
         ids = list(tokenizer.encode(text, add_special_tokens=False))
         if len(ids) > selection.max_prompt_tokens:

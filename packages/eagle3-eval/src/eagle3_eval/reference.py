@@ -244,7 +244,7 @@ def run_reference(inputs: OnlineInputs) -> list[EvalResult]:
     config = inputs.config
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    target = load_target(config.target, config.dtype)
+    target = load_target(config.target, config.dtype, config.trust_remote_code)
     draft = Eagle3Draft.load(config.draft, target.embed_tokens).to(DTYPES[config.dtype])
     requests = [Request(p.sample_id, p.token_ids) for p in inputs.prompts.prompts]
     engine = {

@@ -41,7 +41,9 @@ class Target:
         return self.model.get_input_embeddings().weight.detach()
 
 
-def load_target(path: str | Path, dtype: str = "float32") -> Target:
+def load_target(
+    path: str | Path, dtype: str = "float32", trust_remote_code: bool = False
+) -> Target:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
@@ -49,9 +51,15 @@ def load_target(path: str | Path, dtype: str = "float32") -> Target:
         raise TargetError(f"{path}: no config.json; expected a Hugging Face model directory")
     if dtype not in DTYPES:
         raise TargetError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     model = AutoModelForCausalLM.from_pretrained(
-        path, local_files_only=True, dtype=DTYPES[dtype], attn_implementation="sdpa"
+        path,
+        local_files_only=True,
+        dtype=DTYPES[dtype],
+        attn_implementation="sdpa",
+        trust_remote_code=trust_remote_code,
     )
     model.eval()
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))

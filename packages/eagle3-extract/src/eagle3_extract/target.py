@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.target_config import text_config
 
 # Safetensors dtypes the target_head schema allows; other weight dtypes are cast to bfloat16.
 HEAD_DTYPES = ("BF16", "F16", "F32")
@@ -84,8 +85,7 @@ def read_target(path: Path) -> TargetInfo:
     if not config_path.is_file():
         raise TargetError(f"{path}: no config.json; expected a Hugging Face model directory")
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    # Multimodal targets keep the decoder's sizes in text_config.
-    text = config.get("text_config") or config
+    text = text_config(config)
     missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k not in text]
     if missing:
         raise TargetError(f"{config_path}: lacks {', '.join(missing)}")
@@ -131,15 +131,6 @@ def transformers_refusal(info: TargetInfo) -> str | None:
         f"{info.path}/config.json: the weights are quantized ({described}); the transformers "
         "backend cannot run them — use --backend vllm, which loads them with its own kernels"
     )
-
-
-def text_model_prefix(info: TargetInfo) -> str:
-    """The prefix of the decoder's tensors in the checkpoint ('' for plain models,
-    'language_model.model.' for Kimi-K2.5's wrapper), found from the embedding's name."""
-    name = _find(_tensor_index(info.path), "embed_tokens.weight")
-    if name is None:
-        raise TargetError(f"{info.path}: no embed_tokens.weight under any known prefix")
-    return name[: -len("embed_tokens.weight")]
 
 
 def _tensor_index(path: Path) -> dict[str, Path]:

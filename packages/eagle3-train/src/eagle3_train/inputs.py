@@ -17,6 +17,7 @@ import torch
 from eagle3_schemas.header import ArtifactError, read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_vocab_map
 from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.target_config import text_config
 from eagle3_train.config import Config
 from eagle3_train.data import HiddenStateDataset
 from eagle3_train.model import DraftArch
@@ -83,8 +84,7 @@ def load_target_config(path: str | Path | None) -> tuple[dict[str, Any] | None, 
         raise InputError(f"target.path: cannot read {cfg_path} ({e})") from e
     except json.JSONDecodeError as e:
         raise InputError(f"{cfg_path}: not valid JSON ({e})") from e
-    # multimodal wrappers keep the language model's config under text_config
-    return cfg.get("text_config", cfg), cfg_path
+    return text_config(cfg), cfg_path
 
 
 def load_inputs(config: Config) -> RunInputs:

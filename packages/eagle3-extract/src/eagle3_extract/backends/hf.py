@@ -10,9 +10,7 @@ Only the base model runs (``AutoModel``): no LM head is loaded or computed.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,7 +22,7 @@ from torch import nn
 from eagle3_extract.plan import ShardPlan
 from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
-from eagle3_extract.target import read_target, text_model_prefix, transformers_refusal
+from eagle3_extract.target import read_target, transformers_refusal
 from eagle3_extract.writer import CapturedSample, CaptureError, write_shard
 
 if TYPE_CHECKING:
@@ -41,39 +39,46 @@ def load_base_model(
 ) -> nn.Module:
     """The target's decoder stack (no LM head), for plain and multimodal-wrapper checkpoints.
 
-    A wrapper (Kimi-K2.5: ``text_config`` + weights under ``language_model.model.``) loads only
-    its language model: built from the text config, its tensors renamed from the wrapper's
-    prefix. Quantized checkpoints (Kimi's INT4 routed experts) are refused before loading.
+    A wrapper (Kimi-K2.5: ``text_config``, weights under ``language_model.model.``) is loaded
+    as transformers' own wrapper class, whose checkpoint conversion knows the hub layout, and
+    its ``language_model`` is returned; the vision tower is built without layers (extraction
+    never runs it). Quantized checkpoints (Kimi's INT4 routed experts) are refused before a
+    byte of weights is read.
     """
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
     refusal = transformers_refusal(read_target(model_dir))
-    if refusal:  # before a byte of weights is read
+    if refusal:
         raise CaptureError(refusal)
-    config_file = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    if "text_config" in config_file:
-        wrapper = AutoConfig.from_pretrained(
-            model_dir, local_files_only=True, trust_remote_code=trust_remote_code
-        )
-        kwargs["config"] = wrapper.get_text_config()
-        prefix = text_model_prefix(read_target(model_dir))
-        kwargs["key_mapping"] = {"^" + re.escape(prefix): ""}
+    config = AutoConfig.from_pretrained(
+        model_dir, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    wrapper = hasattr(config, "text_config")
+    if wrapper and hasattr(getattr(config, "vision_config", None), "num_hidden_layers"):
+        config.vision_config.num_hidden_layers = 0
     # Loading the base model from a *ForCausalLM checkpoint reports lm_head.weight as
     # "UNEXPECTED": by design here (no LM head is computed), so keep that report quiet.
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         model, info = AutoModel.from_pretrained(
-            model_dir, dtype=dtype, local_files_only=True, output_loading_info=True, **kwargs
+            model_dir,
+            config=config,
+            dtype=dtype,
+            local_files_only=True,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
         )
     finally:
         hf_logging.set_verbosity(verbosity)
-    if info.get("missing_keys"):
-        missing = sorted(info["missing_keys"])
+    missing = sorted(info.get("missing_keys") or [])
+    if wrapper:
+        model = model.language_model
+        missing = [k for k in missing if k.startswith("language_model.")]
+    if missing:
         raise CaptureError(
-            f"{model_dir}: {len(missing)} weight(s) of the decoder are not in the checkpoint "
+            f"{model_dir}: {len(missing)} decoder weight(s) are not in the checkpoint "
             f"(e.g. {missing[:3]}); they would be random"
         )
     model.eval()
