@@ -21,7 +21,8 @@ What it keeps of the real model (recipes/kimi-k2.5/target_config.json, the hub's
 What it changes: sizes (hidden 128, 7 layers = 61 // 8, so aux ids [2, 3, 4] follow the same
 [2, N//2, N-3] rule; 8 routed experts top-2), no INT4 (the routed experts are bf16, so the
 transformers backend can run it — the INT4 refusal is tested on the real config), no vision
-weights (text only; vLLM runs it ``language_model_only``), no model code (transformers and vLLM
+weights (text only; vLLM runs it ``language_model_only``, and still reads the image
+processor's ``preprocessor_config.json``, shipped as the hub has it), no model code (transformers and vLLM
 have native classes for both configs, so ``auto_map`` is dropped from config.json). The BPE ranks
 are learned from this Python's standard library; past what that corpus yields, ranks are filled
 with Han characters and two-character Han words (Kimi's vocabulary is about half Chinese), each
@@ -91,6 +92,28 @@ STANDIN_TEXT = {
     "v_head_dim": 64,
     "n_routed_experts": 8,
     "num_experts_per_tok": 2,
+    # Random weights at the real 0.02 make a 7-layer model repeat one token whatever the
+    # prompt; 0.1 gives varied greedy continuations to compare engines on.
+    "initializer_range": 0.1,
+}
+# vLLM loads the image processor's settings even for text-only serving (the hub's file).
+PREPROCESSOR_CONFIG = {
+    "media_proc_cfg": {
+        "in_patch_limit": 16384,
+        "patch_size": 14,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "merge_kernel_size": 2,
+        "fixed_output_tokens": None,
+        "patch_limit_on_one_side": 512,
+        "in_patch_limit_each_frame": 4096,
+        "in_patch_limit_video": None,
+        "sample_fps": 2.0,
+        "max_num_frames_each_video": None,
+        "temporal_merge_kernel_size": 4,
+        "timestamp_mode": "hh:mm:ss.fff",
+        "config_type": "media_proc.processors.moonvit.MoonViTMediaProcessorConfig",
+    }
 }
 DEPTH_DIVISOR = 8  # 61 layers -> 7: the smallest depth where [2, N//2, N-3] are distinct
 STANDIN_VISION = {
@@ -256,6 +279,9 @@ def build_standin(out_dir: Path, seed: int = 0) -> Path:
     save_tokenizer(out_dir, bpe_ranks(corpus_texts()))
     save_weights(out_dir, config, seed)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "preprocessor_config.json").write_text(
+        json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n"
+    )
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return out_dir

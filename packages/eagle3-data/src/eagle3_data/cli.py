@@ -93,6 +93,14 @@ def _parser() -> argparse.ArgumentParser:
         help="argument for vllm.LLM with --engine vllm (VALUE parsed as JSON when it can be), e.g. tensor_parallel_size=8",
     )
 
+    p.add_argument(
+        "--chat-template-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to the target's chat template with every request (VALUE parsed as JSON), "
+        "e.g. thinking=false for Kimi's instant mode",
+    )
     _trust_flag(p, "the model (--engine vllm)")
     p = sub.add_parser("tokenize", help="conversations → token ids + assistant-only loss masks")
     p.add_argument("conversations", type=Path)
@@ -131,8 +139,8 @@ def _key_value(text: str, flag: str) -> tuple[str, str]:
     return key, value
 
 
-def _engine_arg(text: str) -> tuple[str, object]:
-    key, value = _key_value(text, "--engine-arg")
+def _engine_arg(text: str, flag: str = "--engine-arg") -> tuple[str, object]:
+    key, value = _key_value(text, flag)
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:
@@ -169,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 dict(_engine_arg(a) for a in args.engine_arg)
                 | ({"trust_remote_code": True} if args.trust_remote_code else {}),
                 args.sample_seed,
+                dict(_engine_arg(a, "--chat-template-kwarg") for a in args.chat_template_kwarg),
             )
             summary = asdict(regenerate.run(config))
             if not summary["published"]:

@@ -82,6 +82,8 @@ class RegenerateConfig:
     limit: int | None = None  # regenerate only N conversations: the first N, or with sample_seed
     engine_args: dict[str, object] = field(default_factory=dict)  # passed to vllm.LLM(...) as is
     sample_seed: int | None = None  # with limit: N conversations drawn at random by id
+    # Rendered into every request's prompt (e.g. Kimi's thinking=false: instant-mode answers).
+    chat_template_kwargs: dict[str, object] = field(default_factory=dict)
 
     @property
     def journal(self) -> Path:

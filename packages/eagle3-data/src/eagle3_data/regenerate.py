@@ -84,6 +84,8 @@ def _truncate_torn_tail(path: Path) -> None:
 
 async def _complete(client: httpx.AsyncClient, config: RegenerateConfig, messages: Messages) -> str:
     payload = {"model": config.model, "messages": messages, **asdict(config.sampling)}
+    if config.chat_template_kwargs:
+        payload["chat_template_kwargs"] = config.chat_template_kwargs
     last_error = ""
     for attempt in range(config.retries + 1):
         if attempt:
@@ -119,6 +121,14 @@ def _accept(content: Any, finish_reason: str | None, config: RegenerateConfig) -
         raise AnswerRejected(f"truncated: the answer hit max_tokens={config.sampling.max_tokens}")
     if not isinstance(content, str) or not content.strip():
         raise AnswerRejected("empty_answer: the target returned no text")
+    if "</think>" in content and "<think>" not in content:
+        # A thinking model served without its reasoning parser (Kimi: --reasoning-parser
+        # kimi_k2): the reasoning leaked into the answer, which the template would then render
+        # verbatim after the turn's own think block — text the target never produces that way.
+        raise AnswerRejected(
+            "unparsed_reasoning: the answer holds '</think>' without '<think>'; serve the "
+            "target with its reasoning parser, or regenerate with thinking off"
+        )
     return content
 
 
@@ -206,7 +216,12 @@ def _run_vllm(
                     histories[sid].append(dict(m[turn]))
             answering = [sid for sid, m in asking if m[turn]["role"] == "assistant"]
             outputs = (
-                llm.chat([histories[sid] for sid in answering], params, use_tqdm=False)
+                llm.chat(
+                    [histories[sid] for sid in answering],
+                    params,
+                    use_tqdm=False,
+                    chat_template_kwargs=config.chat_template_kwargs or None,
+                )
                 if answering
                 else []
             )

@@ -41,6 +41,7 @@ class TargetInfo:
     max_position_embeddings: int | None = None
     # The checkpoint's quantization_config (top level or in text_config), None for plain weights.
     quantization: dict[str, Any] | None = None
+    multimodal: bool = False  # a wrapper with a vision_config (Kimi-K2.5)
     # The decoder-layer shape a draft copies (heads, MLP width, RoPE), as the config states it.
     layer_shape: dict[str, Any] = field(default_factory=dict)
 
@@ -109,6 +110,7 @@ def read_target(path: Path) -> TargetInfo:
         torch_dtype=config.get("dtype") or config.get("torch_dtype") or text.get("torch_dtype"),
         max_position_embeddings=text.get("max_position_embeddings"),
         quantization=config.get("quantization_config") or text.get("quantization_config"),
+        multimodal="vision_config" in config,
         layer_shape={k: text[k] for k in LAYER_SHAPE_KEYS if text.get(k) is not None},
     )
 

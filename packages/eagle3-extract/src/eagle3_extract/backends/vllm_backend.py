@@ -115,6 +115,10 @@ def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
         # hands it 3-D q_pe / k_pe views and most rows get the wrong rotation (positions >= 1
         # off by 1-16 %; tools/mla_rope_repro.py). vLLM's native RoPE is exact everywhere.
         kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
+    if ctx.target.multimodal:
+        # Samples are text: build no vision tower and skip its image-profiling pass (which,
+        # for Kimi-K2.5, also needs a tokenizer with the media tokens).
+        kwargs["language_model_only"] = True
     if c.max_model_len is not None:
         kwargs["max_model_len"] = c.max_model_len
     if c.max_num_batched_tokens is not None:
