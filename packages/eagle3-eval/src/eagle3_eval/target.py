@@ -44,7 +44,12 @@ class Target:
 def load_target(
     path: str | Path, dtype: str = "float32", trust_remote_code: bool = False
 ) -> Target:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoTokenizer,
+    )
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -54,12 +59,24 @@ def load_target(
     tokenizer = AutoTokenizer.from_pretrained(
         path, local_files_only=True, trust_remote_code=trust_remote_code
     )
-    model = AutoModelForCausalLM.from_pretrained(
+    kwargs: dict[str, Any] = {}
+    loader: Any = AutoModelForCausalLM
+    wrapper = AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    if hasattr(wrapper, "text_config"):
+        # A multimodal wrapper (Kimi-K2.5) generates text through its own class; prompts are
+        # text, so its vision tower is built without layers.
+        if hasattr(getattr(wrapper, "vision_config", None), "num_hidden_layers"):
+            wrapper.vision_config.num_hidden_layers = 0
+        loader, kwargs = AutoModelForImageTextToText, {"config": wrapper}
+    model = loader.from_pretrained(
         path,
         local_files_only=True,
         dtype=DTYPES[dtype],
         attn_implementation="sdpa",
         trust_remote_code=trust_remote_code,
+        **kwargs,
     )
     model.eval()
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))

@@ -3,6 +3,8 @@
     eagle3-extract run --model DIR --tokenized FILE --out DIR [--backend hf|vllm] ...
         [--max-samples N [--sample-seed S]]
     eagle3-extract preflight --model DIR --tokenized FILE --out DIR [...]   (checks only)
+    eagle3-extract plan --model DIR --samples N --tokens-per-sample L [--tensor-parallel-size 8
+        --gpu-memory-gib 141 --out DIR]                          (sizes before any data exists)
     eagle3-extract merge --out DIR IN_DIR...
     eagle3-extract verify DATASET --model DIR [--tokenized FILE] [--samples N]
 
@@ -152,6 +154,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-preflight", action="store_true", help="skip the checks (not advised)")
     pre = sub.add_parser("preflight", help="only the checks run does first")
     _add_run_args(pre)
+    plan = sub.add_parser(
+        "plan", help="disk, GPU memory and parallelism for planned sizes, from config.json alone"
+    )
+    plan.add_argument("--model", type=Path, required=True, help="target directory (config.json)")
+    plan.add_argument("--aux-layer-ids", type=_layer_ids, help="default [2, N//2, N-3]")
+    plan.add_argument("--storage-dtype", choices=STORAGE_DTYPES, default="bfloat16")
+    plan.add_argument("--samples", type=int, required=True, help="samples planned")
+    plan.add_argument("--tokens-per-sample", type=int, required=True, help="their mean length")
+    plan.add_argument("--tensor-parallel-size", type=int, default=1)
+    plan.add_argument("--pipeline-parallel-size", type=int, default=1)
+    plan.add_argument("--gpus", type=int, help="GPUs on the node")
+    plan.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU")
+    plan.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    plan.add_argument("--max-model-len", type=int, help="one sequence of it must fit the KV cache")
+    plan.add_argument("--out", type=Path, help="where the dataset will go (disk check)")
+    plan.add_argument("--json", type=Path, help="also write the figures here (replaced)")
     merge = sub.add_parser("merge", help="join the datasets of several ranks")
     merge.add_argument("--out", type=Path, required=True)
     merge.add_argument("inputs", type=Path, nargs="+")
@@ -202,6 +220,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         for finding in findings:
             print(finding)
         return 1 if any(f.level == "error" for f in findings) else 0
+    if args.command == "plan":
+        return _plan(args)
     if args.command == "merge":
         from eagle3_extract.merge import merge
 
@@ -233,6 +253,48 @@ def _dispatch(args: argparse.Namespace) -> int:
             write_json_atomic(args.json, report.to_json())
         return 0 if report.ok else 1
     raise AssertionError(args.command)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from eagle3_extract.config import check_layer_ids, default_aux_layer_ids
+    from eagle3_extract.sizing import PlanInputs, make_plan
+    from eagle3_extract.target import read_target
+    from eagle3_schemas.paths import check_input_dir
+
+    check_input_dir(
+        args.model, "--model", "a target model directory", must_contain=("config.json",)
+    )
+    if args.samples < 1 or args.tokens_per_sample < 1:
+        raise ConfigError("--samples and --tokens-per-sample must be >= 1")
+    if args.json:
+        check_output(args.json, "--json", "a JSON report file", suffix=".json", may_exist=True)
+    target = read_target(args.model)
+    aux = list(args.aux_layer_ids or default_aux_layer_ids(target.num_hidden_layers))
+    check_layer_ids(aux, target.num_hidden_layers)
+    inputs = PlanInputs(
+        model=args.model,
+        aux_layer_ids=aux,
+        storage_dtype=args.storage_dtype,
+        num_tokens=args.samples * args.tokens_per_sample,
+        num_samples=args.samples,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        gpus=args.gpus,
+        gpu_memory_gib=args.gpu_memory_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        out=args.out,
+    )
+    plan = make_plan(inputs, target)
+    for finding in plan.findings:
+        print(finding)
+    figures = {"aux_layer_ids": aux, **plan.figures, "ok": plan.ok}
+    print(json.dumps(figures))
+    if args.json:
+        from eagle3_schemas.atomic import write_json_atomic
+
+        write_json_atomic(args.json, figures)
+    return 0 if plan.ok else 1
 
 
 if __name__ == "__main__":
