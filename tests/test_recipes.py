@@ -23,30 +23,23 @@ Llama stand-in uses the project's BPE with Llama-3's special tokens and Llama-3.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import json
-import logging
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pyarrow.parquet as pq
 import pytest
-import torch
-from accelerate.state import AcceleratorState
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_extract.config import default_aux_layer_ids
-from eagle3_train.cli import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ["llama-3.1-8b", "qwen3-8b"]
@@ -56,11 +49,11 @@ FLAG_ARRAYS = ("TOKENIZE_ARGS", "VOCAB_ARGS", "EXTRACT_ARGS", "ACCELERATE_ARGS",
 EXIT_OK = 0
 
 
-def _load_tool(name: str) -> ModuleType:
-    """Import tools/<name>.py (tools/ is not a package)."""
+def _load_tool(name: str, folder: str = "tools") -> ModuleType:
+    """Import <folder>/<name>.py (tools/ is not a package; tests import in importlib mode)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -69,6 +62,8 @@ def _load_tool(name: str) -> ModuleType:
 
 
 recipe_targets = _load_tool("recipe_targets")
+stage_cli = _load_tool("stage_cli", "tests")
+Outcome, run_cli, run_train_cli = stage_cli.Outcome, stage_cli.run_cli, stage_cli.run_train_cli
 
 # A few conversations of the shapes real chat data has: single and multi-turn, a system prompt,
 # code with blank lines, and a Qwen3-style answer with its thinking block.
@@ -112,29 +107,7 @@ def recipe_dir(recipe: str) -> Path:
 
 
 def stage_flags(recipe: str, knobs: dict[str, str] = CPU_KNOBS) -> dict[str, list[str]]:
-    """The flag arrays of the recipe's flags.sh, as bash expands them with ``knobs`` set (and no
-    other knob inherited from this environment)."""
-    script = (
-        'set -euo pipefail; source "$1"; shift; '
-        'for name in "$@"; do declare -n ref="$name"; printf "@%s\\0" "$name"; '
-        'for x in "${ref[@]}"; do printf "%s\\0" "$x"; done; unset -n ref; done'
-    )
-    done = subprocess.run(
-        ["bash", "-c", script, "flags", str(recipe_dir(recipe) / "flags.sh"), *FLAG_ARRAYS],
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", **knobs},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    # NUL-separated words; "@NAME" opens an array (flags may hold spaces, never NULs).
-    arrays: dict[str, list[str]] = {}
-    for item in done.stdout.split("\0")[:-1]:
-        if item.startswith("@") and item[1:] in FLAG_ARRAYS:
-            current = arrays.setdefault(item[1:], [])
-        else:
-            current.append(item)
-    return arrays
+    return recipe_targets.stage_flags(recipe_dir(recipe), knobs, FLAG_ARRAYS)
 
 
 def on_cpu(extract_args: list[str]) -> list[str]:
@@ -147,54 +120,6 @@ def on_cpu(extract_args: list[str]) -> list[str]:
 
 def csv(ids: list[int]) -> str:
     return ",".join(str(i) for i in ids)
-
-
-# ---- running the stages in this process ----------------------------------------------------
-
-
-@dataclass
-class Outcome:
-    code: int
-    stdout: str  # a stage's result (eagle3-data: one JSON summary; extract preflight: findings)
-    log: str  # stderr and log records: usage errors, the preflight reports of run and train
-
-    def summary(self) -> dict:
-        return json.loads(self.stdout.strip().splitlines()[-1])
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
-def run_cli(main: Callable[[list[str] | None], int], argv: list[str]) -> Outcome:
-    """A stage's console-script entry point, called in this process (imports are paid once)."""
-    records, root = _Records(), logging.getLogger()
-    stdout, stderr = io.StringIO(), io.StringIO()
-    level = root.level
-    root.addHandler(records)
-    root.setLevel(logging.INFO)
-    try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = main(argv)
-    finally:
-        root.removeHandler(records)
-        root.setLevel(level)
-    return Outcome(code, stdout.getvalue(), "\n".join([stderr.getvalue(), *records.lines]))
-
-
-def run_train_cli(argv: list[str]) -> Outcome:
-    """eagle3-train in this process; its global state (threads, Accelerate) undone after."""
-    threads = torch.get_num_threads()
-    try:
-        return run_cli(train_main, argv)
-    finally:
-        torch.set_num_threads(threads)
-        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @dataclass

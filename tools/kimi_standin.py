@@ -32,6 +32,7 @@ reachable by merges.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import shutil
 import sys
@@ -259,7 +260,8 @@ def save_weights(out_dir: Path, config: dict[str, Any], seed: int) -> None:
     from safetensors.torch import load_file, save_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    text = dict(config["text_config"], model_type="deepseek_v3")
+    # A deep copy: transformers' config classes rewrite the rope dict they are given in place.
+    text = copy.deepcopy(dict(config["text_config"], model_type="deepseek_v3"))
     text.pop("architectures", None)
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**text)).to(torch.bfloat16)

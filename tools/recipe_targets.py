@@ -29,6 +29,7 @@ import importlib.util
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ CHECKED_KEYS = (
     "intermediate_size",
     "vocab_size",
 )
+WRAPPER_KEYS = ("model_type", "architectures")
 # Stand-in sizes: 4 query heads of 16 dims (hidden 64), depth / 4.
 STANDIN_HEADS = 4
 STANDIN_HEAD_DIM = 16
@@ -121,14 +123,52 @@ def check_target(recipe_dir: Path, model_dir: Path) -> list[str]:
     config_path = Path(model_dir) / "config.json"
     if not config_path.is_file():
         return [f"{model_dir}: no config.json; expected the recipe's target model directory"]
+    from eagle3_schemas.target_config import text_config
+
     actual = json.loads(config_path.read_text(encoding="utf-8"))
     expected = target_facts(recipe_dir)
     facts = Path(recipe_dir) / FACTS_FILE
+
+    def value(config: dict[str, Any], key: str) -> Any:
+        # A wrapper's (Kimi-K2.5's) sizes sit under text_config; its kind stays at the top.
+        return config.get(key) if key in WRAPPER_KEYS else text_config(config).get(key)
+
     return [
-        f"{key}: {config_path} has {actual.get(key)!r} but {facts} expects {expected[key]!r}"
+        f"{key}: {config_path} has {value(actual, key)!r} but {facts} expects {value(expected, key)!r}"
         for key in CHECKED_KEYS
-        if actual.get(key) != expected[key]
+        if value(actual, key) != value(expected, key)
     ]
+
+
+def stage_flags(
+    recipe_dir: Path, knobs: dict[str, str], names: Sequence[str]
+) -> dict[str, list[str]]:
+    """The arrays (or scalars) ``names`` of the recipe's flags.sh, as bash expands them with
+    ``knobs`` set and no other knob inherited from the caller's environment."""
+    import subprocess
+
+    script = (
+        'set -euo pipefail; source "$1"; shift; '
+        'for name in "$@"; do declare -n ref="$name"; printf "@%s\\0" "$name"; '
+        'for x in "${ref[@]}"; do printf "%s\\0" "$x"; done; unset -n ref; done'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script, "flags", str(Path(recipe_dir) / "flags.sh"), *names],
+        cwd=REPO_ROOT,
+        env={"PATH": "/usr/bin:/bin", **knobs},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # NUL-separated words; "@NAME" opens an array (flags may hold spaces, never NULs).
+    arrays: dict[str, list[str]] = {}
+    current: list[str] = []
+    for item in done.stdout.split("\0")[:-1]:
+        if item.startswith("@") and item[1:] in names:
+            current = arrays.setdefault(item[1:], [])
+        else:
+            current.append(item)
+    return arrays
 
 
 # ---- the stand-in ----------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# An EAGLE-3 draft for a real 8B target on one GPU node (NGPU=1: one GPU), measured by vLLM:
-#   chat data → the target's own answers (`vllm serve`) → tokenized samples + 32k draft vocabulary
-#   → hidden states (vLLM backend, one worker per GPU, merged, verified) → draft (`accelerate
-#   launch`, DDP) → acceptance length and speedup from vLLM speculative decoding.
+# An EAGLE-3 draft for a real target on one GPU node, measured by vLLM:
+#   sizes checked (disk, GPU memory, parallelism) → chat data → the target's own answers
+#   (`vllm serve`) → tokenized samples + 32k draft vocabulary → hidden states (vLLM backend,
+#   EXTRACT_WORKERS workers of NGPU/EXTRACT_WORKERS GPUs each, merged, verified) → draft
+#   (`accelerate launch`) → acceptance length and speedup from vLLM speculative decoding.
 #
 #   MODEL=models/Llama-3.1-8B-Instruct DATA="sharegpt.jsonl ultrachat.jsonl" HELDOUT=heldout.jsonl \
 #     bash recipes/llama-3.1-8b/pipeline.sh [OUT_DIR]          (default runs/<recipe>)
 #   MODEL=models/Qwen3-8B DATA=... HELDOUT=... bash recipes/qwen3-8b/pipeline.sh
+#   MODEL=models/Kimi-K2.5 DATA=... HELDOUT=... bash recipes/kimi-k2.5/pipeline.sh
 #
 # MODEL: the target's local directory (`huggingface-cli download <HUB_ID> --local-dir ...`; this
 # script never downloads a model). DATA: chat files to train on (ShareGPT / OpenAI messages JSONL,
@@ -14,8 +16,8 @@
 # Knobs: those of flags.sh (NGPU, SAMPLES, MAX_LENGTH, STORAGE_DTYPE, ...), REGENERATE=0 to train
 # on the corpus answers as written, MAX_STEPS to cap training, PORT for `vllm serve` (8000).
 #
-# This one file serves every 8B recipe (the others link to it): what differs lives in
-# flags.sh (every stage's flags) and train.yaml beside it. GPU memory, disk and time per stage:
+# This one file serves every recipe (the others link to it): what differs lives in flags.sh
+# (every stage's flags, the extraction layout, whether verify can run) and train.yaml beside it. GPU memory, disk and time per stage:
 # RESOURCES.md. Every stage checks its inputs and lineage first; a rerun resumes or reuses what
 # is complete.
 set -euo pipefail
@@ -47,6 +49,12 @@ bin="$(uv run --frozen --no-sync python -c 'import os, sys; print(os.path.dirnam
 "$bin/python" tools/recipe_targets.py check "$recipe" "$MODEL"
 aux="$("$bin/python" tools/recipe_targets.py aux-ids "$recipe")"  # train.yaml's, e.g. 2,16,29
 echo "target $MODEL matches $recipe/target_config.json; aux layer ids $aux; $NGPU GPU(s)"
+
+step "plan: disk for the hidden states, GPU memory and parallelism, from the target's config"
+# SAMPLES x MAX_LENGTH bounds the tokens from above (samples are cut at MAX_LENGTH).
+"$bin/eagle3-extract" plan --model "$MODEL" --aux-layer-ids "$aux" --samples "$SAMPLES" \
+  --tokens-per-sample "$MAX_LENGTH" "${PLAN_ARGS[@]}" --out "$out/hidden_states" \
+  --json "$out/plan.json"
 
 step "data: ingest (training files and held-out files apart)"
 for f in "${heldout_files[@]}"; do
@@ -102,16 +110,19 @@ step "data: tokenize with the target's tokenizer and chat template; the 32k draf
 [ -f "$out/vocab_map.safetensors" ] || "$bin/eagle3-data" vocab "$out/train.tokenized.parquet" \
   "${VOCAB_ARGS[@]}" --out "$out/vocab_map.safetensors"
 
-step "extract: hidden states, vLLM backend, one worker per GPU (logs $out/extract-r*.log)"
+per_worker=$((NGPU / EXTRACT_WORKERS))
+step "extract: hidden states, vLLM backend, $EXTRACT_WORKERS worker(s) of $per_worker GPU(s) (logs $out/extract-r*.log)"
 if [ ! -d "$out/hidden_states" ]; then
   pids=()
-  for ((rank = 0; rank < NGPU; rank++)); do
+  for ((rank = 0; rank < EXTRACT_WORKERS; rank++)); do
     [ ! -d "$out/extract/r$rank" ] || continue  # this rank finished in an earlier attempt
-    # Each worker owns samples i with i % NGPU == rank and checks disk and lineage before work.
-    CUDA_VISIBLE_DEVICES=$rank "$bin/eagle3-extract" run \
+    devices=$(seq -s, $((rank * per_worker)) $((rank * per_worker + per_worker - 1)))
+    # Each worker owns samples i with i % EXTRACT_WORKERS == rank and checks disk and lineage
+    # before work.
+    CUDA_VISIBLE_DEVICES=$devices "$bin/eagle3-extract" run \
       --model "$MODEL" --tokenized "$out/train.tokenized.parquet" --aux-layer-ids "$aux" \
-      "${EXTRACT_ARGS[@]}" --rank "$rank" --world-size "$NGPU" --out "$out/extract/r$rank" \
-      >"$out/extract-r$rank.log" 2>&1 &
+      "${EXTRACT_ARGS[@]}" --rank "$rank" --world-size "$EXTRACT_WORKERS" \
+      --out "$out/extract/r$rank" >"$out/extract-r$rank.log" 2>&1 &
     pids[rank]=$!
   done
   failed=0
@@ -119,7 +130,7 @@ if [ ! -d "$out/hidden_states" ]; then
     wait "${pids[$rank]}" || { failed=1; tail -n 20 "$out/extract-r$rank.log" >&2; }
   done
   [ "$failed" = 0 ] || { echo "extraction failed (logs above); rerun to resume" >&2; exit 1; }
-  if [ "$NGPU" -gt 1 ]; then
+  if [ "$EXTRACT_WORKERS" -gt 1 ]; then
     # Shards are hard-linked: no copy. The rank datasets then only duplicate the target head.
     "$bin/eagle3-extract" merge --out "$out/hidden_states" "$out"/extract/r*
     rm -rf "$out/extract"
@@ -127,9 +138,13 @@ if [ ! -d "$out/hidden_states" ]; then
     mv "$out/extract/r0" "$out/hidden_states"
   fi
 fi
-# Recomputes a few samples with transformers (float32, CPU): catches a shifted or post-norm capture.
-"$bin/eagle3-extract" verify "$out/hidden_states" --model "$MODEL" \
-  --tokenized "$out/train.tokenized.parquet" "${VERIFY_ARGS[@]}" --json "$out/hidden_states.verify.json"
+if [ -z "${VERIFY_SKIPPED:-}" ]; then
+  # Recomputes a few samples with transformers (float32, CPU): catches a shifted or post-norm capture.
+  "$bin/eagle3-extract" verify "$out/hidden_states" --model "$MODEL" \
+    --tokenized "$out/train.tokenized.parquet" "${VERIFY_ARGS[@]}" --json "$out/hidden_states.verify.json"
+else
+  echo "verify skipped: $VERIFY_SKIPPED"
+fi
 
 step "train: the draft (accelerate launch ${ACCELERATE_ARGS[*]})"
 [ -d "$out/train/draft" ] || "$bin/accelerate" launch "${ACCELERATE_ARGS[@]}" -m eagle3_train \

@@ -42,7 +42,13 @@ TOKENIZE_ARGS=(--max-length "$MAX_LENGTH" --workers "$CPU_WORKERS")
 # data: below ~0.99, raise the size (acceptance is capped by coverage).
 VOCAB_ARGS=(--draft-vocab-size 32000)
 
+# ---- plan: the pipeline's first check, sizes against the node (eagle3-extract plan) ----
+GPU_MEMORY_GIB="${GPU_MEMORY_GIB:-80}"     # one GPU's memory: H100 80 GB (H200: 141)
+PLAN_ARGS=(--storage-dtype "$STORAGE_DTYPE" --tensor-parallel-size 1 --gpus "$NGPU"
+  --gpu-memory-gib "$GPU_MEMORY_GIB" --max-model-len $((MAX_LENGTH + 1)))
+
 # ---- extract: vLLM backend, one worker per GPU (--rank/--world-size added by pipeline.sh) ----
+EXTRACT_WORKERS="$NGPU"                    # workers of NGPU / EXTRACT_WORKERS GPUs each
 # Aux layer ids come from train.yaml (--aux-layer-ids), so the dataset and the draft agree.
 EXTRACT_ARGS=(--backend vllm --tensor-parallel-size 1 --storage-dtype "$STORAGE_DTYPE"
   --max-model-len $((MAX_LENGTH + 1)) --gpu-memory-utilization 0.9)

@@ -1,0 +1,75 @@
+# shellcheck shell=bash disable=SC2034  # every variable here is read by the script sourcing it
+# Kimi-K2.5: every stage's flags, in one place. Sourced by pipeline.sh beside it (the one
+# pipeline every recipe shares) and by tests/test_kimi_recipe.py, which runs every stage on CPU
+# with exactly these arrays against the Kimi-shaped stand-in (tools/kimi_standin.py), setting
+# only the size and device-count knobs below (and the transformers backend / the reference
+# evaluator where vLLM on CPU cannot do the GPU run's part: see RESOURCES.md).
+#
+# Why tensor parallel 8: the INT4 checkpoint is 594 GB (`eagle3-extract plan` on the config:
+# 571 GB of routed experts at 4 bits + bf16 scales per 32, the rest bf16), 74 GB per GPU at TP 8.
+# That fits an H200 (141 GB, ~62 GB left for the KV cache); on an 80 GB H100 only ~3 GB would be
+# left, so the plan step flags 8xH100 as tight and the recipe targets 8xH200. One engine uses
+# the whole node: regeneration, extraction and evaluation run one after the other.
+RECIPE_NAME=kimi-k2.5
+HUB_ID=moonshotai/Kimi-K2.5  # what `huggingface-cli download` fetches into $MODEL (incl. its .py files)
+
+# ---- knobs (environment): sizes and device counts only ----
+NGPU="${NGPU:-8}"                          # GPUs of the node, all serving one TP engine
+SAMPLES="${SAMPLES:-20000}"                # conversations regenerated and trained on (seeded draw)
+MAX_LENGTH="${MAX_LENGTH:-4096}"           # tokens kept per sample (longer ones keep their prefix)
+STORAGE_DTYPE="${STORAGE_DTYPE:-fp8_e4m3}" # 57,349 B/token in bf16 -> 28,697 in fp8 (RESOURCES.md)
+CPU_WORKERS="${CPU_WORKERS:-16}"           # tokenizer processes
+PROMPTS="${PROMPTS:-128}"                  # held-out prompts for the vLLM acceptance measurement
+GPU_MEMORY_GIB="${GPU_MEMORY_GIB:-141}"    # one GPU's memory: H200
+
+# The tokenizer is Python code shipped with the model (tokenization_kimi.py, TikToken): every
+# stage that loads it must be told to run it. Without the flag each stage stops before any work
+# and names the file; with it the choice is recorded in the artifacts' lineage.
+TRUST=(--trust-remote-code)
+
+# ---- plan: the pipeline's first check, sizes against the node (eagle3-extract plan) ----
+PLAN_ARGS=(--storage-dtype "$STORAGE_DTYPE" --tensor-parallel-size "$NGPU" --gpus "$NGPU"
+  --gpu-memory-gib "$GPU_MEMORY_GIB" --max-model-len $((MAX_LENGTH + 1)))
+
+# ---- regenerate: one `vllm serve` over the node (TP = NGPU), text only ----
+# Instant mode (thinking=false): Kimi's template renders every earlier assistant turn, and the
+# final answer of a training conversation, as `<think></think>` + answer — reasoning is dropped
+# from history. Instant-mode answers are exactly what that rendering trains on, and what the
+# draft then serves (eval renders prompts with the same switch). The reasoning parser keeps any
+# stray reasoning out of `content` (regenerate rejects an answer holding `</think>` alone).
+SERVE_ARGS=(--tensor-parallel-size "$NGPU" "${TRUST[@]}" --language-model-only
+  --reasoning-parser kimi_k2 --max-model-len 32768 --gpu-memory-utilization 0.9)
+# Moonshot's recommended instant-mode sampling (temperature 0.6, top-p 0.95).
+REGENERATE_ARGS=(--temperature 0.6 --top-p 0.95 --max-tokens 2048 --seed 0
+  --chat-template-kwarg thinking=false --concurrency 256 --limit "$SAMPLES" --sample-seed 0)
+
+# ---- tokenize + vocab ----
+TOKENIZE_ARGS=(--max-length "$MAX_LENGTH" --workers "$CPU_WORKERS" "${TRUST[@]}")
+# 32,000 of 163,840 ids: cuts the draft's LM head 5x (229M instead of 1.17G weights at H 7168).
+# The vocab step prints the coverage measured on the regenerated answers: below ~0.99, raise it.
+VOCAB_ARGS=(--draft-vocab-size 32000)
+
+# ---- extract: one vLLM worker with TP = NGPU (--rank/--world-size added by pipeline.sh) ----
+# The model needs the whole node, so one worker; several nodes: one worker per node
+# (--rank/--world-size) and `eagle3-extract merge`. bf16 compute (the served model's), fp8 storage.
+EXTRACT_WORKERS=1
+EXTRACT_ARGS=(--backend vllm --tensor-parallel-size "$NGPU" "${TRUST[@]}"
+  --storage-dtype "$STORAGE_DTYPE" --max-model-len $((MAX_LENGTH + 1)) --gpu-memory-utilization 0.9)
+# transformers cannot run the INT4 routed experts (the transformers backend refuses them), so
+# there is no float32 reference to recompute samples with on this node; the capture path is
+# instead proven on the stand-in in CI (vLLM vs transformers, tests/test_kimi_recipe.py).
+VERIFY_ARGS=()
+VERIFY_SKIPPED="Kimi-K2.5's INT4 experts do not run in transformers; vLLM's capture of this wrapper is checked against transformers on the Kimi-shaped stand-in in CI"
+
+# ---- train: accelerate launch, DeepSpeed ZeRO-2 over the node ----
+# A Llama-style draft at hidden 7168: ~0.9B parameters with the 32k head; fp32 weights + Adam
+# = 16 B/param, 14 GB — sharded 8 ways by ZeRO-2 (RESOURCES.md).
+TRAIN_CONFIG="recipes/$RECIPE_NAME/train.yaml"
+ACCELERATE_ARGS=(--config_file recipes/accelerate/zero2.yaml --num_processes "$NGPU")
+
+# ---- eval: vLLM speculative decoding, k = 3, greedy, prompts rendered in instant mode ----
+EVAL_ARGS=(--k 3 --temperature 0 --max-new-tokens 512 --max-prompt-tokens 4096
+  --limit "$PROMPTS" --concurrency 16 "${TRUST[@]}" --chat-template-kwarg thinking=false
+  --engine-arg dtype=bfloat16 --engine-arg enforce_eager=false --engine-arg language_model_only=true
+  --engine-arg tensor_parallel_size="$NGPU" --engine-arg gpu_memory_utilization=0.85
+  --engine-arg max_model_len=8192)

