@@ -50,6 +50,7 @@ def load_target(
         AutoModelForImageTextToText,
         AutoTokenizer,
     )
+    from transformers.utils import logging as hf_logging
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -70,14 +71,28 @@ def load_target(
         if hasattr(getattr(wrapper, "vision_config", None), "num_hidden_layers"):
             wrapper.vision_config.num_hidden_layers = 0
         loader, kwargs = AutoModelForImageTextToText, {"config": wrapper}
-    model = loader.from_pretrained(
-        path,
-        local_files_only=True,
-        dtype=DTYPES[dtype],
-        attn_implementation="sdpa",
-        trust_remote_code=trust_remote_code,
-        **kwargs,
-    )
+    # transformers prints a load report: a wrapper's vision weights are expected to be absent.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = loader.from_pretrained(
+            path,
+            local_files_only=True,
+            dtype=DTYPES[dtype],
+            attn_implementation="sdpa",
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            **kwargs,
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    text_prefixes = ("model.language_model.", "lm_head.") if "config" in kwargs else ("",)
+    missing = sorted(k for k in info.get("missing_keys") or [] if k.startswith(text_prefixes))
+    if missing:
+        raise TargetError(
+            f"{path}: {len(missing)} weight(s) of the language model are not in the checkpoint "
+            f"(e.g. {missing[:3]}); they would be random"
+        )
     model.eval()
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     return Target(path, model, tokenizer, config)
