@@ -564,6 +564,20 @@ def test_plan_on_the_real_config(tmp_path: Path, gpu_gib: str, level: str) -> No
         and bf16["weight_bytes_source"] == "config.json arithmetic"
     )
     assert round(bf16["weight_bytes_per_gpu"] / 1e9, 1) == 74.3
+    # The resource sheet states these figures, not others.
+    sheet = (RECIPE / "RESOURCES.md").read_text()
+    for figure in (
+        f"{bf16['bytes_per_token']:,} B/token",
+        f"{fp8['bytes_per_token']:,} B/token",
+        f"{bf16['gb_per_million_tokens']:.2f} GB per million tokens",
+        f"{fp8['gb_per_million_tokens']:.2f} GB per million tokens",
+        f"{bf16['disk_bytes'] / 1e12:.2f} TB",
+        f"{fp8['disk_bytes'] / 1e12:.2f} TB",
+        f"{bf16['weight_bytes'] / 1e9:.1f} GB",
+        f"{bf16['weight_bytes_per_gpu'] / 1e9:.1f} GB per GPU",
+        f"{2 * (2 * REAL_VOCAB + 1) * 7168:,} B",
+    ):
+        assert figure in sheet, f"RESOURCES.md lacks {figure!r}"
 
 
 def test_plan_refuses_a_layout_the_model_does_not_divide_into(tmp_path: Path) -> None:

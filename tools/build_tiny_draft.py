@@ -508,7 +508,11 @@ def build(args) -> Path:
             ("random-draft", untrained, {"steps": 0}),
         ):
             header = make_header(
-                "draft_checkpoint", lineage, aux_layer_ids=AUX_LAYER_IDS, training=info
+                "draft_checkpoint",
+                lineage,
+                aux_layer_ids=AUX_LAYER_IDS,
+                training=info,
+                architecture="llama",
             )
             save_draft(m, tmp / name, config, header.to_json())
             problems = validate(tmp / name)

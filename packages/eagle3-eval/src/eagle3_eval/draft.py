@@ -28,6 +28,25 @@ What vLLM computes:
   ``norm_output``).
 - Embeddings are the target's unless the checkpoint stores ``embed_tokens.weight``.
 
+The MLA draft (vLLM's ``Eagle3DeepseekV2ForCausalLM``, ``model_executor/models/
+deepseek_eagle3.py``; ``Eagle3DeepseekV3ForCausalLM`` is an alias) is read from vLLM's native
+config format instead (flat config.json, ``architectures`` naming the class, ``model_type``
+``deepseek_v2``). Everything above holds for it except the attention block, which is DeepSeek's
+multi-head latent attention (``deepseek_v2.py`` ``DeepseekV2MLAAttention``, ``layers/mla.py``):
+
+- ``q = q_b_proj(q_a_layernorm(q_a_proj(x)))`` per head ``[q_nope | q_pe]``;
+  ``kv_a_proj_with_mqa(x)`` = ``[c_kv | k_pe]``, ``c_kv = kv_a_layernorm(c_kv)``;
+  ``kv_b_proj(c_kv)`` per head ``[k_nope | v]``; ``k_pe`` is one head shared by all heads.
+  Layer 0's ``x`` is the 2H concatenation; only ``q_a_proj`` and ``kv_a_proj_with_mqa`` read it.
+- Rope on ``q_pe`` and ``k_pe`` only, always interleaved (GPT-J pairs ``x[2i], x[2i+1]``),
+  dimension ``qk_rope_head_dim``. Any rope type other than ``default`` becomes DeepSeek YaRN
+  (``DeepseekScalingRotaryEmbedding``): YaRN-ramped inverse frequencies, cos/sin scaled by
+  ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)``.
+- Softmax scale ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times
+  ``mscale(factor, mscale_all_dim) ** 2`` with DeepSeek YaRN.
+- The MLP is dense (never MoE), SiLU only; there is no ``norm_before_fc``, no bias, and
+  ``norm_before_residual`` defaults to False on this route.
+
 Computation is float32 by default: the point of this module is exactness, not speed.
 """
 
@@ -50,16 +69,193 @@ WEIGHTS_FILE = "model.safetensors"
 LINEAGE_FILE = "eagle3.json"
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLA_ATTENTION = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+MLA_NORMS = ("q_a_layernorm", "kv_a_layernorm")
 MLP = ("gate_proj", "up_proj", "down_proj")
+
+# vLLM 0.32 registry: both names are deepseek_eagle3.Eagle3DeepseekV2ForCausalLM.
+MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+# SpeculativeConfig.hf_config_override turns these model types into DeepSeekMTPModel, which
+# vLLM then cannot load as an EAGLE-3 draft ("Eagle3DeepSeekMTPModel not supported").
+MTP_REWRITTEN_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+# model_arch_config_convertor: the draft runs MLA only for these model types.
+MLA_MODEL_TYPES = ("axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp")
 
 
 class DraftFormatError(ValueError):
     """The checkpoint is not an EAGLE-3 draft this module (and vLLM) can run."""
 
 
+def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
+    """DeepSeek YaRN's magnitude correction (vLLM ``yarn_get_mscale``)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """The multi-head latent attention of an ``Eagle3DeepseekV2ForCausalLM`` draft.
+
+    ``rope_type`` is what vLLM runs: ``default`` or ``deepseek_yarn`` (any other type in the
+    config is rewritten to it) or ``deepseek_llama_scaling`` (same rope, no softmax mscale;
+    chosen when ``attention_factor`` is 1.0).
+    """
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """deepseek_v2.py DeepseekV2MLAAttention: qk_head_dim^-0.5 [* mscale^2 with yarn]."""
+        scale = self.qk_head_dim**-0.5
+        if self.rope_type == "deepseek_yarn":
+            m = yarn_get_mscale(self.factor, self.mscale_all_dim)
+            scale = scale * m * m
+        return scale
+
+    @property
+    def rope_mscale(self) -> float:
+        """Factor on cos/sin (DeepseekScalingRotaryEmbedding.mscale); 1 for plain rope."""
+        if self.rope_type == "default":
+            return 1.0
+        return yarn_get_mscale(self.factor, self.mscale) / yarn_get_mscale(
+            self.factor, self.mscale_all_dim
+        )
+
+    def inv_freq(self) -> Tensor:
+        """[qk_rope_head_dim / 2] float32, as vLLM's rope cache is built."""
+        dim, base = self.qk_rope_head_dim, self.rope_theta
+        pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
+        if self.rope_type == "default":
+            return 1.0 / pos_freqs
+
+        # DeepseekScalingRotaryEmbedding._compute_inv_freq (rotary_embedding/common.py helpers).
+        def correction_dim(rotations: float) -> float:
+            return (
+                dim * math.log(self.original_max_position_embeddings / (rotations * 2 * math.pi))
+            ) / (2 * math.log(base))
+
+        low = max(math.floor(correction_dim(self.beta_fast)), 0)
+        high = min(math.ceil(correction_dim(self.beta_slow)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float) - low) / (high - low), 0, 1)
+        keep = 1 - ramp  # 1: the original frequency (extrapolation), 0: divided by factor
+        interpolation, extrapolation = 1.0 / (self.factor * pos_freqs), 1.0 / pos_freqs
+        return interpolation * (1 - keep) + extrapolation * keep
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], where: str, notes: list[str]) -> MLASpec:
+        def need_int(key: str) -> int:
+            value = config.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise DraftFormatError(f"{where}: {key} must be a positive int, got {value!r}")
+            return value
+
+        if config.get("q_lora_rank") is None:
+            # vLLM's hf_to_vllm_mapper renames kv_a_proj_with_mqa to fused_qkv_a_proj, which
+            # only exists with a q_lora_rank: the checkpoint would not load.
+            raise DraftFormatError(
+                f"{where}: q_lora_rank is null; vLLM 0.32 cannot load an EAGLE-3 MLA draft "
+                "without q_a_proj (its weight mapper needs fused_qkv_a_proj)"
+            )
+        rope = config.get("rope_parameters")
+        legacy = config.get("rope_scaling")
+        if not isinstance(rope, dict):
+            rope = dict(legacy or {})
+            rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+        elif isinstance(legacy, dict):
+            for key, value in legacy.items():
+                key = "rope_type" if key == "type" else key
+                if key in rope and rope[key] != value:
+                    notes.append(
+                        f"rope_scaling.{key} {value!r} differs from rope_parameters.{key} "
+                        f"{rope[key]!r}; the rope_parameters value is used"
+                    )
+        rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
+        theta = rope.get("rope_theta", config.get("rope_theta"))
+        if theta is None:
+            raise DraftFormatError(f"{where}: no rope_theta (rope_parameters.rope_theta)")
+        dims = {
+            key: need_int(key)
+            for key in (
+                "q_lora_rank",
+                "kv_lora_rank",
+                "qk_nope_head_dim",
+                "qk_rope_head_dim",
+                "v_head_dim",
+            )
+        }
+        if dims["qk_rope_head_dim"] % 2:
+            raise DraftFormatError(f"{where}: qk_rope_head_dim must be even")
+        if (dims["kv_lora_rank"], dims["qk_rope_head_dim"]) != (512, 64):
+            notes.append(
+                f"kv_lora_rank {dims['kv_lora_rank']} + qk_rope_head_dim "
+                f"{dims['qk_rope_head_dim']}: vLLM 0.32's MLA backends (CPU_MLA, FlashMLA) need "
+                "512 + 64 (cache head size 576)"
+            )
+        if config.get("rope_interleave") is False:
+            notes.append(
+                "rope_interleave is false, but vLLM 0.32 always applies interleaved (GPT-J) rope "
+                "to an MLA draft; it is evaluated (as served) with interleaved rope"
+            )
+        if rope_type == "default":
+            return cls(**dims, rope_theta=float(theta))
+        if rope_type not in ("yarn", "deepseek_yarn"):
+            notes.append(
+                f"rope type {rope_type!r}: vLLM 0.32 runs every non-default rope of an MLA draft "
+                "as DeepSeek YaRN; evaluated as such"
+            )
+        if "factor" not in rope:
+            raise DraftFormatError(f"{where}: rope type {rope_type!r} without factor")
+        original = rope.get("original_max_position_embeddings")
+        if original is None:
+            original = config.get("max_position_embeddings")
+            notes.append(
+                "rope parameters have no original_max_position_embeddings; "
+                f"max_position_embeddings {original} is used"
+            )
+        if original is None:
+            raise DraftFormatError(f"{where}: no original_max_position_embeddings for yarn")
+        return cls(
+            **dims,
+            rope_theta=float(theta),
+            rope_type=(
+                "deepseek_llama_scaling" if rope.get("attention_factor") == 1.0 else "deepseek_yarn"
+            ),
+            factor=float(rope["factor"]),
+            original_max_position_embeddings=int(original),
+            beta_fast=float(rope.get("beta_fast", 32)),
+            beta_slow=float(rope.get("beta_slow", 1)),
+            mscale=float(rope.get("mscale", 1)),
+            mscale_all_dim=float(rope.get("mscale_all_dim") or 0),
+        )
+
+
 @dataclass(frozen=True)
 class DraftSpec:
-    """What config.json of a speculators eagle3 checkpoint says, checked, with vLLM's defaults."""
+    """What config.json of a draft checkpoint says, checked, with vLLM's defaults.
+
+    Two formats: speculators ``eagle3`` (vLLM's Llama draft) and vLLM's native
+    ``Eagle3DeepseekV2ForCausalLM`` config (the MLA draft, ``mla`` set). For the MLA draft
+    ``head_dim`` is the query/key head size (nope + rope) and ``layer_config`` the whole config.
+    """
 
     hidden_size: int
     num_layers: int
@@ -83,18 +279,35 @@ class DraftSpec:
     layer_config: dict[str, Any] = field(repr=False)
     # Things vLLM 0.32 would do differently from the config's face value; reported, not fatal.
     vllm_notes: tuple[str, ...] = ()
+    mla: MLASpec | None = None
 
     @property
     def num_aux(self) -> int:
         return len(self.aux_layer_ids)
 
+    @property
+    def kind(self) -> str:
+        """``llama`` (speculators eagle3) or ``mla`` (Eagle3DeepseekV2ForCausalLM)."""
+        return "llama" if self.mla is None else "mla"
+
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = CONFIG_FILE) -> DraftSpec:
+        if "speculators_model_type" not in config and set(config.get("architectures") or ()) & set(
+            MLA_ARCHITECTURES
+        ):
+            return cls.from_mla_config(config, where)
+
         def need(obj: dict[str, Any], key: str, path: str = "") -> Any:
             if key not in obj:
                 raise DraftFormatError(f"{where}: missing {path}{key}")
             return obj[key]
 
+        if "speculators_model_type" not in config:
+            raise DraftFormatError(
+                f"{where}: neither a speculators eagle3 config (speculators_model_type) nor a "
+                f"native MLA draft config (architectures {list(MLA_ARCHITECTURES)}); "
+                f"architectures is {config.get('architectures')!r}"
+            )
         if config.get("speculators_model_type") != "eagle3":
             raise DraftFormatError(
                 f"{where}: speculators_model_type is {config.get('speculators_model_type')!r}, "
@@ -156,8 +369,118 @@ class DraftSpec:
             vllm_notes=tuple(notes),
         )
 
+    @classmethod
+    def from_mla_config(cls, config: dict[str, Any], where: str = CONFIG_FILE) -> DraftSpec:
+        """vLLM's native config of ``Eagle3DeepseekV2ForCausalLM`` (deepseek_eagle3.py)."""
+
+        def need(key: str) -> Any:
+            if config.get(key) is None:
+                raise DraftFormatError(f"{where}: missing {key}")
+            return config[key]
+
+        notes: list[str] = []
+        model_type = config.get("model_type")
+        if model_type in MTP_REWRITTEN_MODEL_TYPES:
+            notes.append(
+                f"model_type {model_type!r}: vLLM 0.32 rewrites it to deepseek_mtp for a draft and "
+                "then fails to load Eagle3DeepSeekMTPModel; write model_type 'deepseek_v2'"
+            )
+        elif model_type not in MLA_MODEL_TYPES:
+            notes.append(
+                f"model_type {model_type!r}: vLLM 0.32 enables MLA only for model types "
+                f"{list(MLA_MODEL_TYPES)}; write model_type 'deepseek_v2'"
+            )
+        hidden_act = str(config.get("hidden_act", "silu"))
+        if hidden_act != "silu":
+            raise DraftFormatError(
+                f"{where}: hidden_act {hidden_act!r}; vLLM's DeepseekV2MLP supports only silu"
+            )
+        if config.get("attention_bias") or config.get("mlp_bias"):
+            raise DraftFormatError(
+                f"{where}: attention_bias / mlp_bias: vLLM's MLA draft has no biases (it drops "
+                "them silently)"
+            )
+        if "index_topk" in config:
+            raise DraftFormatError(
+                f"{where}: index_topk turns on vLLM's DeepSeek-V3.2 sparse indexer, which this "
+                "evaluator does not implement (and an EAGLE-3 draft should not use)"
+            )
+        if config.get("norm_before_fc"):
+            notes.append(
+                "norm_before_fc is set, but vLLM's MLA draft has no input_norm: it is ignored"
+            )
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        kv_heads = config.get("num_key_value_heads")
+        if kv_heads is not None and int(kv_heads) != heads:
+            notes.append(
+                f"num_key_value_heads {kv_heads} != num_attention_heads {heads}: MLA has no "
+                "key/value head groups; vLLM ignores it"
+            )
+        eagle_config = config.get("eagle_config") or {}
+        nested = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+        aux = config.get("eagle_aux_hidden_state_layer_ids", nested)
+        if aux is None:
+            raise DraftFormatError(
+                f"{where}: missing eagle_aux_hidden_state_layer_ids (top level or in eagle_config)"
+            )
+        if not aux or not all(isinstance(i, int) and i >= 0 for i in aux):
+            raise DraftFormatError(
+                f"{where}: eagle_aux_hidden_state_layer_ids {aux!r} must be non-negative ints"
+            )
+        if list(aux) != sorted(set(aux)):
+            raise DraftFormatError(
+                f"{where}: eagle_aux_hidden_state_layer_ids {aux} are not sorted and unique; "
+                f"vLLM concatenates the target's states in the order {sorted(set(aux))}"
+            )
+        if nested is not None and list(nested) != list(aux):
+            notes.append(
+                f"eagle_config.eagle_aux_hidden_state_layer_ids {nested} differ from the top-level "
+                f"{aux}; vLLM's target collects the top-level ones"
+            )
+        # deepseek_eagle3.py: fc is sized from num_aux_hidden_states, else eagle_config's ids,
+        # else 3 — never from the top-level ids.
+        fc_aux = config.get("num_aux_hidden_states")
+        if fc_aux is None:
+            fc_aux = len(nested) if nested else 3
+        if int(fc_aux) != len(aux):
+            notes.append(
+                f"vLLM 0.32 sizes this draft's fc for {fc_aux} aux states (num_aux_hidden_states "
+                "or eagle_config.eagle_aux_hidden_state_layer_ids, default 3); the draft has "
+                f"{len(aux)} and would fail to load there"
+            )
+        mla = MLASpec.from_config(config, where, notes)
+        target_vocab = int(need("vocab_size"))
+        return cls(
+            hidden_size=hidden,
+            num_layers=int(config.get("num_hidden_layers", 1)),
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            head_dim=mla.qk_head_dim,
+            intermediate_size=int(need("intermediate_size")),
+            rms_norm_eps=float(need("rms_norm_eps")),
+            hidden_act=hidden_act,
+            attention_bias=False,
+            target_vocab_size=target_vocab,
+            draft_vocab_size=int(config.get("draft_vocab_size") or target_vocab),
+            target_hidden_size=int(config.get("target_hidden_size") or hidden),
+            aux_layer_ids=tuple(aux),
+            # deepseek_eagle3.py: getattr(config, "norm_before_residual", False) on this route.
+            norm_before_residual=bool(config.get("norm_before_residual", False)),
+            norm_before_fc=False,
+            fc_norm=bool(config.get("fc_norm", False)),
+            norm_output=bool(config.get("norm_output", False)),
+            logit_scale=float(config.get("logit_scale", 1.0)),
+            verifier_path="",
+            layer_config=dict(config),
+            vllm_notes=tuple(notes),
+            mla=mla,
+        )
+
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor name this draft may hold -> its shape."""
+        if self.mla is not None:
+            return self._mla_shapes(self.mla)
         h, q_dim = self.hidden_size, self.num_attention_heads * self.head_dim
         kv_dim = self.num_key_value_heads * self.head_dim
         i, fc_in = self.intermediate_size, self.num_aux * self.target_hidden_size
@@ -194,6 +517,44 @@ class DraftSpec:
                 shapes[prefix + "hidden_norm.weight"] = (h,)
         return shapes
 
+    def _mla_shapes(self, mla: MLASpec) -> dict[str, tuple[int, ...]]:
+        h, heads, i = self.hidden_size, self.num_attention_heads, self.intermediate_size
+        shapes: dict[str, tuple[int, ...]] = {
+            "fc.weight": (h, self.num_aux * self.target_hidden_size),
+            "norm.weight": (h,),
+            "lm_head.weight": (self.draft_vocab_size, h),
+            "d2t": (self.draft_vocab_size,),
+            "t2d": (self.target_vocab_size,),
+            "embed_tokens.weight": (self.target_vocab_size, h),
+        }
+        if self.fc_norm:
+            for n in range(self.num_aux):
+                shapes[f"fc_norm.{n}.weight"] = (self.target_hidden_size,)
+        for n in range(self.num_layers):
+            x_in = 2 * h if n == 0 else h
+            prefix = f"layers.{n}."
+            attn = prefix + "self_attn."
+            shapes[attn + "q_a_proj.weight"] = (mla.q_lora_rank, x_in)
+            shapes[attn + "q_a_layernorm.weight"] = (mla.q_lora_rank,)
+            shapes[attn + "q_b_proj.weight"] = (heads * mla.qk_head_dim, mla.q_lora_rank)
+            shapes[attn + "kv_a_proj_with_mqa.weight"] = (
+                mla.kv_lora_rank + mla.qk_rope_head_dim,
+                x_in,
+            )
+            shapes[attn + "kv_a_layernorm.weight"] = (mla.kv_lora_rank,)
+            shapes[attn + "kv_b_proj.weight"] = (
+                heads * (mla.qk_nope_head_dim + mla.v_head_dim),
+                mla.kv_lora_rank,
+            )
+            shapes[attn + "o_proj.weight"] = (h, heads * mla.v_head_dim)
+            shapes[prefix + "mlp.gate_proj.weight"] = (i, h)
+            shapes[prefix + "mlp.up_proj.weight"] = (i, h)
+            shapes[prefix + "mlp.down_proj.weight"] = (h, i)
+            # vLLM builds hidden_norm in every layer; only layer 0 uses it.
+            for norm in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
+                shapes[prefix + norm + ".weight"] = (h,)
+        return shapes
+
     def optional_tensors(self) -> set[str]:
         """Tensors vLLM does without: shared from the target, derived, or ignored."""
         optional = {"embed_tokens.weight", "t2d"}
@@ -208,7 +569,7 @@ class DraftSpec:
 def read_spec(directory: str | Path) -> DraftSpec:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise DraftFormatError(f"{directory}: no {CONFIG_FILE}; not a speculators draft checkpoint")
+        raise DraftFormatError(f"{directory}: no {CONFIG_FILE}; not a draft checkpoint")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -238,16 +599,29 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """Softmax attention of q [n_q, heads, d] over k, v [n_k, kv_heads, d] where mask is True.
+def rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """GPT-J-style rope (vLLM ``is_neox_style=False``): pairs (x[2i], x[2i+1]) rotate by angle i.
 
-    mask [n_q, n_k] bool. Grouped-query heads share keys; scores run in float32.
+    x [n, heads, d], cos/sin [n, d/2]; the output keeps the interleaved layout.
+    """
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float | None = None) -> Tensor:
+    """Softmax attention of q [n_q, heads, d] over k [n_k, kv_heads, d], v [n_k, kv_heads, d_v]
+    where mask is True.
+
+    mask [n_q, n_k] bool. Grouped-query heads share keys; scores run in float32 and are scaled
+    by ``scale`` (default d^-0.5).
     """
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float())
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     scores = scores.masked_fill(~mask[None], float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", weights, v.float()).to(q.dtype)
@@ -328,19 +702,7 @@ class DraftLayer(nn.Module):
     ) -> tuple[Tensor, Tensor, KV]:
         """Returns (mlp output, residual, this layer's new KV) — vLLM keeps the two apart."""
         spec = self.spec
-        if self.index == 0:
-            embeds = self.input_layernorm(embeds)
-            if spec.norm_before_residual:
-                hidden = self.hidden_norm(hidden)
-                residual = hidden
-            else:
-                residual = hidden
-                hidden = self.hidden_norm(hidden)
-            x = torch.cat([embeds, hidden], dim=-1)
-        else:
-            assert residual is not None
-            residual = hidden + residual
-            x = self.input_layernorm(residual)
+        x, residual = layer_input(self, embeds, hidden, residual)
         n = x.shape[0]
         cos, sin = rope
         q = rotate(self.q_proj(x).view(n, spec.num_attention_heads, spec.head_dim), cos, sin)
@@ -354,8 +716,134 @@ class DraftLayer(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)), residual, new
 
 
+def layer_input(
+    layer: nn.Module, embeds: Tensor, hidden: Tensor, residual: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The attention input and the residual of a draft layer (llama_eagle3.py and
+    deepseek_eagle3.py alike): layer 0 reads cat(input_layernorm(embeds), hidden_norm(h)) [2H]
+    with the residual h (normed with ``norm_before_residual``); later layers add the previous
+    layer's residual and apply input_layernorm."""
+    if layer.index == 0:
+        embeds = layer.input_layernorm(embeds)
+        if layer.spec.norm_before_residual:
+            hidden = layer.hidden_norm(hidden)
+            residual = hidden
+        else:
+            residual = hidden
+            hidden = layer.hidden_norm(hidden)
+        return torch.cat([embeds, hidden], dim=-1), residual
+    assert residual is not None
+    residual = hidden + residual
+    return layer.input_layernorm(residual), residual
+
+
+class MLADraftLayer(nn.Module):
+    """One layer of vLLM's DeepseekV2Eagle3Model: MLA attention, dense SiLU MLP.
+
+    Layer 0's ``q_a_proj`` and ``kv_a_proj_with_mqa`` read cat(embeds, hidden) [2H]. The KV
+    rows are kept expanded (keys [n, heads, nope + rope], values [n, heads, v_head_dim]);
+    vLLM caches the latent (c_kv, k_pe) and absorbs kv_b_proj, which is the same product.
+    """
+
+    def __init__(self, spec: DraftSpec, index: int) -> None:
+        super().__init__()
+        mla = spec.mla
+        assert mla is not None
+        h, heads, eps = spec.hidden_size, spec.num_attention_heads, spec.rms_norm_eps
+        x_in = 2 * h if index == 0 else h
+        self.spec, self.mla, self.index = spec, mla, index
+        self.q_a_proj = nn.Linear(x_in, mla.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(mla.q_lora_rank, eps)
+        self.q_b_proj = nn.Linear(mla.q_lora_rank, heads * mla.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(
+            x_in, mla.kv_lora_rank + mla.qk_rope_head_dim, bias=False
+        )
+        self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, eps)
+        self.kv_b_proj = nn.Linear(
+            mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False
+        )
+        self.o_proj = nn.Linear(heads * mla.v_head_dim, h, bias=False)
+        self.gate_proj = nn.Linear(h, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.hidden_norm = RMSNorm(h, eps)  # in every layer, as vLLM; used by layer 0
+        self.act = ACT2FN[spec.hidden_act]
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        prefix = f"layers.{self.index}."
+        out: dict[str, nn.Module] = {}
+        for name in MLA_ATTENTION + MLA_NORMS:
+            out[f"{prefix}self_attn.{name}"] = getattr(self, name)
+        for name in MLP:
+            out[f"{prefix}mlp.{name}"] = getattr(self, name)
+        for name in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
+            out[prefix + name] = getattr(self, name)
+        return out
+
+    def attention(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], past: KV | None, mask: Tensor
+    ) -> tuple[Tensor, KV]:
+        """MLA of x [n, 2H or H] -> (o_proj output [n, H], these rows' KV)."""
+        mla, heads = self.mla, self.spec.num_attention_heads
+        nope, rope_dim = mla.qk_nope_head_dim, mla.qk_rope_head_dim
+        n = x.shape[0]
+        cos, sin = rope
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(n, heads, mla.qk_head_dim)
+        q_nope, q_pe = q.split([nope, rope_dim], dim=-1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([mla.kv_lora_rank, rope_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)
+        q_pe = rotate_interleaved(q_pe, cos, sin)
+        k_pe = rotate_interleaved(k_pe[:, None, :], cos, sin)  # one head, shared by all
+        k_nope, v = (
+            self.kv_b_proj(c_kv)
+            .view(n, heads, nope + mla.v_head_dim)
+            .split([nope, mla.v_head_dim], dim=-1)
+        )
+        new = KV(torch.cat([k_nope, k_pe.expand(n, heads, rope_dim)], dim=-1), v.contiguous())
+        keys = new if past is None else KV.cat([past, new])
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        out = attend(q, keys.k, keys.v, mask, mla.softmax_scale)
+        return self.o_proj(out.flatten(-2)), new
+
+    def forward(
+        self,
+        embeds: Tensor,
+        hidden: Tensor,
+        residual: Tensor | None,
+        rope: tuple[Tensor, Tensor],
+        past: KV | None,
+        mask: Tensor,
+    ) -> tuple[Tensor, Tensor, KV]:
+        """Returns (mlp output, residual, this layer's new KV), as ``DraftLayer``."""
+        x, residual = layer_input(self, embeds, hidden, residual)
+        attention, new = self.attention(x, rope, past, mask)
+        residual = residual + attention
+        x = self.post_attention_layernorm(residual)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)), residual, new
+
+
+class MLARotaryEmbedding(nn.Module):
+    """cos/sin [1, n, qk_rope_head_dim / 2] of vLLM's MLA rope (plain or DeepSeek YaRN).
+
+    Computed in float32 from the spec at every call, so casting the draft to another dtype
+    does not round the frequencies.
+    """
+
+    def __init__(self, mla: MLASpec) -> None:
+        super().__init__()
+        self.mla = mla
+
+    def forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        inv_freq = self.mla.inv_freq().to(x.device)
+        freqs = position_ids[..., None].float() * inv_freq
+        mscale = self.mla.rope_mscale
+        return freqs.cos() * mscale, freqs.sin() * mscale
+
+
 class Eagle3Draft(nn.Module):
-    """An EAGLE-3 Llama draft with vLLM's forward; tensor names are the checkpoint's."""
+    """An EAGLE-3 draft (Llama or MLA) with vLLM's forward; tensor names are the checkpoint's."""
 
     def __init__(self, spec: DraftSpec, embed_tokens: Tensor) -> None:
         super().__init__()
@@ -377,14 +865,19 @@ class Eagle3Draft(nn.Module):
             else None
         )
         self.fc = nn.Linear(fc_in, h, bias=False)
-        self.layers = nn.ModuleList(DraftLayer(spec, n) for n in range(spec.num_layers))
+        layer_class = DraftLayer if spec.mla is None else MLADraftLayer
+        self.layers = nn.ModuleList(layer_class(spec, n) for n in range(spec.num_layers))
         self.norm = RMSNorm(h, spec.rms_norm_eps)
         self.lm_head = nn.Linear(h, spec.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
-        # Rope as the draft's own layer config describes it (scaling types included).
-        self.rotary = LlamaRotaryEmbedding(
-            LlamaConfig(**{**spec.layer_config, "head_dim": spec.head_dim})
-        )
+        self.rotary: nn.Module
+        if spec.mla is not None:
+            self.rotary = MLARotaryEmbedding(spec.mla)
+        else:
+            # Rope as the draft's own layer config describes it (scaling types included).
+            self.rotary = LlamaRotaryEmbedding(
+                LlamaConfig(**{**spec.layer_config, "head_dim": spec.head_dim})
+            )
 
     # ---- checkpoint names <-> modules -----------------------------------------------------
 
@@ -439,7 +932,7 @@ class Eagle3Draft(nn.Module):
     def load(
         cls, directory: str | Path, embed_tokens: Tensor, dtype: torch.dtype = torch.float32
     ) -> Eagle3Draft:
-        """Load ``directory`` (speculators eagle3 format) with the target's embeddings."""
+        """Load ``directory`` (speculators eagle3 or native MLA) with the target's embeddings."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
@@ -582,9 +1075,9 @@ def save_draft(
     lineage_header: dict[str, Any] | None,
     dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write a speculators eagle3 checkpoint: config.json, model.safetensors, eagle3.json.
+    """Write a draft checkpoint: config.json, model.safetensors, eagle3.json.
 
-    ``config`` is the config.json object (see ``speculators_config``), ``lineage_header`` the
+    ``config`` is the config.json object (e.g. ``speculators_config``), ``lineage_header`` the
     eagle3.json object or None. Atomic: the directory appears complete or not at all.
     """
     from eagle3_schemas.atomic import atomic_directory, write_json_atomic

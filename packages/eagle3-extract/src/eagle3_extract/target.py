@@ -78,6 +78,12 @@ LAYER_SHAPE_KEYS = (
     "rope_theta",
     "rope_scaling",
     "rope_parameters",
+    # MLA targets (DeepSeek-V3, Kimi-K2.5): what an MLA draft copies.
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
 )
 
 

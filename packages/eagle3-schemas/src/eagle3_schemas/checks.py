@@ -38,6 +38,8 @@ def symbols_from_header(art: Artifact) -> dict[str, int]:
         }
     if art.kind == "draft_checkpoint":
         config = art.json(art.root / "config.json")
+        if "transformer_layer_config" not in config:
+            return mla_draft_symbols(config)
         layer = config["transformer_layer_config"]
         hidden = layer["hidden_size"]
         head_dim = layer.get("head_dim") or hidden // layer["num_attention_heads"]
@@ -50,9 +52,31 @@ def symbols_from_header(art: Artifact) -> dict[str, int]:
             "n_aux_H": len(config["eagle_aux_hidden_state_layer_ids"]) * target_hidden,
             "q_dim": layer["num_attention_heads"] * head_dim,
             "kv_dim": layer["num_key_value_heads"] * head_dim,
+            "o_dim": layer["num_attention_heads"] * head_dim,
             "I": layer["intermediate_size"],
         }
     return {}
+
+
+def mla_draft_symbols(config: dict[str, Any]) -> dict[str, int]:
+    """Shape symbols of an MLA draft's native config.json (draft_checkpoint v2, variant mla)."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    nope, rope, v = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    return {
+        "H": hidden,
+        "two_H": 2 * hidden,
+        "V_draft": config["draft_vocab_size"],
+        "V_target": config["vocab_size"],
+        "n_aux_H": len(config["eagle_aux_hidden_state_layer_ids"])
+        * (config.get("target_hidden_size") or hidden),
+        "I": config["intermediate_size"],
+        "q_lora": config["q_lora_rank"],
+        "q_b_dim": heads * (nope + rope),
+        "kv_lora": config["kv_lora_rank"],
+        "kv_a_dim": config["kv_lora_rank"] + rope,
+        "kv_b_dim": heads * (nope + v),
+        "o_dim": heads * v,
+    }
 
 
 def _capped(violations: list[Violation]) -> list[Violation]:
@@ -550,6 +574,43 @@ def draft_checkpoint_vocab_map_fingerprint(art: Artifact) -> list[Violation]:
     return []
 
 
+VARIANT_TENSORS = {
+    "llama": ("q_proj", "k_proj", "v_proj"),
+    "mla": (
+        "q_a_proj",
+        "q_a_layernorm",
+        "q_b_proj",
+        "kv_a_proj_with_mqa",
+        "kv_a_layernorm",
+        "kv_b_proj",
+    ),
+}
+
+
+def draft_checkpoint_variant_tensors(art: Artifact) -> list[Violation]:
+    variant = art.header.fields["architecture"]
+    config = art.json(art.root / "config.json")
+    where = _where(art, "weights")
+    out = []
+    if ("transformer_layer_config" in config) != (variant == "llama"):
+        out.append(
+            Violation(
+                _where(art, "config"),
+                "(layout)",
+                f"eagle3.json architecture {variant!r} but config.json is in the other variant's layout",
+            )
+        )
+    names = set(art.safetensors(art.path("weights")).tensors)
+    for kind, parts in VARIANT_TENSORS.items():
+        for part in parts:
+            name = f"layers.0.self_attn.{part}.weight"
+            if kind == variant and name not in names:
+                out.append(Violation(where, name, f"missing: the {variant} attention needs it"))
+            elif kind != variant and name in names:
+                out.append(Violation(where, name, f"a {kind} tensor in a {variant} draft"))
+    return out
+
+
 def draft_checkpoint_finite(art: Artifact) -> list[Violation]:
     st = art.safetensors(art.path("weights"))
     return [
@@ -652,6 +713,7 @@ CHECKS: dict[str, dict[str, Check]] = {
     "draft_checkpoint": {
         "layer_ids": draft_checkpoint_layer_ids,
         "d2t_offsets": draft_checkpoint_d2t_offsets,
+        "variant_tensors": draft_checkpoint_variant_tensors,
         "t2d_matches_d2t": draft_checkpoint_t2d_matches_d2t,
         "vocab_map_fingerprint": draft_checkpoint_vocab_map_fingerprint,
         "finite": draft_checkpoint_finite,

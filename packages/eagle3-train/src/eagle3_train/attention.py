@@ -77,7 +77,7 @@ class _ChunkedTTTAttention(torch.autograd.Function):
         nkv, g, T, _ = q.shape
         m = kd.shape[0]
         cdt = compute_dtype(q.dtype)
-        out = torch.empty(q.shape, dtype=cdt, device=q.device)
+        out = torch.empty((*q.shape[:-1], v0.shape[-1]), dtype=cdt, device=q.device)
         lse = torch.empty((nkv, g, T), dtype=cdt, device=q.device)
         starts = doc_start.tolist() if T else []
         qs = q.to(cdt) * scale  # scaled once: no pass over the scores for it
@@ -175,10 +175,11 @@ def chunked_ttt_attention(
     chunk: int = 512,
     scale: float | None = None,
 ) -> Tensor:
-    """Attention output [nh, T, d] for queries q [nh, T, d] (heads grouped over kv heads).
+    """Attention output [nh, T, dv] for queries q [nh, T, d] (heads grouped over kv heads).
 
-    k0, v0 [nkv, T, d]: step-0 keys/values. kd, vd [m, nkv, T, d]: this slot's keys/values of
-    TTT steps 1..m (m = 0 at step 0). doc_start [T]: first row of each row's document.
+    k0 [nkv, T, d], v0 [nkv, T, dv]: step-0 keys/values (MLA's values are narrower than its
+    keys). kd, vd [m, nkv, T, ·]: this slot's keys/values of TTT steps 1..m (m = 0 at step 0).
+    doc_start [T]: first row of each row's document.
     """
     nh, T, d = q.shape
     nkv = k0.shape[0]
@@ -186,7 +187,7 @@ def chunked_ttt_attention(
     out = _ChunkedTTTAttention.apply(
         q.reshape(nkv, nh // nkv, T, d), k0, v0, kd, vd, doc_start, scale, chunk
     )
-    return out.reshape(nh, T, d)
+    return out.reshape(nh, T, v0.shape[-1])
 
 
 def ttt_mask(doc_start: Tensor, num_diag: int) -> Tensor:
@@ -213,7 +214,7 @@ def dense_ttt_attention(
     keys = torch.cat([k0.unsqueeze(0), kd], dim=0)  # [1+m, nkv, T, d]
     values = torch.cat([v0.unsqueeze(0), vd], dim=0)
     keys = keys.permute(1, 0, 2, 3).reshape(nkv, -1, d)
-    values = values.permute(1, 0, 2, 3).reshape(nkv, -1, d)
+    values = values.permute(1, 0, 2, 3).reshape(nkv, -1, v0.shape[-1])
     if nkv != nh:
         keys = keys.repeat_interleave(nh // nkv, dim=0)
         values = values.repeat_interleave(nh // nkv, dim=0)

@@ -44,11 +44,22 @@ class DraftConfig:
     # Expected aux layer ids (vLLM convention). null = take the dataset's; set = the dataset
     # must carry exactly these (preflight refuses otherwise).
     aux_layer_ids: list[int] | None = None
+    # "llama": vLLM's LlamaForCausalLMEagle3 layer (any target). "mla": vLLM's
+    # Eagle3DeepseekV2ForCausalLM layer — DeepSeek MLA attention and a dense MLP — for MLA
+    # targets (DeepSeek-V3, Kimi-K2.5); its KV cache has the target's format.
+    architecture: Literal["llama", "mla"] = "llama"
     num_layers: int = 1
     # null = copied from the target config.json.
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
     head_dim: int | None = None
+    # MLA only (null = copied from the target config.json / dataset): vLLM needs q_lora_rank
+    # set, and kv_lora_rank + qk_rope_head_dim in {320, 512, 576} (576 on CPU).
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
     intermediate_size: int | None = None
     rms_norm_eps: float | None = None
     max_position_embeddings: int | None = None
@@ -326,6 +337,10 @@ def check_config(config: Config) -> list[str]:
         p.append(f"data.num_workers: {data.num_workers} < 0")
     if d.num_layers < 1:
         p.append(f"draft.num_layers: {d.num_layers} < 1")
+    if d.architecture not in ("llama", "mla"):
+        p.append(f"draft.architecture {d.architecture!r}: expected 'llama' or 'mla'")
+    if d.architecture == "mla" and d.norm_before_fc:
+        p.append("draft.norm_before_fc: vLLM's MLA draft has no input norm before fc")
     if d.attention_chunk < 1 or d.loss_chunk < 1:
         p.append("draft.attention_chunk and draft.loss_chunk must be >= 1")
     if d.aux_layer_ids is not None and (

@@ -1,6 +1,9 @@
-"""Write the draft as a speculators-format eagle3 checkpoint that vLLM serves as is.
+"""Write the draft as a checkpoint that vLLM serves as is with ``method: eagle3``.
 
-Directory (schemas/draft_checkpoint/v1.json): ``config.json`` (speculators eagle3 layout),
+Directory (schemas/draft_checkpoint/v2.json): ``config.json`` — the speculators eagle3 layout
+for the Llama-style draft, vLLM's native ``Eagle3DeepseekV2ForCausalLM`` layout for the MLA
+draft (speculators' parser accepts only llama/qwen3 layers, and a ``deepseek_v3`` model_type
+is rewritten to DeepSeek's MTP head by vLLM, so the MLA draft says ``deepseek_v2``),
 ``model.safetensors`` (weights under vLLM's names, plus ``d2t`` offsets and ``t2d``) and
 ``eagle3.json`` (header + lineage). Written into a temporary directory and renamed, so a
 crash never leaves something that looks like a finished checkpoint.
@@ -52,6 +55,44 @@ def transformer_layer_config(arch: DraftArch) -> dict[str, Any]:
     }
 
 
+def mla_draft_config(arch: DraftArch, aux_layer_ids: list[int]) -> dict[str, Any]:
+    """config.json of the MLA draft in vLLM's native layout (Eagle3DeepseekV2ForCausalLM)."""
+    rope_parameters = {**(arch.rope_scaling or {}), "rope_theta": arch.rope_theta}
+    rope_parameters.setdefault("rope_type", rope_parameters.get("type", "default"))
+    return {
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "hidden_act": arch.hidden_act,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_attention_heads,
+        "q_lora_rank": arch.q_lora_rank,
+        "kv_lora_rank": arch.kv_lora_rank,
+        "qk_nope_head_dim": arch.qk_nope_head_dim,
+        "qk_rope_head_dim": arch.qk_rope_head_dim,
+        "v_head_dim": arch.v_head_dim,
+        "rms_norm_eps": arch.rms_norm_eps,
+        "max_position_embeddings": arch.max_position_embeddings,
+        "rope_theta": arch.rope_theta,
+        "rope_scaling": arch.rope_scaling,
+        "rope_parameters": rope_parameters,
+        "vocab_size": arch.target_vocab_size,
+        "draft_vocab_size": arch.draft_vocab_size,
+        "target_hidden_size": arch.hidden_size,
+        # vLLM sizes the draft's fc from eagle_config; the target reads either place.
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids)},
+        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
+        # Written out: the native route's default is False, speculators' True.
+        "norm_before_residual": arch.norm_before_residual,
+        "norm_output": arch.norm_output,
+        "fc_norm": False,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+    }
+
+
 def draft_config(
     arch: DraftArch,
     aux_layer_ids: list[int],
@@ -59,7 +100,10 @@ def draft_config(
     verifier_architectures: list[str],
     speculative_tokens: int,
 ) -> dict[str, Any]:
-    """config.json in speculators' eagle3 layout (what vLLM's speculators parser reads)."""
+    """config.json: speculators' eagle3 layout (what vLLM's speculators parser reads), or
+    vLLM's native MLA draft layout."""
+    if arch.mla:
+        return mla_draft_config(arch, aux_layer_ids)
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -132,8 +176,13 @@ def write_checkpoint(
     with atomic_directory(directory) as tmp:
         write_safetensors(tmp / "model.safetensors", weights)
         write_json_atomic(tmp / "config.json", config)
+        architecture = "llama" if "transformer_layer_config" in config else "mla"
         header = make_header(
-            "draft_checkpoint", lineage, aux_layer_ids=list(aux_layer_ids), training=training
+            "draft_checkpoint",
+            lineage,
+            aux_layer_ids=list(aux_layer_ids),
+            training=training,
+            architecture=architecture,
         )
         write_json_header(tmp / "eagle3.json", header)
     return directory

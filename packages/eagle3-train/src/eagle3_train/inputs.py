@@ -126,6 +126,10 @@ def target_rms_norm_eps(inputs: RunInputs) -> tuple[float | None, str]:
     return None, "nowhere"
 
 
+# The MLA draft's attention shape (copied from an MLA target unless the config sets it).
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
 def resolve_arch(inputs: RunInputs) -> DraftArch:
     """The draft's shape: config values, else the target's config.json (target.path), else
     the same keys in dataset.json ``target`` (where the extract stage recorded them), else an
@@ -144,6 +148,12 @@ def resolve_arch(inputs: RunInputs) -> DraftArch:
         "max_position_embeddings": d.max_position_embeddings or t.get("max_position_embeddings"),
         "rope_theta": d.rope_theta or theta or 10000.0,
     }
+    if d.architecture == "mla":
+        for key in MLA_KEYS:
+            values[key] = getattr(d, key) or t.get(key)
+        values["num_key_value_heads"] = heads  # MLA expands its latent to every head
+        if values["qk_nope_head_dim"] and values["qk_rope_head_dim"]:
+            values["head_dim"] = values["qk_nope_head_dim"] + values["qk_rope_head_dim"]
     missing = [k for k, v in values.items() if v is None]
     if missing:
         raise InputError(
@@ -175,6 +185,8 @@ def resolve_arch(inputs: RunInputs) -> DraftArch:
         norm_before_residual=d.norm_before_residual,
         norm_before_fc=d.norm_before_fc,
         norm_output=d.norm_output,
+        architecture=d.architecture,
+        **{key: int(values[key]) for key in MLA_KEYS if key in values},
         attention=d.attention,
         attention_chunk=d.attention_chunk,
         loss_chunk=d.loss_chunk,

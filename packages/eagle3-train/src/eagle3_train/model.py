@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft network (Llama-style), its training-time-test unroll and loss.
+"""The EAGLE-3 draft network (Llama-style or MLA), its training-time-test unroll and loss.
 
 No I/O and no distributed code. Parameter names are the speculators / vLLM checkpoint names
 (``fc``, ``layers.N.*``, ``norm``, ``lm_head``), so export is a rename-free copy.
@@ -14,6 +14,12 @@ Architecture (what vLLM's ``Eagle3LlamaForCausalLM`` computes at serving time):
 - ``norm`` then ``lm_head`` over the draft vocabulary. The state fed to the next TTT step is
   the pre-norm output, or the normed one with ``norm_output``.
 
+The MLA draft (``architecture="mla"``, vLLM's ``Eagle3DeepseekV2ForCausalLM``) is the same
+network with DeepSeek's multi-head latent attention in place of Llama attention: layer 0's
+q_a_proj and kv_a_proj_with_mqa read the 2H concatenation; RoPE is interleaved (GPT-J pairs)
+on the rope slice only, one k_pe shared by all heads; the softmax scale is
+(nope + rope)^-0.5, times mscale² under YaRN; the MLP is dense.
+
 Frozen, taken from the target (never trained, never part of the resumable state):
 ``embed_tokens`` [V_target, H], ``verifier_norm`` [H] and ``verifier_lm_head``
 [V_draft, H] — the target's lm_head rows of the draft vocabulary only, so the target's
@@ -22,6 +28,7 @@ full-vocabulary logits are never formed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +67,30 @@ class DraftArch:
     norm_before_fc: bool = False
     norm_output: bool = False
     hidden_act: str = "silu"
+    architecture: str = "llama"  # "llama" | "mla"
+    # MLA only
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
     attention: str = "chunked"
     attention_chunk: int = 512
     loss_chunk: int = 1024
+
+    @property
+    def mla(self) -> bool:
+        return self.architecture == "mla"
+
+    @property
+    def rope_dim(self) -> int:
+        """The dimension RoPE rotates: a whole Llama head, MLA's rope slice."""
+        return self.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def rope_type(self) -> str:
+        scaling = self.rope_scaling or {}
+        return str(scaling.get("rope_type", scaling.get("type", "default")))
 
 
 class RMSNorm(nn.Module):
@@ -91,9 +119,9 @@ class Rotary(nn.Module):
     def __init__(self, arch: DraftArch) -> None:
         super().__init__()
         scaling = dict(arch.rope_scaling or {})
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        rope_type = arch.rope_type
         if rope_type == "default":
-            d = arch.head_dim
+            d = arch.rope_dim
             inv_freq = 1.0 / (
                 arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)
             )
@@ -105,7 +133,7 @@ class Rotary(nn.Module):
             cfg = LlamaConfig(
                 hidden_size=arch.hidden_size,
                 num_attention_heads=arch.num_attention_heads,
-                head_dim=arch.head_dim,
+                head_dim=arch.rope_dim,
                 max_position_embeddings=arch.max_position_embeddings,
                 rope_parameters={**scaling, "rope_theta": arch.rope_theta},
             )
@@ -128,6 +156,25 @@ def _rotate_half(x: Tensor) -> Tensor:
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x [heads, T, d]; cos/sin [T, d]."""
     return x * cos + _rotate_half(x) * sin
+
+
+def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """GPT-J RoPE (vLLM's DeepSeek convention: pairs x[2i], x[2i+1] at frequency i), returned
+    with each pair's halves regrouped [even | odd]: q and k regroup alike, so q·k is vLLM's."""
+    *lead, d = x.shape
+    x = x.reshape(*lead, d // 2, 2).transpose(-1, -2).reshape(*lead, d)
+    return apply_rope(x, cos, sin)
+
+
+def mla_softmax_scale(arch: DraftArch) -> float:
+    """(nope + rope)^-0.5, times mscale² under YaRN with mscale_all_dim (DeepSeek's)."""
+    scale = (arch.qk_nope_head_dim + arch.qk_rope_head_dim) ** -0.5
+    scaling = arch.rope_scaling or {}
+    mscale_all_dim = float(scaling.get("mscale_all_dim") or 0.0)
+    if arch.rope_type != "default" and mscale_all_dim:
+        mscale = 0.1 * mscale_all_dim * math.log(float(scaling["factor"])) + 1.0
+        scale *= mscale * mscale
+    return scale
 
 
 class LayerCache:
@@ -162,20 +209,77 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(T, self.nkv, self.d).transpose(0, 1)
         v = self.v_proj(x).view(T, self.nkv, self.d).transpose(0, 1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache.k0 is None:
-            cache.k0, cache.v0 = k, v
-        else:
-            cache.kd.append(k)
-            cache.vd.append(v)
-        assert cache.k0 is not None and cache.v0 is not None
-        empty = k.new_zeros((0, *k.shape))
-        kd = torch.stack(cache.kd) if cache.kd else empty
-        vd = torch.stack(cache.vd) if cache.vd else empty
-        if self.impl == "sdpa":
-            out = dense_ttt_attention(q, cache.k0, cache.v0, kd, vd, doc_start)
-        else:
-            out = chunked_ttt_attention(q, cache.k0, cache.v0, kd, vd, doc_start, self.chunk)
+        out = ttt_attend(q, k, v, cache, doc_start, self.impl, self.chunk)
         return self.o_proj(out.transpose(0, 1).reshape(T, self.nh * self.d))
+
+
+def ttt_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache: LayerCache,
+    doc_start: Tensor,
+    impl: str,
+    chunk: int,
+    scale: float | None = None,
+) -> Tensor:
+    """Cache this TTT step's keys/values, then attend over step 0's and this slot's own."""
+    if cache.k0 is None:
+        cache.k0, cache.v0 = k, v
+    else:
+        cache.kd.append(k)
+        cache.vd.append(v)
+    assert cache.k0 is not None and cache.v0 is not None
+    kd = torch.stack(cache.kd) if cache.kd else k.new_zeros((0, *k.shape))
+    vd = torch.stack(cache.vd) if cache.vd else v.new_zeros((0, *v.shape))
+    if impl == "sdpa":
+        return dense_ttt_attention(q, cache.k0, cache.v0, kd, vd, doc_start, scale)
+    return chunked_ttt_attention(q, cache.k0, cache.v0, kd, vd, doc_start, chunk, scale)
+
+
+class MLAAttention(nn.Module):
+    """DeepSeek multi-head latent attention as vLLM's MLA draft computes it (expanded form:
+    vLLM's absorbed decode is the same product). Names are vLLM's checkpoint names."""
+
+    def __init__(self, arch: DraftArch, in_features: int) -> None:
+        super().__init__()
+        self.nh = arch.num_attention_heads
+        self.nope, self.rope, self.dv = (
+            arch.qk_nope_head_dim,
+            arch.qk_rope_head_dim,
+            arch.v_head_dim,
+        )
+        self.kv_lora = arch.kv_lora_rank
+        qk = self.nope + self.rope
+        self.q_a_proj = nn.Linear(in_features, arch.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(arch.q_lora_rank, arch.rms_norm_eps)
+        self.q_b_proj = nn.Linear(arch.q_lora_rank, self.nh * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(in_features, self.kv_lora + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora, arch.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(self.kv_lora, self.nh * (self.nope + self.dv), bias=False)
+        self.o_proj = nn.Linear(self.nh * self.dv, arch.hidden_size, bias=False)
+        self.impl, self.chunk = arch.attention, arch.attention_chunk
+        self.scale = mla_softmax_scale(arch)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache, doc_start: Tensor
+    ) -> Tensor:
+        T = x.shape[0]
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(T, self.nh, self.nope + self.rope).transpose(0, 1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(c_kv))
+        k_nope, v = (
+            kv.view(T, self.nh, self.nope + self.dv)
+            .transpose(0, 1)
+            .split([self.nope, self.dv], dim=-1)
+        )
+        q_pe = apply_rope_interleaved(q[..., self.nope :], cos, sin)
+        k_pe = apply_rope_interleaved(k_pe.unsqueeze(0), cos, sin).expand(self.nh, T, self.rope)
+        q = torch.cat([q[..., : self.nope], q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe], dim=-1)
+        out = ttt_attend(q, k, v, cache, doc_start, self.impl, self.chunk, self.scale)
+        return self.o_proj(out.transpose(0, 1).reshape(T, self.nh * self.dv))
 
 
 class MLP(nn.Module):
@@ -199,7 +303,8 @@ class DecoderLayer(nn.Module):
         self.first = index == 0
         self.norm_before_residual = arch.norm_before_residual
         H = arch.hidden_size
-        self.self_attn = Attention(arch, 2 * H if self.first else H)
+        attention = MLAAttention if arch.mla else Attention
+        self.self_attn = attention(arch, 2 * H if self.first else H)
         self.mlp = MLP(arch)
         self.input_layernorm = RMSNorm(H, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(H, arch.rms_norm_eps)
@@ -252,7 +357,7 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.arch = arch
         H = arch.hidden_size
-        if arch.num_attention_heads % arch.num_key_value_heads:
+        if not arch.mla and arch.num_attention_heads % arch.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads {arch.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {arch.num_key_value_heads}"

@@ -211,6 +211,42 @@ def _check_target_files(inputs: RunInputs) -> list[Finding]:
     return out
 
 
+# What vLLM's MLA attention serves: the latent + rope width its kernels take (CPU_MLA and
+# FlashMLA: 576, DeepSeek-V3's and Kimi-K2.5's 512 + 64).
+MLA_HEAD_SIZE = 576
+
+
+def check_draft_shape(arch: DraftArch) -> list[Finding]:
+    """Shapes vLLM would refuse at load or serving time, refused before training."""
+    if not arch.mla:
+        return []
+    problems = []
+    if not arch.q_lora_rank:
+        problems.append(
+            "draft.q_lora_rank is unset: vLLM 0.32's MLA draft loader renames kv_a_proj_with_mqa "
+            "into a fused q_a/kv_a projection that exists only with a q_lora_rank"
+        )
+    head = arch.kv_lora_rank + arch.qk_rope_head_dim
+    if head != MLA_HEAD_SIZE:
+        problems.append(
+            f"kv_lora_rank + qk_rope_head_dim = {arch.kv_lora_rank} + {arch.qk_rope_head_dim} = "
+            f"{head}: vLLM's MLA backends (CPU_MLA, FlashMLA) take {MLA_HEAD_SIZE} (512 + 64, "
+            "the target's latent format, so the draft shares its KV-cache layout)"
+        )
+    if arch.hidden_act != "silu":
+        problems.append(f"hidden_act {arch.hidden_act!r}: vLLM's MLA draft MLP is SiLU only")
+    if arch.num_layers != 1:
+        problems.append(f"num_layers {arch.num_layers}: vLLM's EAGLE-3 MLA draft is one layer")
+    if problems:
+        return [Finding("error", "draft shape", p) for p in problems]
+    return _ok(
+        "draft shape",
+        f"MLA: {arch.num_attention_heads} heads, q_lora {arch.q_lora_rank}, latent "
+        f"{arch.kv_lora_rank} + rope {arch.qk_rope_head_dim}, nope {arch.qk_nope_head_dim}, "
+        f"v {arch.v_head_dim}",
+    )
+
+
 def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -> list[Finding]:
     if resume_from is None:
         return []
@@ -514,6 +550,7 @@ def run_preflight(
             report.seconds = time.perf_counter() - start
             return report
     report.findings += check_lineage(inputs, arch)
+    report.findings += check_draft_shape(arch)
     report.findings += check_resume(inputs, arch, resume_from)
     report.findings += check_interfaces(arch, plugin is not None, offload)
     if full and not report.errors:

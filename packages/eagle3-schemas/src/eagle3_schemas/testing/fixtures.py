@@ -277,7 +277,11 @@ def draft_checkpoint(directory: Path) -> Path:
     write_json_header(
         directory / "eagle3.json",
         make_header(
-            "draft_checkpoint", lineage, aux_layer_ids=AUX_LAYER_IDS, training={"steps": 0}
+            "draft_checkpoint",
+            lineage,
+            aux_layer_ids=AUX_LAYER_IDS,
+            training={"steps": 0},
+            architecture="llama",
         ),
     )
     return directory
