@@ -151,6 +151,8 @@ def test_run_truncates_keeping_the_prefix_and_rejects_samples_left_without_answe
         "conversations_fingerprint",
         "tokenizer_fingerprint",
         "chat_template_fingerprint",
+        "trust_remote_code",  # false: a tokenizer without custom code
+        "remote_code_files",
     }
 
 

@@ -151,7 +151,9 @@ def test_save_load_round_trip_is_a_valid_artifact(tmp_path: Path) -> None:
         "hidden_states_fingerprint": fixtures.fake_fingerprint("hidden_states"),
         "vocab_map_fingerprint": fingerprint_vocab_map(d2t, t2d),
     }
-    header = make_header("draft_checkpoint", lineage, aux_layer_ids=[1, 2, 3], training={})
+    header = make_header(
+        "draft_checkpoint", lineage, aux_layer_ids=[1, 2, 3], training={}, architecture="llama"
+    )
     out = save_draft(draft, tmp_path / "draft", config, header.to_json())
     assert validate(out) == []
     again = Eagle3Draft.load(out, draft.embed_tokens.weight)

@@ -50,6 +50,8 @@ def test_dataset_validates_and_holds_the_reference_states(
         "tokenizer_fingerprint": tok_header.lineage["tokenizer_fingerprint"],
         "tokenized_fingerprint": fingerprint_artifact(tokenized),
         "aux_layer_ids": [1, 2, 3],
+        "trust_remote_code": False,  # the choice is recorded even when nothing needed it
+        "remote_code_files": [],
     }
 
     # Stored states are the reference states rounded to bf16, tokens as tokenized.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_schemas import fingerprint_artifact, fingerprint_vocab_map, read_header, validate
-from eagle3_schemas.registry import artifact_kinds
+from eagle3_schemas.registry import artifact_kinds, versions
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.testing.fixtures import BUILDERS, build, vocab_arrays
 
@@ -24,9 +25,21 @@ def test_fixture_validates_and_header_round_trips(kind: str, tmp_path: Path) -> 
     assert validate(path) == []
     header = read_header(path)
     assert header.artifact == kind
-    assert header.schema_version == 1
+    assert header.schema_version == versions(kind)[-1]  # writers write the newest version
     assert header.lineage  # every artifact records where it came from
     assert fingerprint_artifact(path).startswith("sha256:")
+
+
+def test_a_v1_draft_checkpoint_still_validates(tmp_path: Path) -> None:
+    """draft_checkpoint v2 added the MLA variant; a Llama draft written as v1 (no
+    'architecture' in eagle3.json) is still read, against v1's rules."""
+    path = build("draft_checkpoint", tmp_path)
+    header = json.loads((path / "eagle3.json").read_text())
+    header["schema_version"] = 1
+    del header["architecture"]
+    (path / "eagle3.json").write_text(json.dumps(header))
+    assert validate(path) == []
+    assert read_header(path).schema_version == 1
 
 
 def test_vocab_map_tensors_round_trip(tmp_path: Path) -> None:

@@ -558,6 +558,10 @@ class DraftSpec:
     def optional_tensors(self) -> set[str]:
         """Tensors vLLM does without: shared from the target, derived, or ignored."""
         optional = {"embed_tokens.weight", "t2d"}
+        if self.mla is not None:
+            # vLLM builds hidden_norm in every MLA layer but only layer 0 uses it (and its
+            # loader does not insist on it).
+            optional |= {f"layers.{n}.hidden_norm.weight" for n in range(1, self.num_layers)}
         return optional | {"d2t"} if self.same_vocab else optional
 
     @property

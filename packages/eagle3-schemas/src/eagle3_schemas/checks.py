@@ -605,9 +605,12 @@ def draft_checkpoint_variant_tensors(art: Artifact) -> list[Violation]:
         for part in parts:
             name = f"layers.0.self_attn.{part}.weight"
             if kind == variant and name not in names:
-                out.append(Violation(where, name, f"missing: the {variant} attention needs it"))
+                message = f"missing: the {variant} attention needs it"
+                out.append(Violation(where, f"tensor {name}", message))
             elif kind != variant and name in names:
-                out.append(Violation(where, name, f"a {kind} tensor in a {variant} draft"))
+                out.append(
+                    Violation(where, f"tensor {name}", f"a {kind} tensor in a {variant} draft")
+                )
     return out
 
 
