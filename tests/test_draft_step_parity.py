@@ -10,7 +10,8 @@ Two implementations that share no code (issue 14, item 1):
 
 A short real training run produces both (weights well away from init, the draft lm_head
 trained too), for each flag the exported config.json carries and vLLM reads:
-``norm_before_residual``, ``norm_before_fc``, ``norm_output``, ``num_hidden_layers``. The
+``norm_before_residual``, ``norm_before_fc``, ``norm_output``, ``num_hidden_layers`` — and
+for the MLA draft (native Eagle3DeepseekV2 export; plain RoPE and Kimi's YaRN). The
 packed batch holds three documents of different lengths, longer than the attention chunk.
 
 Slot t of step k (trainer) is anchor t's chain step k (eval): fed the draft's step-(k-1)
@@ -62,6 +63,15 @@ STEPS = 4  # k = 0..3
 HIDDEN, V_TARGET, V_DRAFT = 32, 96, 40
 REL_TOL = 2e-5
 
+MLA = {
+    "architecture": "mla",
+    "num_attention_heads": 2,
+    "q_lora_rank": 16,
+    "kv_lora_rank": 24,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 12,
+}
 VARIANTS = {
     "plain": {},
     "norm_before_residual": {"norm_before_residual": True},
@@ -73,6 +83,23 @@ VARIANTS = {
         "norm_output": True,
         "num_layers": 2,
         "attention": "sdpa",
+    },
+    # The MLA draft (vLLM's Eagle3DeepseekV2ForCausalLM, native export): small latent sizes
+    # (the 576 that vLLM's kernels take is a preflight rule, off in these runs).
+    "mla": MLA,
+    "mla_yarn_norm_before_residual_sdpa": {
+        **MLA,
+        "norm_before_residual": True,
+        "attention": "sdpa",
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 64.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
+        },
     },
 }
 
@@ -291,9 +318,13 @@ def test_trainer_step_k_logits_match_eval_vllm_forward_on_the_export(runs, varia
     draft_cfg = load_config(run / "run.yaml").draft
     # the flags under test really are in the served config
     assert config["norm_before_residual"] is draft_cfg.norm_before_residual
-    assert config["norm_before_fc"] is draft_cfg.norm_before_fc
     assert config["norm_output"] is draft_cfg.norm_output
-    assert config["transformer_layer_config"]["num_hidden_layers"] == draft_cfg.num_layers
+    if draft_cfg.architecture == "mla":  # vLLM's native Eagle3DeepseekV2 layout
+        assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
+        assert config["num_hidden_layers"] == draft_cfg.num_layers
+    else:
+        assert config["norm_before_fc"] is draft_cfg.norm_before_fc
+        assert config["transformer_layer_config"]["num_hidden_layers"] == draft_cfg.num_layers
     # weights are well away from init (std-0.02 normals, norms at one)
     weights = load_file(str(export / "model.safetensors"))
     assert float((weights["layers.0.hidden_norm.weight"] - 1).abs().max()) > 0.05
