@@ -248,13 +248,7 @@ def save_tokenizer(out_dir: Path, ranks: list[bytes]) -> None:
 # ---- weights -------------------------------------------------------------------------------
 
 
-# Modules that write into the residual stream (scaled by ``residual_scale``).
-RESIDUAL_WRITERS = ("self_attn.o_proj.weight", "down_proj.weight")
-
-
-def save_weights(
-    out_dir: Path, config: dict[str, Any], seed: int, residual_scale: float = 1.0
-) -> None:
+def save_weights(out_dir: Path, config: dict[str, Any], seed: int) -> None:
     """Random DeepseekV3 text weights (seeded), bf16, under the hub checkpoint's names.
 
     ``save_pretrained`` writes the checkpoint layout (one tensor per routed expert, as vLLM and
@@ -276,24 +270,16 @@ def save_weights(
         tensors = {}
         for path in sorted(Path(tmp).glob("*.safetensors")):
             tensors.update(load_file(path))
-    if residual_scale != 1.0:
-        tensors = {
-            name: t * residual_scale if name.endswith(RESIDUAL_WRITERS) else t
-            for name, t in tensors.items()
-        }
     tensors = {f"language_model.{name}": t.contiguous() for name, t in tensors.items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-def build_standin(out_dir: Path, seed: int = 0, residual_scale: float = 1.0) -> Path:
-    """The stand-in. ``residual_scale`` < 1 shrinks what every attention and MLP adds to the
-    residual stream, so the next token depends mostly on the current one: a random target a
-    draft can learn (benchmarks comparing drafts); 1 (default) is the plain random model."""
+def build_standin(out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = standin_config(target_facts())
     save_tokenizer(out_dir, bpe_ranks(corpus_texts()))
-    save_weights(out_dir, config, seed, residual_scale)
+    save_weights(out_dir, config, seed)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (out_dir / "preprocessor_config.json").write_text(
         json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n"
@@ -304,7 +290,6 @@ def build_standin(out_dir: Path, seed: int = 0, residual_scale: float = 1.0) -> 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit("usage: python tools/kimi_standin.py OUT_DIR [RESIDUAL_SCALE]")
-    scale = float(sys.argv[2]) if len(sys.argv) == 3 else 1.0
-    print(build_standin(Path(sys.argv[1]), residual_scale=scale))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tools/kimi_standin.py OUT_DIR")
+    print(build_standin(Path(sys.argv[1])))
