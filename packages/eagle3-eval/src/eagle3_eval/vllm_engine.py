@@ -125,7 +125,6 @@ def run_prompts(
 
 def make_engine(job: dict[str, Any], with_draft: bool) -> Any:
     from vllm import LLM
-
     from vllm.platforms import current_platform
 
     args = dict(job["engine_args"])
