@@ -65,7 +65,11 @@ def untrained_draft(target: Path, out: Path) -> Path:
         "vocab_map_fingerprint": fingerprint_vocab_map(d2t, t2d),
     }
     header = make_header(
-        "draft_checkpoint", lineage, aux_layer_ids=[2, 3, 5], training={"steps": 0}
+        "draft_checkpoint",
+        lineage,
+        aux_layer_ids=[2, 3, 5],
+        training={"steps": 0},
+        architecture="llama",
     )
     return save_draft(draft, out, draft_config, header.to_json())
 
