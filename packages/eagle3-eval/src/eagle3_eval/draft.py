@@ -658,42 +658,43 @@ class DraftStep:
     kv: list[KV]  # per layer, the new rows' keys and values
 
 
-class DraftLayer(nn.Module):
-    """One Llama decoder layer; layer 0 reads cat(embeds, hidden) [2H]."""
+class DecoderLayer(nn.Module):
+    """What every draft layer shares: the layer input (``layer_input``), residuals, the
+    post-attention norm and the dense SiLU MLP. Subclasses build the attention and name it."""
+
+    ATTENTION_NAMES: tuple[str, ...] = ()
+    hidden_norm_in_every_layer = False
 
     def __init__(self, spec: DraftSpec, index: int) -> None:
         super().__init__()
-        h = spec.hidden_size
-        q_dim = spec.num_attention_heads * spec.head_dim
-        kv_dim = spec.num_key_value_heads * spec.head_dim
-        qkv_in = 2 * h if index == 0 else h
+        h, eps = spec.hidden_size, spec.rms_norm_eps
         self.spec, self.index = spec, index
-        self.q_proj = nn.Linear(qkv_in, q_dim, bias=spec.attention_bias)
-        self.k_proj = nn.Linear(qkv_in, kv_dim, bias=spec.attention_bias)
-        self.v_proj = nn.Linear(qkv_in, kv_dim, bias=spec.attention_bias)
-        self.o_proj = nn.Linear(q_dim, h, bias=False)
         self.gate_proj = nn.Linear(h, spec.intermediate_size, bias=False)
         self.up_proj = nn.Linear(h, spec.intermediate_size, bias=False)
         self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False)
-        self.input_layernorm = RMSNorm(h, spec.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(h, spec.rms_norm_eps)
-        if index == 0:
-            self.hidden_norm = RMSNorm(h, spec.rms_norm_eps)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        if index == 0 or self.hidden_norm_in_every_layer:
+            self.hidden_norm = RMSNorm(h, eps)
         self.act = ACT2FN[spec.hidden_act]
 
     def checkpoint_modules(self) -> dict[str, nn.Module]:
         prefix = f"layers.{self.index}."
         out: dict[str, nn.Module] = {}
-        for name in ATTENTION:
+        for name in self.ATTENTION_NAMES:
             out[f"{prefix}self_attn.{name}"] = getattr(self, name)
         for name in MLP:
             out[f"{prefix}mlp.{name}"] = getattr(self, name)
-        norms = ["input_layernorm", "post_attention_layernorm"]
-        if self.index == 0:
-            norms.append("hidden_norm")
-        for name in norms:
-            out[prefix + name] = getattr(self, name)
+        for name in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
+            if hasattr(self, name):
+                out[prefix + name] = getattr(self, name)
         return out
+
+    def attention(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], past: KV | None, mask: Tensor
+    ) -> tuple[Tensor, KV]:
+        """Attention of x [n, 2H or H] -> (o_proj output [n, H], these rows' KV)."""
+        raise NotImplementedError
 
     def forward(
         self,
@@ -705,8 +706,33 @@ class DraftLayer(nn.Module):
         mask: Tensor,
     ) -> tuple[Tensor, Tensor, KV]:
         """Returns (mlp output, residual, this layer's new KV) — vLLM keeps the two apart."""
-        spec = self.spec
         x, residual = layer_input(self, embeds, hidden, residual)
+        attention, new = self.attention(x, rope, past, mask)
+        residual = residual + attention
+        x = self.post_attention_layernorm(residual)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)), residual, new
+
+
+class DraftLayer(DecoderLayer):
+    """One Llama decoder layer; layer 0 reads cat(embeds, hidden) [2H]."""
+
+    ATTENTION_NAMES = ATTENTION
+
+    def __init__(self, spec: DraftSpec, index: int) -> None:
+        super().__init__(spec, index)
+        h = spec.hidden_size
+        q_dim = spec.num_attention_heads * spec.head_dim
+        kv_dim = spec.num_key_value_heads * spec.head_dim
+        qkv_in = 2 * h if index == 0 else h
+        self.q_proj = nn.Linear(qkv_in, q_dim, bias=spec.attention_bias)
+        self.k_proj = nn.Linear(qkv_in, kv_dim, bias=spec.attention_bias)
+        self.v_proj = nn.Linear(qkv_in, kv_dim, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(q_dim, h, bias=False)
+
+    def attention(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], past: KV | None, mask: Tensor
+    ) -> tuple[Tensor, KV]:
+        spec = self.spec
         n = x.shape[0]
         cos, sin = rope
         q = rotate(self.q_proj(x).view(n, spec.num_attention_heads, spec.head_dim), cos, sin)
@@ -714,10 +740,7 @@ class DraftLayer(nn.Module):
         v = self.v_proj(x).view(n, spec.num_key_value_heads, spec.head_dim)
         new = KV(k, v)
         keys = new if past is None else KV.cat([past, new])
-        attention = attend(q, keys.k, keys.v, mask)
-        residual = residual + self.o_proj(attention.flatten(-2))
-        x = self.post_attention_layernorm(residual)
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)), residual, new
+        return self.o_proj(attend(q, keys.k, keys.v, mask).flatten(-2)), new
 
 
 def layer_input(
@@ -741,7 +764,7 @@ def layer_input(
     return layer.input_layernorm(residual), residual
 
 
-class MLADraftLayer(nn.Module):
+class MLADraftLayer(DecoderLayer):
     """One layer of vLLM's DeepseekV2Eagle3Model: MLA attention, dense SiLU MLP.
 
     Layer 0's ``q_a_proj`` and ``kv_a_proj_with_mqa`` read cat(embeds, hidden) [2H]. The KV
@@ -749,13 +772,16 @@ class MLADraftLayer(nn.Module):
     vLLM caches the latent (c_kv, k_pe) and absorbs kv_b_proj, which is the same product.
     """
 
+    ATTENTION_NAMES = MLA_ATTENTION + MLA_NORMS
+    hidden_norm_in_every_layer = True  # as vLLM builds it; only layer 0 uses it
+
     def __init__(self, spec: DraftSpec, index: int) -> None:
-        super().__init__()
+        super().__init__(spec, index)
         mla = spec.mla
         assert mla is not None
         h, heads, eps = spec.hidden_size, spec.num_attention_heads, spec.rms_norm_eps
         x_in = 2 * h if index == 0 else h
-        self.spec, self.mla, self.index = spec, mla, index
+        self.mla = mla
         self.q_a_proj = nn.Linear(x_in, mla.q_lora_rank, bias=False)
         self.q_a_layernorm = RMSNorm(mla.q_lora_rank, eps)
         self.q_b_proj = nn.Linear(mla.q_lora_rank, heads * mla.qk_head_dim, bias=False)
@@ -767,24 +793,6 @@ class MLADraftLayer(nn.Module):
             mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False
         )
         self.o_proj = nn.Linear(heads * mla.v_head_dim, h, bias=False)
-        self.gate_proj = nn.Linear(h, spec.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(h, spec.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False)
-        self.input_layernorm = RMSNorm(h, eps)
-        self.post_attention_layernorm = RMSNorm(h, eps)
-        self.hidden_norm = RMSNorm(h, eps)  # in every layer, as vLLM; used by layer 0
-        self.act = ACT2FN[spec.hidden_act]
-
-    def checkpoint_modules(self) -> dict[str, nn.Module]:
-        prefix = f"layers.{self.index}."
-        out: dict[str, nn.Module] = {}
-        for name in MLA_ATTENTION + MLA_NORMS:
-            out[f"{prefix}self_attn.{name}"] = getattr(self, name)
-        for name in MLP:
-            out[f"{prefix}mlp.{name}"] = getattr(self, name)
-        for name in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
-            out[prefix + name] = getattr(self, name)
-        return out
 
     def attention(
         self, x: Tensor, rope: tuple[Tensor, Tensor], past: KV | None, mask: Tensor
@@ -810,22 +818,6 @@ class MLADraftLayer(nn.Module):
         q = torch.cat([q_nope, q_pe], dim=-1)
         out = attend(q, keys.k, keys.v, mask, mla.softmax_scale)
         return self.o_proj(out.flatten(-2)), new
-
-    def forward(
-        self,
-        embeds: Tensor,
-        hidden: Tensor,
-        residual: Tensor | None,
-        rope: tuple[Tensor, Tensor],
-        past: KV | None,
-        mask: Tensor,
-    ) -> tuple[Tensor, Tensor, KV]:
-        """Returns (mlp output, residual, this layer's new KV), as ``DraftLayer``."""
-        x, residual = layer_input(self, embeds, hidden, residual)
-        attention, new = self.attention(x, rope, past, mask)
-        residual = residual + attention
-        x = self.post_attention_layernorm(residual)
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)), residual, new
 
 
 class MLARotaryEmbedding(nn.Module):
