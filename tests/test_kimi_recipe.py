@@ -239,42 +239,26 @@ def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
         )
     eval_args = without(f["EVAL_ARGS"], "--concurrency", "--engine-arg")
     eval_args = replace_value(eval_args, "--max-new-tokens", "16")
-    o["eval reference mla"] = run_cli(
-        eval_main,
-        [
-            "reference",
-            "--draft",
-            str(work / "train-mla" / "draft"),
-            "--target",
-            str(standin),
-            "--prompts",
-            str(work / "heldout.c.parquet"),
-            "--heldout-sources",
-            str(work / "heldout_sources.json"),
-            *eval_args,
-            "--no-figure",
-            "--out",
-            str(work / "eval-reference-mla"),
-        ],
-    )
-    o["eval reference"] = run_cli(
-        eval_main,
-        [
-            "reference",
-            "--draft",
-            str(work / "train" / "draft"),
-            "--target",
-            str(standin),
-            "--prompts",
-            str(work / "heldout.c.parquet"),
-            "--heldout-sources",
-            str(work / "heldout_sources.json"),
-            *eval_args,
-            "--no-figure",
-            "--out",
-            str(work / "eval-reference"),
-        ],
-    )
+    for name, draft in (("eval reference", "train"), ("eval reference mla", "train-mla")):
+        report = "eval-reference" + draft.removeprefix("train")
+        o[name] = run_cli(
+            eval_main,
+            [
+                "reference",
+                "--draft",
+                str(work / draft / "draft"),
+                "--target",
+                str(standin),
+                "--prompts",
+                str(work / "heldout.c.parquet"),
+                "--heldout-sources",
+                str(work / "heldout_sources.json"),
+                *eval_args,
+                "--no-figure",
+                "--out",
+                str(work / report),
+            ],
+        )
     o["eval offline"] = run_cli(
         eval_main,
         [

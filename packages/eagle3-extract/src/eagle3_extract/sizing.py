@@ -206,7 +206,7 @@ def check_parallelism(
     if t["num_hidden_layers"] < pp:
         problems.append(f"{t['num_hidden_layers']} layers cannot fill {pp} pipeline stages")
     experts = t.get("n_routed_experts") or t.get("num_experts") or 0
-    notes = [f"{heads // tp if not heads % tp else heads / tp:g} heads per GPU"]
+    notes = [f"{heads / tp:g} heads per GPU"]
     if experts:
         moe = t.get("moe_intermediate_size") or t["intermediate_size"]
         if moe % tp:
