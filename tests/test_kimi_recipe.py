@@ -579,6 +579,22 @@ def test_plan_on_the_real_config(tmp_path: Path, gpu_gib: str, level: str) -> No
         assert figure in sheet, f"RESOURCES.md lacks {figure!r}"
 
 
+def test_plan_warns_on_a_disk_bound_and_refuses_an_estimate_that_does_not_fit(
+    tmp_path: Path,
+) -> None:
+    """The pipeline passes SAMPLES x MAX_LENGTH as a bound (--max-tokens-per-sample): over the
+    free disk it warns, as extract's preflight checks the exact count later; an estimate
+    (--tokens-per-sample) over the free disk is an error."""
+    model = tmp_path / "Kimi-K2.5"
+    model.mkdir()
+    shutil.copyfile(RECIPE / "target_config.json", model / "config.json")
+    plan = ["plan", "--model", str(model), "--samples", "100000", "--out", str(tmp_path / "hs")]
+    bound = run_cli(extract_main, [*plan, "--max-tokens-per-sample", "2000"])
+    assert bound.code == 0 and "[warning] disk" in bound.stdout, bound.stdout
+    estimate = run_cli(extract_main, [*plan, "--tokens-per-sample", "2000"])
+    assert estimate.code == 1 and "[error  ] disk" in estimate.stdout, estimate.stdout
+
+
 def test_plan_refuses_a_layout_the_model_does_not_divide_into(tmp_path: Path) -> None:
     model = tmp_path / "Kimi-K2.5"
     model.mkdir()

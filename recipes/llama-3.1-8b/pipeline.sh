@@ -51,9 +51,10 @@ aux="$("$bin/python" tools/recipe_targets.py aux-ids "$recipe")"  # train.yaml's
 echo "target $MODEL matches $recipe/target_config.json; aux layer ids $aux; $NGPU GPU(s)"
 
 step "plan: disk for the hidden states, GPU memory and parallelism, from the target's config"
-# SAMPLES x MAX_LENGTH bounds the tokens from above (samples are cut at MAX_LENGTH).
+# SAMPLES x MAX_LENGTH bounds the tokens from above (samples are cut at MAX_LENGTH): a bound
+# over the free disk is a warning here; extract's preflight checks the exact count.
 "$bin/eagle3-extract" plan --model "$MODEL" --aux-layer-ids "$aux" --samples "$SAMPLES" \
-  --tokens-per-sample "$MAX_LENGTH" "${PLAN_ARGS[@]}" --out "$out/hidden_states" \
+  --max-tokens-per-sample "$MAX_LENGTH" "${PLAN_ARGS[@]}" --out "$out/hidden_states" \
   --json "$out/plan.json"
 
 step "data: ingest (training files and held-out files apart)"

@@ -3,7 +3,7 @@
     eagle3-extract run --model DIR --tokenized FILE --out DIR [--backend hf|vllm] ...
         [--max-samples N [--sample-seed S]]
     eagle3-extract preflight --model DIR --tokenized FILE --out DIR [...]   (checks only)
-    eagle3-extract plan --model DIR --samples N --tokens-per-sample L [--tensor-parallel-size 8
+    eagle3-extract plan --model DIR --samples N --(max-)tokens-per-sample L [--tensor-parallel-size 8
         --gpu-memory-gib 141 --out DIR]                          (sizes before any data exists)
     eagle3-extract merge --out DIR IN_DIR...
     eagle3-extract verify DATASET --model DIR [--tokenized FILE] [--samples N]
@@ -161,7 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--aux-layer-ids", type=_layer_ids, help="default [2, N//2, N-3]")
     plan.add_argument("--storage-dtype", choices=STORAGE_DTYPES, default="bfloat16")
     plan.add_argument("--samples", type=int, required=True, help="samples planned")
-    plan.add_argument("--tokens-per-sample", type=int, required=True, help="their mean length")
+    per_sample = plan.add_mutually_exclusive_group(required=True)
+    per_sample.add_argument("--tokens-per-sample", type=int, help="their expected mean length")
+    per_sample.add_argument(
+        "--max-tokens-per-sample",
+        type=int,
+        help="their length cap: the disk figure is then an upper bound (a warning, not an error)",
+    )
     plan.add_argument("--tensor-parallel-size", type=int, default=1)
     plan.add_argument("--pipeline-parallel-size", type=int, default=1)
     plan.add_argument("--gpus", type=int, help="GPUs on the node")
@@ -264,8 +270,9 @@ def _plan(args: argparse.Namespace) -> int:
     check_input_dir(
         args.model, "--model", "a target model directory", must_contain=("config.json",)
     )
-    if args.samples < 1 or args.tokens_per_sample < 1:
-        raise ConfigError("--samples and --tokens-per-sample must be >= 1")
+    per_sample = args.tokens_per_sample or args.max_tokens_per_sample
+    if args.samples < 1 or per_sample < 1:
+        raise ConfigError("--samples and the tokens per sample must be >= 1")
     if args.json:
         check_output(args.json, "--json", "a JSON report file", suffix=".json", may_exist=True)
     target = read_target(args.model)
@@ -275,8 +282,9 @@ def _plan(args: argparse.Namespace) -> int:
         model=args.model,
         aux_layer_ids=aux,
         storage_dtype=args.storage_dtype,
-        num_tokens=args.samples * args.tokens_per_sample,
+        num_tokens=args.samples * per_sample,
         num_samples=args.samples,
+        tokens_are_bound=args.max_tokens_per_sample is not None,
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         gpus=args.gpus,

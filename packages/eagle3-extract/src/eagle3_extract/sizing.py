@@ -50,6 +50,9 @@ class PlanInputs:
     storage_dtype: str = "bfloat16"
     num_tokens: int = 0
     num_samples: int = 0
+    # num_tokens is an upper bound (samples x their length cap), not an estimate: a bound
+    # over the free disk is a warning — extract's preflight checks the exact count later.
+    tokens_are_bound: bool = False
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     gpus: int | None = None
@@ -312,7 +315,14 @@ def make_plan(inputs: PlanInputs, target: TargetInfo) -> Plan:
         free = shutil.disk_usage(probe).free
         plan.figures["disk_free_bytes"] = free
         text += f"; {free / 1e12:.2f} TB free at {probe}"
-        if disk > free * (1 - DISK_HEADROOM):
+        if disk > free * (1 - DISK_HEADROOM) and inputs.tokens_are_bound:
+            plan.add(
+                "warning",
+                "disk",
+                text + ": the upper bound does not fit; extract's preflight checks the exact "
+                "token count before writing",
+            )
+        elif disk > free * (1 - DISK_HEADROOM):
             plan.add(
                 "error", "disk", text + " (fp8_e4m3 storage halves it; or extract fewer tokens)"
             )
