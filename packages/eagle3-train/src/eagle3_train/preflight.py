@@ -323,6 +323,8 @@ def check_interfaces(arch: DraftArch, deepspeed: bool, offload: bool) -> list[Fi
         "init_trackers",
         "log",
         "end_training",
+        "free_memory",
+        "wait_for_everyone",
     ):
         need(callable(getattr(Accelerator, name, None)), f"{acc}: Accelerator.{name} is missing")
     need(
