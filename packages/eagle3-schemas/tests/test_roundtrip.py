@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import xxhash
 
 from eagle3_schemas import fingerprint_artifact, fingerprint_vocab_map, read_header, validate
 from eagle3_schemas.registry import artifact_kinds, versions
+from eagle3_schemas.hidden_states import checksum_rows
 from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.testing.edits import as_hidden_states_v1, rewrite_header
 from eagle3_schemas.testing.fixtures import BUILDERS, build, vocab_arrays
 
 
@@ -40,6 +44,35 @@ def test_a_v1_draft_checkpoint_still_validates(tmp_path: Path) -> None:
     (path / "eagle3.json").write_text(json.dumps(header))
     assert validate(path) == []
     assert read_header(path).schema_version == 1
+
+
+def test_a_v1_hidden_state_dataset_still_validates_with_its_own_checksum(tmp_path: Path) -> None:
+    """hidden_states v2 changed the row checksum (XXH3-128 for blake2b-128); a v1 dataset is
+    read with v1's rule, and each version refuses the other's checksums."""
+    path = build("hidden_states", tmp_path)
+    checksums = pq.read_table(path / "manifest.parquet").column("checksum").to_pylist()
+    assert all(c.startswith("xxh3_128:") and len(c) == 9 + 32 for c in checksums)
+    as_hidden_states_v1(path)
+    assert read_header(path).schema_version == 1
+    v1_checksums = pq.read_table(path / "manifest.parquet").column("checksum").to_pylist()
+    assert all(c.startswith("blake2b:") for c in v1_checksums)
+    assert validate(path) == []
+
+    rewrite_header(path, lambda h: h.__setitem__("schema_version", 2))  # v1 sums, v2 header
+    violations = validate(path)
+    assert violations and all("is not a xxh3_128 checksum" in v.message for v in violations)
+    assert {v.location for v in violations} == {
+        f"row {i}, column checksum" for i in range(len(checksums))
+    }
+
+
+def test_row_checksums_are_the_documented_hashes() -> None:
+    """The schema files' words, computed independently: v2 = XXH3-128 (xxhash), v1 =
+    blake2b-128 (hashlib), over the per-token tensors' bytes in name order."""
+    rows = {"loss_mask": b"\x01\x00", "input_ids": b"abcdefgh", "cu_seqlens": b"ignored"}
+    joined = rows["input_ids"] + rows["loss_mask"]
+    assert checksum_rows(rows) == "xxh3_128:" + xxhash.xxh3_128(joined).hexdigest()
+    assert checksum_rows(rows, 1) == "blake2b:" + hashlib.blake2b(joined, digest_size=16).hexdigest()
 
 
 def test_vocab_map_tensors_round_trip(tmp_path: Path) -> None:

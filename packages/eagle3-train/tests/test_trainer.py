@@ -3,15 +3,18 @@ draft selection, and a clear stop on a non-finite loss that keeps the last good 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import shutil
 
 import pytest
 import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_schemas.header import write_safetensors
+from eagle3_schemas.header import read_header, write_safetensors
+from eagle3_schemas.testing.edits import as_hidden_states_v1
 from eagle3_schemas.validate import validate
 from eagle3_train.cli import main
 from eagle3_train.testing import make_inputs, write_config
@@ -84,3 +87,26 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, in_p
     latest = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
     assert latest == nan[0]["step"] - 1  # nothing saved from the failing step on
     assert not (run / "draft").exists()
+
+
+def test_a_v1_hidden_state_dataset_still_trains_and_trains_alike(tmp_path, in_process):
+    """hidden_states v2 changed only the row checksum: a dataset written as v1 passes the
+    preflight (which validates it with v1's blake2b rule) and trains to the same losses."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=24)
+    v1 = tmp_path / "hidden_states_v1"
+    shutil.copytree(inputs.hidden_states, v1)
+    as_hidden_states_v1(v1)
+    losses = {}
+    for name, dataset in (("v2", inputs.hidden_states), ("v1", v1)):
+        run = tmp_path / name
+        config = write_config(
+            dataclasses.replace(inputs, hidden_states=dataset),
+            run,
+            train={"max_steps": 3, "save_every": 0},
+        )
+        assert in_process(["--config", str(config)]) == 0
+        AcceleratorState._reset_state(reset_partial_state=True)
+        losses[name] = [r["loss"] for r in _records(run) if r.get("event") == "train"]
+        assert validate(run / "draft") == []
+    assert read_header(v1).schema_version == 1
+    assert len(losses["v1"]) == 3 and losses["v1"] == losses["v2"]

@@ -225,7 +225,7 @@ class _Packed:
 
 
 # Samples packed between two hand-offs to the writing thread (bounds the latency of the overlap).
-PACK_CHUNK_TOKENS = 4096
+PACK_CHUNK_TOKENS = 512
 
 
 class _NonFinite(Exception):

@@ -13,7 +13,12 @@ import numpy as np
 import pyarrow.compute as pc
 
 from eagle3_schemas.conversations import conversation_problem
-from eagle3_schemas.hidden_states import UnsafeShardPath, resolve_shard_path, row_checksum
+from eagle3_schemas.hidden_states import (
+    UnsafeShardPath,
+    checksum_algorithm,
+    resolve_shard_path,
+    row_checksum,
+)
 from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_schemas.safetensors_format import nonfinite_count
 from eagle3_schemas.validate import Artifact, Violation
@@ -459,11 +464,17 @@ def hidden_states_totals(art: Artifact) -> list[Violation]:
 def hidden_states_row_checksums(art: Artifact) -> list[Violation]:
     if hidden_states_shard_paths_inside(art) or hidden_states_manifest_rows(art):
         return []  # reported there
+    version = art.header.schema_version
+    algorithm = checksum_algorithm(version)
     out = []
     for shard, rows in _rows_by_shard(art).items():
         st = art.safetensors(resolve_shard_path(art.root, shard))
         for row, start, n, _, checksum in rows:
-            stored = row_checksum(st, start, n)
+            if not checksum.startswith(f"{algorithm}:"):
+                message = f"{checksum[:24]}... is not a {algorithm} checksum, which schema v{version} uses"
+                out.append(Violation(_where(art, "manifest"), f"row {row}, column checksum", message))
+                continue
+            stored = row_checksum(st, start, n, version)
             if stored != checksum:
                 out.append(
                     Violation(

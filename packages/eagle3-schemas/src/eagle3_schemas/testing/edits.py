@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from safetensors.numpy import save_file
 
-from eagle3_schemas.header import HEADER_KEY
+from eagle3_schemas.header import HEADER_KEY, read_header
+from eagle3_schemas.hidden_states import row_checksum
 from eagle3_schemas.safetensors_format import NUMPY_VIEWS, read_safetensors
 
 
@@ -85,8 +86,6 @@ def map_hidden_state_rows(
     ``last_hidden_state``) of a hidden-state dataset by ``transform(rows)`` (float32 in and
     out, stored back in the tensor's dtype), then rewrite the manifest checksums over the new
     bytes: the dataset stays schema-valid, as a backend with that bug would have written it."""
-    from eagle3_schemas.hidden_states import row_checksum
-
     manifest_path = dataset / "manifest.parquet"
     manifest = pq.read_table(manifest_path)
     spans = list(
@@ -109,7 +108,30 @@ def map_hidden_state_rows(
                 rows = _to_float32(values[start : start + n], info.dtype)
                 values[start : start + n] = _from_float32(transform(rows), info.dtype)
         path.write_bytes(bytes(data))
-    checksums = [row_checksum(read_safetensors(dataset / s), a, n) for s, a, n in spans]
+    rewrite_checksums(dataset)
+
+
+def rewrite_checksums(dataset: Path) -> None:
+    """Recompute every manifest checksum of a hidden-state dataset over its stored rows, with
+    the algorithm of the schema version its header declares."""
+    version = read_header(dataset).schema_version
+    manifest_path = dataset / "manifest.parquet"
+    manifest = pq.read_table(manifest_path)
+    spans = zip(
+        manifest.column("shard").to_pylist(),
+        manifest.column("row_start").to_pylist(),
+        manifest.column("num_tokens").to_pylist(),
+        strict=True,
+    )
+    checksums = [row_checksum(read_safetensors(dataset / s), a, n, version) for s, a, n in spans]
     column = pa.array(checksums, type=manifest.schema.field("checksum").type)
     index = manifest.schema.get_field_index("checksum")
     pq.write_table(manifest.set_column(index, "checksum", column), manifest_path)
+
+
+def as_hidden_states_v1(dataset: Path) -> None:
+    """Turn a hidden-state dataset into what a v1 writer made of the same data: v2 changed
+    only the checksum (XXH3-128 for blake2b-128), so the header's version and the manifest
+    checksums are all that differ."""
+    rewrite_header(dataset, lambda h: h.__setitem__("schema_version", 1))
+    rewrite_checksums(dataset)
