@@ -34,11 +34,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from eagle3_extract import writer as writer_module
 from eagle3_extract.config import ExtractConfig
 from eagle3_extract.plan import ShardPlan, hidden_bytes_per_token
 from eagle3_extract.run import run
 from eagle3_extract.samples import Sample
-from eagle3_extract import writer as writer_module
 from eagle3_extract.writer import CapturedSample, write_shard
 from eagle3_schemas.header import make_header, write_parquet
 from eagle3_schemas.hidden_states import checksum_rows

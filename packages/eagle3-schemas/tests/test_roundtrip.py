@@ -12,8 +12,8 @@ import pytest
 import xxhash
 
 from eagle3_schemas import fingerprint_artifact, fingerprint_vocab_map, read_header, validate
-from eagle3_schemas.registry import artifact_kinds, versions
 from eagle3_schemas.hidden_states import checksum_rows
+from eagle3_schemas.registry import artifact_kinds, versions
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.testing.edits import as_hidden_states_v1, rewrite_header
 from eagle3_schemas.testing.fixtures import BUILDERS, build, vocab_arrays
@@ -72,7 +72,9 @@ def test_row_checksums_are_the_documented_hashes() -> None:
     rows = {"loss_mask": b"\x01\x00", "input_ids": b"abcdefgh", "cu_seqlens": b"ignored"}
     joined = rows["input_ids"] + rows["loss_mask"]
     assert checksum_rows(rows) == "xxh3_128:" + xxhash.xxh3_128(joined).hexdigest()
-    assert checksum_rows(rows, 1) == "blake2b:" + hashlib.blake2b(joined, digest_size=16).hexdigest()
+    assert (
+        checksum_rows(rows, 1) == "blake2b:" + hashlib.blake2b(joined, digest_size=16).hexdigest()
+    )
 
 
 def test_vocab_map_tensors_round_trip(tmp_path: Path) -> None:

@@ -472,7 +472,9 @@ def hidden_states_row_checksums(art: Artifact) -> list[Violation]:
         for row, start, n, _, checksum in rows:
             if not checksum.startswith(f"{algorithm}:"):
                 message = f"{checksum[:24]}... is not a {algorithm} checksum, which schema v{version} uses"
-                out.append(Violation(_where(art, "manifest"), f"row {row}, column checksum", message))
+                out.append(
+                    Violation(_where(art, "manifest"), f"row {row}, column checksum", message)
+                )
                 continue
             stored = row_checksum(st, start, n, version)
             if stored != checksum:
