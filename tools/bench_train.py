@@ -59,7 +59,7 @@ def _vocab(args):
 
 
 def _heads(args) -> tuple[int, int, int]:
-    heads = max(1, args.hidden // 64)
+    heads = args.heads or max(1, args.hidden // 64)
     return heads, max(1, heads // 2), args.hidden // heads
 
 
@@ -92,11 +92,13 @@ def run_ours(args) -> dict[str, float]:
         torch.randn(args.v_target, args.hidden, generator=g), torch.ones(args.hidden), head[t2d]
     )
     model.lm_head.weight.requires_grad_(False)
+    model.to(args.device)
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=1e-4)
-    b = _batch(args)
+    b = _on_device(_batch(args), args)
 
     def step() -> None:
-        loss, _ = model(b["aux"], b["last"], b["ids"], b["mask"], b["cu"], args.ttt_steps)
+        with _autocast(args):
+            loss, _ = model(b["aux"], b["last"], b["ids"], b["mask"], b["cu"], args.ttt_steps)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -125,7 +127,8 @@ def run_speculators(args) -> dict[str, float]:
         num_hidden_layers=1,
         max_position_embeddings=4096,
     )
-    tl._attn_implementation = "sdpa"  # FlexAttention has no CPU backward
+    if args.device == "cpu":
+        tl._attn_implementation = "sdpa"  # FlexAttention has no CPU backward
     cfg = Eagle3SpeculatorConfig(
         transformer_layer_config=tl,
         draft_vocab_size=args.v_draft,
@@ -148,6 +151,7 @@ def run_speculators(args) -> dict[str, float]:
         model.embed_tokens.weight.copy_(torch.randn(args.v_target, args.hidden, generator=g))
         model.lm_head.weight.copy_(head[t2d])
         model.verifier_lm_head.weight.copy_(head[t2d])
+    model.to(args.device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     b = _batch(args)
     parts, start = [], 0
@@ -168,10 +172,12 @@ def run_speculators(args) -> dict[str, float]:
         start += n
     cat = {k: torch.cat([p[k] for p in parts])[None] for k in parts[0] if k != "lengths"}
     doc = torch.cat([torch.full((len(p["input_ids"]),), i) for i, p in enumerate(parts)])[None]
-    loss_config = resolve_loss_config("kl_div", "eager")
+    cat, doc = _on_device(cat, args), doc.to(args.device)
+    # its defaults on a GPU (FlexAttention, fused Triton loss); eager where they need one
+    loss_config = resolve_loss_config("kl_div", "eager" if args.device == "cpu" else "fused")
 
     def step() -> None:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _autocast(args):
             warnings.simplefilter("ignore")
             _, loss, _ = model(
                 hidden_states=cat["hidden_states"],
@@ -190,12 +196,40 @@ def run_speculators(args) -> dict[str, float]:
     return _time(step, args, b["ids"].shape[0])
 
 
+def _on_device(batch: dict, args) -> dict:
+    return {k: v.to(args.device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def _autocast(args):
+    """Mixed precision as the trainer runs it (fp32 master weights, autocast compute)."""
+    import contextlib
+
+    import torch
+
+    if args.dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(args.device, dtype=getattr(torch, args.dtype))
+
+
+def _synchronize(args) -> None:
+    import torch
+
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+
+
 def _time(step, args, tokens: int) -> dict[str, float]:
+    import torch
+
     for _ in range(args.warmup):
         step()
+    _synchronize(args)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         step()
+    _synchronize(args)
     seconds = (time.perf_counter() - start) / args.steps
     # CPU seconds of this process per step: on a shared machine less disturbed by other
     # jobs than wall time (with one thread; OpenMP threads may spin-wait)
@@ -205,6 +239,12 @@ def _time(step, args, tokens: int) -> dict[str, float]:
         "tokens_per_s": tokens / seconds,
         "cpu_seconds_per_step": cpu_seconds,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # on a GPU: the device's peak over the timed steps (weights, optimizer, activations)
+        **(
+            {"peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20}
+            if args.device == "cuda"
+            else {}
+        ),
     }
 
 
@@ -293,6 +333,10 @@ def main() -> int:
     p.add_argument("--v-draft", type=int, default=1024)
     p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--heads", type=int, help="attention heads (default: hidden // 64)")
+    p.add_argument("--skip-loader", action="store_true")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--loader-samples", type=int, default=128)
@@ -306,7 +350,7 @@ def main() -> int:
     forwarded = [
         f"--{k.replace('_', '-')}={v}"
         for k, v in vars(args).items()
-        if k not in ("side", "json", "rounds") and v is not None
+        if k not in ("side", "json", "rounds", "skip_loader") and v is not None
     ]
     results: dict[str, object] = {
         "config": {k: v for k, v in vars(args).items() if k not in ("side", "json")}
@@ -329,34 +373,44 @@ def main() -> int:
             best = results.get(side)
             if not isinstance(best, dict) or got["seconds_per_step"] < best["seconds_per_step"]:
                 results[side] = got
-    results["loader"] = bench_loader(args)
-    ours, theirs, loader = results["ours"], results["speculators"], results["loader"]
-    results["ratios"] = {
+    ours, theirs = results["ours"], results["speculators"]
+    ratios = {
         "train_tokens_per_s_vs_speculators": ours["tokens_per_s"] / theirs["tokens_per_s"],
         "train_cpu_time_speedup_vs_speculators": theirs["cpu_seconds_per_step"]
         / ours["cpu_seconds_per_step"],
         "peak_rss_vs_speculators": ours["peak_rss_mib"] / theirs["peak_rss_mib"],
-        "loader_vs_raw_read_w0": loader["loader_tokens_per_s_w0"] / loader["raw_tokens_per_s"],
-        "loader_vs_raw_read_w2": loader["loader_tokens_per_s_w2"] / loader["raw_tokens_per_s"],
     }
+    if args.device == "cuda":
+        ratios["peak_gpu_memory_vs_speculators"] = ours["peak_gpu_mib"] / theirs["peak_gpu_mib"]
     c = args
     print(
         f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
-        f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, threads={c.threads}"
+        f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, {c.device} {c.dtype}, threads={c.threads}"
     )
-    print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'CPU s/step':>12}{'peak RSS MiB':>14}")
+    memory = "peak GPU MiB" if args.device == "cuda" else "peak RSS MiB"
+    print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'CPU s/step':>12}{memory:>14}")
     for side in ("speculators", "ours"):
         r = results[side]
+        peak = r["peak_gpu_mib"] if args.device == "cuda" else r["peak_rss_mib"]
         print(
             f"{side:14}{r['seconds_per_step']:>10.3f}{r['tokens_per_s']:>12.0f}"
-            f"{r['cpu_seconds_per_step']:>12.3f}{r['peak_rss_mib']:>14.0f}"
+            f"{r['cpu_seconds_per_step']:>12.3f}{peak:>14.0f}"
         )
-    print(
-        f"loader: {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB of bf16 shards; raw read "
-        f"{loader['raw_tokens_per_s']:.0f} tok/s, loader {loader['loader_tokens_per_s_w0']:.0f} tok/s (0 workers), "
-        f"{loader['loader_tokens_per_s_w2']:.0f} tok/s (2 workers)"
-    )
-    for k, v in results["ratios"].items():
+    if not args.skip_loader:
+        loader = results["loader"] = bench_loader(args)
+        ratios["loader_vs_raw_read_w0"] = (
+            loader["loader_tokens_per_s_w0"] / loader["raw_tokens_per_s"]
+        )
+        ratios["loader_vs_raw_read_w2"] = (
+            loader["loader_tokens_per_s_w2"] / loader["raw_tokens_per_s"]
+        )
+        print(
+            f"loader: {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB of bf16 shards; raw read "
+            f"{loader['raw_tokens_per_s']:.0f} tok/s, loader {loader['loader_tokens_per_s_w0']:.0f} tok/s (0 workers), "
+            f"{loader['loader_tokens_per_s_w2']:.0f} tok/s (2 workers)"
+        )
+    results["ratios"] = ratios
+    for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
