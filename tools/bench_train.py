@@ -172,6 +172,13 @@ def run_speculators(args) -> dict[str, float]:
         start += n
     cat = {k: torch.cat([p[k] for p in parts])[None] for k in parts[0] if k != "lengths"}
     doc = torch.cat([torch.full((len(p["input_ids"]),), i) for i, p in enumerate(parts)])[None]
+    if args.device == "cuda":  # FlexAttention's block mask: pad to whole 128-token blocks, as
+        # speculators' collator pads to its fixed length (a padding document, loss_mask 0)
+        pad = -cat["input_ids"].shape[1] % 128
+        cat = {
+            k: torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, pad)) for k, v in cat.items()
+        }
+        doc = torch.nn.functional.pad(doc, (0, pad), value=len(parts))
     cat, doc = _on_device(cat, args), doc.to(args.device)
     # its eager loss: the fused Triton one needs a GPU and, under torch 2.11's dynamo, fails
     # ("ListVariable ... is already tracked for mutation", speculators/losses/fused.py)
@@ -253,6 +260,8 @@ def run_side(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.device == "cuda":  # as eagle3-train sets it (train.tf32), for both sides
+        torch.set_float32_matmul_precision("high" if args.tf32 else "highest")
     result = run_ours(args) if args.side == "ours" else run_speculators(args)
     print("BENCH " + json.dumps(result))
 
@@ -338,6 +347,9 @@ def main() -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--heads", type=int, help="attention heads (default: hidden // 64)")
     p.add_argument("--skip-loader", action="store_true")
+    p.add_argument(
+        "--tf32", type=int, default=1, help="CUDA float32 matmuls on TF32 (1) or not (0)"
+    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--loader-samples", type=int, default=128)

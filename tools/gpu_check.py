@@ -136,13 +136,24 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=Path("gpu_check.json"))
     parser.add_argument("--steps", type=int, default=5, help="timed training steps per side")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument(
+        "--configs", nargs="*", help=f"train configs (default all: {list(TRAIN_CONFIGS)})"
+    )
+    parser.add_argument(
+        "--tf32", nargs="+", type=int, default=[1], help="train.tf32 settings to run"
+    )
     args = parser.parse_args()
     env = environment()
     if not env["gpu"]:
         print("gpu_check: no CUDA device is visible", file=sys.stderr)
         return 2
     print(json.dumps(env))
-    train = [train_step(name, a, args.steps) for name, a in TRAIN_CONFIGS.items()]
+    chosen = {k: v for k, v in TRAIN_CONFIGS.items() if not args.configs or k in args.configs}
+    train = [
+        train_step(f"{name}, tf32={tf32}", [*a, f"--tf32={tf32}"], args.steps)
+        for name, a in chosen.items()
+        for tf32 in args.tf32
+    ]
     vllm = [] if args.skip_vllm else vllm_tests(args.json.resolve().parent)
     print(
         f"\nGPU check on {env['gpu']} (torch {env['torch']}, speculators {env['speculators']}, vllm {env['vllm']})"
@@ -152,10 +163,10 @@ def main() -> int:
     )
     for row in train:
         if "error" in row:
-            print(f"{row['config']:24} error: {str(row['error']).splitlines()[-1]}")
+            print(f"{row['config']:32} error: {str(row['error']).splitlines()[-1]}")
             continue
         print(
-            f"{row['config']:24}{row['ours_tokens_per_s']:>12}{row['speculators_tokens_per_s']:>12}"
+            f"{row['config']:32}{row['ours_tokens_per_s']:>12}{row['speculators_tokens_per_s']:>12}"
             f"{row['speed_vs_speculators']:>8.2f}{row['ours_peak_gib']:>10.2f}"
             f"{row['speculators_peak_gib']:>10.2f}{row['memory_vs_speculators']:>8.2f}"
         )

@@ -119,6 +119,10 @@ class TrainLoopConfig:
     max_grad_norm: float = 0.5
     # auto = bf16 autocast on CUDA, fp32 on CPU.
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
+    # On CUDA, float32 matmuls (the exact-softmax attention and the KL over the vocabulary,
+    # kept in float32 under bf16 autocast) run on TF32 tensor cores: measured on an H200 they
+    # were ~75% of a step at fp32's 1/15 of bf16's rate. False = IEEE float32. No effect on CPU.
+    tf32: bool = True
     seed: int = 0
     log_every: int = 10
     save_every: int = 500  # optimizer steps between resumable checkpoints; 0 = epoch ends only

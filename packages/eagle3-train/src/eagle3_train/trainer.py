@@ -418,6 +418,8 @@ def train(config: Config, preflight_only: bool = False) -> int:
     t = config.train
     accelerator = make_accelerator(config, with_trackers=not preflight_only)
     torch.set_num_threads(_cpu_threads(t.torch_threads, accelerator))
+    if accelerator.device.type == "cuda":
+        torch.set_float32_matmul_precision("high" if t.tf32 else "highest")
     main = accelerator.is_main_process
     out_dir = Path(config.output_dir)
 
