@@ -266,7 +266,7 @@ def run_side(args) -> None:
     print("BENCH " + json.dumps(result))
 
 
-def bench_loader(args) -> dict[str, float]:
+def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
     import numpy as np
     import torch
 
@@ -277,11 +277,11 @@ def bench_loader(args) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         root = write_dataset(
             Path(tmp) / "hs",
-            num_samples=args.loader_samples,
+            num_samples=samples,
             min_len=256,
             max_len=1024,
             samples_per_shard=64,
-            hidden=args.hidden,
+            hidden=hidden,
             v_target=args.v_target,
             storage_dtype="bfloat16",
             num_layers=6,
@@ -290,29 +290,40 @@ def bench_loader(args) -> dict[str, float]:
         ds = HiddenStateDataset(root)
         tokens = int(ds.num_tokens.sum())
         shard_bytes = sum(p.stat().st_size for p in ds.shard_paths)
+        plan = plan_epoch(ds.num_tokens, np.arange(len(ds)), args.tokens, seed=0, epoch=0)
+        batch_bytes = max(sum(n for _, n in b) for b in plan) * ds.bytes_per_token()
+        # The raw side reads the same files sequentially into memory as large as the
+        # loader's: two batch-sized buffers in turn, as the loader's ring of two slots (a
+        # small reused buffer would stay in the CPU cache and measure the cache, not memory).
+        rings = [memoryview(bytearray(batch_bytes)) for _ in range(2)]
 
         def raw_read() -> float:
-            buf = bytearray(8 << 20)
-            start = time.perf_counter()
+            start, turn = time.perf_counter(), 0
             for path in ds.shard_paths:
                 with open(path, "rb", buffering=0) as f:
-                    while f.readinto(buf):
-                        pass
+                    offset = 0
+                    while True:
+                        if offset + (8 << 20) > batch_bytes:
+                            turn, offset = turn + 1, 0
+                        got = f.readinto(rings[turn % 2][offset : offset + (8 << 20)])
+                        if not got:
+                            break
+                        offset += got
             return time.perf_counter() - start
 
-        plan = plan_epoch(ds.num_tokens, np.arange(len(ds)), args.tokens, seed=0, epoch=0)
-
         def load(workers: int) -> float:
-            """Seconds per epoch; with workers, steady state (from the first batch on, the
-            workers' start-up excluded, scaled to the whole epoch)."""
-            start, seen, first = time.perf_counter(), 0, 0
-            for batch in make_loader(ds, plan, workers, recycle=True):  # as the trainer reads
-                n = int(batch["input_ids"].shape[0])
-                if workers and not first:
-                    start, first = time.perf_counter(), n
-                seen += n
+            """Seconds per epoch in steady state: the plan twice over, the second pass
+            timed (the ring's buffers are faulted in and the workers started by then, as
+            they are a few batches into a real epoch of thousands)."""
+            seen, start = 0, 0.0
+            stream = make_loader(ds, plan * 2, workers, recycle=True)  # as the trainer reads
+            for i, batch in enumerate(stream):
+                if i == len(plan):
+                    start = time.perf_counter()
+                if i >= len(plan):
+                    seen += int(batch["input_ids"].shape[0])
             assert seen == tokens
-            return (time.perf_counter() - start) * tokens / (seen - first)
+            return time.perf_counter() - start
 
         raw_read()  # warm the page cache for both sides
         load(0)
@@ -322,14 +333,14 @@ def bench_loader(args) -> dict[str, float]:
             w0_s.append(load(0))
         for _ in range(max(2, args.repeats // 3)):
             w2_s.append(load(2))
-        out = {
+        return {
+            "hidden": hidden,
             "tokens": tokens,
             "shard_mib": shard_bytes / 2**20,
             "raw_tokens_per_s": tokens / min(raw_s),
             "loader_tokens_per_s_w0": tokens / min(w0_s),
             "loader_tokens_per_s_w2": tokens / min(w2_s),
         }
-        return out
 
 
 def main() -> int:
@@ -410,18 +421,18 @@ def main() -> int:
             f"{r['cpu_seconds_per_step']:>12.3f}{peak:>14.0f}"
         )
     if not args.skip_loader:
-        loader = results["loader"] = bench_loader(args)
-        ratios["loader_vs_raw_read_w0"] = (
-            loader["loader_tokens_per_s_w0"] / loader["raw_tokens_per_s"]
-        )
-        ratios["loader_vs_raw_read_w2"] = (
-            loader["loader_tokens_per_s_w2"] / loader["raw_tokens_per_s"]
-        )
-        print(
-            f"loader: {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB of bf16 shards; raw read "
-            f"{loader['raw_tokens_per_s']:.0f} tok/s, loader {loader['loader_tokens_per_s_w0']:.0f} tok/s (0 workers), "
-            f"{loader['loader_tokens_per_s_w2']:.0f} tok/s (2 workers)"
-        )
+        # at the train config's H and at Kimi-K2.5's (57 KiB per token), about 1 GiB each
+        shapes = {"loader": (args.hidden, args.loader_samples), "loader_kimi": (7168, 32)}
+        for key, (hidden, samples) in shapes.items():
+            loader = results[key] = bench_loader(args, hidden, samples)
+            for w in ("w0", "w2"):
+                ratio = loader[f"loader_tokens_per_s_{w}"] / loader["raw_tokens_per_s"]
+                ratios[f"{key}_vs_raw_read_{w}"] = ratio
+            print(
+                f"{key}: H={hidden}, {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB of bf16 shards; "
+                f"raw read {loader['raw_tokens_per_s']:.0f} tok/s, loader {loader['loader_tokens_per_s_w0']:.0f} "
+                f"tok/s (0 workers), {loader['loader_tokens_per_s_w2']:.0f} tok/s (2 workers)"
+            )
     results["ratios"] = ratios
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}")
