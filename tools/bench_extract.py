@@ -11,7 +11,8 @@
 2. Bytes per token stored vs ``(n_aux + 1) * H * 2`` (bf16); half that for fp8. Target: < 1 %
    overhead for bf16.
 3. Tokens/s of the transformers backend and (when ``EAGLE3_VLLM_PYTHON`` is set) the vLLM
-   backend on the embedded target, same input, same dtypes, CPU threads fixed.
+   backend on the embedded target, same input, same dtypes, CPU threads fixed: capture and end
+   to end; for transformers also the shares of capture, shard write and checksum.
 """
 
 from __future__ import annotations
@@ -271,6 +272,8 @@ def stdlib_tokenized(target: Path, path: Path, count: int) -> Path:
 
 
 def bench_hf(target: Path, tokenized: Path, directory: Path) -> dict:
+    """End to end, then the run's parts alone on the same samples: capture (forward + hooks),
+    the shard write (pack, checksums, write, fsync) and, inside it, the checksums."""
     from eagle3_extract.backends.hf import HFBackend
     from eagle3_extract.samples import read_tokenized
 
@@ -281,19 +284,39 @@ def bench_hf(target: Path, tokenized: Path, directory: Path) -> dict:
     )
     total = time.perf_counter() - start
     shutil.rmtree(out)
-    # Capture alone (forward + hooks), the part comparable with vLLM's steady state.
     samples = read_tokenized(tokenized).samples
-    header = json.loads((target / "config.json").read_text())
-    n = header["num_hidden_layers"]
+    config = json.loads((target / "config.json").read_text())
+    n, hidden = config["num_hidden_layers"], config["hidden_size"]
     backend = HFBackend(target, [2, 3, 5, n], dtype="float32")
     start = time.perf_counter()
-    backend.capture(samples)
+    captured = backend.capture(samples)
     capture = time.perf_counter() - start
+    work = directory / "hf-write"
+    (work / "frag").mkdir(parents=True)
+    start = time.perf_counter()
+    plan = ShardPlan("bench-000000", tuple(samples))
+    write_shard(
+        work, work / "frag", plan, captured, n_aux=3, hidden_size=hidden, storage_dtype="bfloat16"
+    )
+    write = time.perf_counter() - start
+    shutil.rmtree(work)
+    packed = writer_module._allocate(captured, 3, hidden, "bfloat16")
+    for _ in writer_module._fill(packed, captured, 3, "bfloat16", lambda: None):
+        pass
+    start = time.perf_counter()
+    writer_module._checksums(packed.tensors, packed.spans)
+    checksum = time.perf_counter() - start
+    parts = capture + write
     return {
         "tokens": summary["tokens"],
         "seconds_total": round(total, 2),
         "tokens_per_s_total": round(summary["tokens"] / total, 1),
         "tokens_per_s_capture": round(summary["tokens"] / capture, 1),
+        "tokens_per_s_write": round(summary["tokens"] / write, 1),
+        "share_capture": round(capture / parts, 4),
+        "share_write_incl_checksum": round(write / parts, 4),
+        "share_checksum": round(checksum / parts, 4),
+        "share_rest_of_run": round(max(0.0, total - parts) / total, 4),  # load, preflight, merge
     }
 
 

