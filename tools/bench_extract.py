@@ -99,9 +99,16 @@ def bench_write(directory: Path, shard_mb: int, n_aux: int, hidden: int, repeats
         (work / "frag").mkdir(parents=True)
         os.sync()
         start = time.perf_counter()
-        # v1's blake2b in place of v2's XXH3: the writer as hidden_states v1 had it
-        with mock.patch.object(
-            writer_module, "checksum_rows", partial(checksum_rows, schema_version=checksum_version)
+        # v1's blake2b in place of v2's XXH3 and, as v1's writer had, a hashing thread per core
+        v1 = checksum_version == 1
+        threads = max(1, min(4, os.cpu_count() or 1)) if v1 else writer_module.HASH_THREADS
+        with (
+            mock.patch.object(
+                writer_module,
+                "checksum_rows",
+                partial(checksum_rows, schema_version=checksum_version),
+            ),
+            mock.patch.object(writer_module, "HASH_THREADS", threads),
         ):
             fragment = write_shard(
                 work,
