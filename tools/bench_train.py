@@ -82,6 +82,7 @@ def run_ours(args) -> dict[str, float]:
         target_rms_norm_eps=1e-5,
         max_position_embeddings=4096,
         rope_theta=10000.0,
+        attention=args.attention,
     )
     torch.manual_seed(0)
     model = Eagle3Draft(arch)
@@ -359,6 +360,9 @@ def main() -> int:
     p.add_argument("--heads", type=int, help="attention heads (default: hidden // 64)")
     p.add_argument("--skip-loader", action="store_true")
     p.add_argument(
+        "--attention", default="chunked", choices=["chunked", "sdpa"], help="ours: draft.attention"
+    )
+    p.add_argument(
         "--tf32", type=int, default=1, help="CUDA float32 matmuls on TF32 (1) or not (0)"
     )
     p.add_argument("--warmup", type=int, default=2)
@@ -409,7 +413,8 @@ def main() -> int:
     c = args
     print(
         f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
-        f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, {c.device} {c.dtype}, threads={c.threads}"
+        f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, {c.device} {c.dtype}, threads={c.threads}, "
+        f"ours: attention {c.attention}"
     )
     memory = "peak GPU MiB" if args.device == "cuda" else "peak RSS MiB"
     print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'CPU s/step':>12}{memory:>14}")

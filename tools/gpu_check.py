@@ -142,6 +142,12 @@ def main() -> int:
     parser.add_argument(
         "--tf32", nargs="+", type=int, default=[1], help="train.tf32 settings to run"
     )
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        choices=["chunked", "sdpa"],
+        help="draft.attention of ours at every shape (default: chunked; sdpa too at the first)",
+    )
     args = parser.parse_args()
     env = environment()
     if not env["gpu"]:
@@ -149,9 +155,19 @@ def main() -> int:
         return 2
     print(json.dumps(env))
     chosen = {k: v for k, v in TRAIN_CONFIGS.items() if not args.configs or k in args.configs}
+    # default: the recipes' chunked attention everywhere, sdpa at the first shape as a probe
+    runs = [
+        (name, attention)
+        for i, name in enumerate(chosen)
+        for attention in (args.attention or (["chunked", "sdpa"] if i == 0 else ["chunked"]))
+    ]
     train = [
-        train_step(f"{name}, tf32={tf32}", [*a, f"--tf32={tf32}"], args.steps)
-        for name, a in chosen.items()
+        train_step(
+            f"{name}, {attention}, tf32={tf32}",
+            [*chosen[name], f"--tf32={tf32}", f"--attention={attention}"],
+            args.steps,
+        )
+        for name, attention in runs
         for tf32 in args.tf32
     ]
     vllm = [] if args.skip_vllm else vllm_tests(args.json.resolve().parent)
@@ -159,14 +175,14 @@ def main() -> int:
         f"\nGPU check on {env['gpu']} (torch {env['torch']}, speculators {env['speculators']}, vllm {env['vllm']})"
     )
     print(
-        f"{'train step, bf16':24}{'ours tok/s':>12}{'spec tok/s':>12}{'speed':>8}{'ours GiB':>10}{'spec GiB':>10}{'memory':>8}"
+        f"{'train step, bf16':44}{'ours tok/s':>12}{'spec tok/s':>12}{'speed':>8}{'ours GiB':>10}{'spec GiB':>10}{'memory':>8}"
     )
     for row in train:
         if "error" in row:
-            print(f"{row['config']:32} error: {str(row['error']).splitlines()[-1]}")
+            print(f"{row['config']:44} error: {str(row['error']).splitlines()[-1]}")
             continue
         print(
-            f"{row['config']:32}{row['ours_tokens_per_s']:>12}{row['speculators_tokens_per_s']:>12}"
+            f"{row['config']:44}{row['ours_tokens_per_s']:>12}{row['speculators_tokens_per_s']:>12}"
             f"{row['speed_vs_speculators']:>8.2f}{row['ours_peak_gib']:>10.2f}"
             f"{row['speculators_peak_gib']:>10.2f}{row['memory_vs_speculators']:>8.2f}"
         )
