@@ -10,6 +10,7 @@ repository root) and ``accelerate launch -m eagle3_train``.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,36 @@ def test_a_one_process_cpu_launch_uses_every_core(setup):
     assert result.returncode == 0, result.stderr[-3000:]
     start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert start["torch_threads"] == len(os.sched_getaffinity(0))
+
+
+def test_two_machines_launch_as_recipes_multinode_says(setup):
+    """recipes/MULTINODE.md's training command, on two "machines" of one process each on this
+    host: the same `accelerate launch` with --machine_rank 0 and 1 and node 0's address (static
+    rendezvous, torchrun per node, no pdsh). Same losses as one process accumulating 2."""
+    inputs, sections, reference, root = setup
+    run = root / "two-machines"
+    config = write_config(inputs, run, **sections)
+    env = {**env_for_subprocess(), "DS_ACCELERATOR": "cpu"}
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = [ACCELERATE, "launch", "--config_file", "recipes/accelerate/zero2_multinode.yaml"]
+    launch += ["--num_machines", "2", "--num_processes", "2"]  # one process per "machine"
+    launch += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+    logs = [root / f"machine{rank}.log" for rank in (0, 1)]  # files: a full pipe would block
+    nodes = []
+    for rank in (0, 1):
+        with logs[rank].open("w") as log:  # the child keeps its own descriptor
+            command = [*launch, "--machine_rank", str(rank), "-m", "eagle3_train"]
+            command += ["--config", str(config)]
+            nodes.append(
+                subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log)
+            )
+    for rank, node in enumerate(nodes):
+        node.wait(timeout=400)
+        assert node.returncode == 0, f"machine {rank}:\n{logs[rank].read_text()[-4000:]}"
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["world_size"] == 2
+    torch.testing.assert_close(
+        torch.tensor(_losses(run)), torch.tensor(reference), rtol=2e-5, atol=1e-6
+    )
+    assert validate(run / "draft") == []

@@ -1,0 +1,77 @@
+"""recipes/MULTINODE.md's commands parse with the stages' own argument parsers, and its
+multi-node Accelerate config is the single-node ZeRO-2 recipe plus the machine fields.
+
+The commands cannot run here (one machine, no GPU); what can rot silently is the text: a
+renamed flag, a stage name, a config field. The training command itself runs in CI as two
+machines on one host (packages/eagle3-train/tests/test_launch.py).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import yaml
+from accelerate.commands.launch import launch_command_parser
+
+from eagle3_extract.cli import build_parser as extract_parser
+from eagle3_train.cli import build_parser as train_parser
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "recipes" / "MULTINODE.md"
+
+
+def _commands() -> list[list[str]]:
+    """Each command line of the page's bash blocks, continuations joined, shell values filled
+    with a stand-in ('1': a valid int and a valid path), leading VAR=value words and a
+    trailing '&' dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\$\(\([^)]*\)\)|\$\{?\w+\}?", "1", line)
+            words = shlex.split(line.rstrip().removesuffix("&"))  # a background job
+            while words and re.fullmatch(r"\w+=\S*", words[0]):
+                words.pop(0)
+            if words and words[0] in ("eagle3-extract", "accelerate"):
+                commands.append(words)
+    return commands
+
+
+def test_the_page_holds_the_commands_it_describes() -> None:
+    stages = sorted({(w[0], w[1]) for w in _commands()})
+    assert stages == [
+        ("accelerate", "launch"),
+        ("eagle3-extract", "merge"),
+        ("eagle3-extract", "run"),
+        ("eagle3-extract", "verify"),
+    ]
+
+
+def test_every_command_parses_with_the_stage_parsers() -> None:
+    for words in _commands():
+        if words[0] == "eagle3-extract":
+            args = extract_parser().parse_args(words[1:])
+            if words[1] == "run":
+                assert args.world_size >= 1 and args.backend == "vllm", words
+            continue
+        module = words.index("-m")
+        launch = launch_command_parser().parse_args([*words[2:module], "x"])
+        assert launch.num_machines == 2 and launch.machine_rank is not None, words
+        assert words[module + 1] == "eagle3_train"
+        train_parser().parse_args(words[module + 2 :])
+
+
+def test_the_multinode_config_is_zero2_plus_the_machine_fields() -> None:
+    accelerate_dir = REPO / "recipes" / "accelerate"
+    multi = yaml.safe_load((accelerate_dir / "zero2_multinode.yaml").read_text())
+    single = yaml.safe_load((accelerate_dir / "zero2.yaml").read_text())
+    multi_ds, single_ds = multi.pop("deepspeed_config"), single.pop("deepspeed_config")
+    assert multi_ds.pop("deepspeed_multinode_launcher") == "standard"  # torchrun, not pdsh
+    assert multi_ds == single_ds
+    machine_fields = {"num_processes", "num_machines", "main_process_port"}
+    assert {k: v for k, v in multi.items() if k not in machine_fields} == {
+        k: v for k, v in single.items() if k not in machine_fields
+    }
+    assert multi["num_machines"] == 2 and multi["num_processes"] == 16
