@@ -165,26 +165,16 @@ def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     aux = recipe_targets.eagle3_aux_layer_ids(layers)
     csv = ",".join(map(str, aux))
     o: dict = {}
-    o["ingest"] = run_cli(
-        data_main,
-        [
-            "ingest",
-            str(write_chats(work / "train.jsonl", TRAIN)),
-            "--out",
-            str(work / "train.c.parquet"),
-        ],
-    )
-    o["ingest heldout"] = run_cli(
-        data_main,
-        [
-            "ingest",
-            str(write_chats(work / "heldout.jsonl", HELDOUT)),
-            "--out",
-            str(work / "heldout.c.parquet"),
-        ],
-    )
-    (work / "heldout_sources.json").write_text(json.dumps(["heldout.jsonl"]))
-    for split in ("train", "heldout"):
+    for split, chats in (("train", TRAIN), ("heldout", HELDOUT)):
+        o[f"ingest {split}"] = run_cli(
+            data_main,
+            [
+                "ingest",
+                str(write_chats(work / f"{split}.jsonl", chats)),
+                "--out",
+                str(work / f"{split}.c.parquet"),
+            ],
+        )
         o[f"tokenize {split}"] = run_cli(
             data_main,
             [
@@ -197,6 +187,7 @@ def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
                 str(work / f"{split}.t.parquet"),
             ],
         )
+    (work / "heldout_sources.json").write_text(json.dumps(["heldout.jsonl"]))
     o["vocab"] = run_cli(
         data_main,
         [

@@ -86,6 +86,22 @@ class DraftFormatError(ValueError):
     """The checkpoint is not an EAGLE-3 draft this module (and vLLM) can run."""
 
 
+def _checked_aux_ids(where: str, aux: Any) -> list[int]:
+    """eagle_aux_hidden_state_layer_ids as vLLM needs them: non-negative ints, sorted, unique.
+    vLLM collects the target's states for sorted(set(ids)), in that order: a draft whose fc
+    was trained on another order (or on a repeated id) would be misfed silently."""
+    if not aux or not all(isinstance(i, int) and i >= 0 for i in aux):
+        raise DraftFormatError(
+            f"{where}: eagle_aux_hidden_state_layer_ids {aux!r} must be non-negative ints"
+        )
+    if list(aux) != sorted(set(aux)):
+        raise DraftFormatError(
+            f"{where}: eagle_aux_hidden_state_layer_ids {aux} are not sorted and unique; "
+            f"vLLM concatenates the target's states in the order {sorted(set(aux))}"
+        )
+    return list(aux)
+
+
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     """DeepSeek YaRN's magnitude correction (vLLM ``yarn_get_mscale``)."""
     if scale <= 1:
@@ -324,18 +340,7 @@ class DraftSpec:
             raise DraftFormatError(f"{where}: {p}mlp_bias is not supported")
         hidden = int(need(layer, "hidden_size", p))
         heads = int(need(layer, "num_attention_heads", p))
-        aux = need(config, "eagle_aux_hidden_state_layer_ids")
-        if not aux or not all(isinstance(i, int) and i >= 0 for i in aux):
-            raise DraftFormatError(
-                f"{where}: eagle_aux_hidden_state_layer_ids {aux!r} must be non-negative ints"
-            )
-        if list(aux) != sorted(set(aux)):
-            # vLLM collects the target's states for sorted(set(ids)), in that order: a draft
-            # whose fc was trained on another order (or on a repeated id) is misfed silently.
-            raise DraftFormatError(
-                f"{where}: eagle_aux_hidden_state_layer_ids {aux} are not sorted and unique; "
-                f"vLLM concatenates the target's states in the order {sorted(set(aux))}"
-            )
+        aux = _checked_aux_ids(where, need(config, "eagle_aux_hidden_state_layer_ids"))
         notes = []
         if len(aux) != 3 and "num_aux_hidden_states" not in config:
             notes.append(
@@ -424,15 +429,7 @@ class DraftSpec:
             raise DraftFormatError(
                 f"{where}: missing eagle_aux_hidden_state_layer_ids (top level or in eagle_config)"
             )
-        if not aux or not all(isinstance(i, int) and i >= 0 for i in aux):
-            raise DraftFormatError(
-                f"{where}: eagle_aux_hidden_state_layer_ids {aux!r} must be non-negative ints"
-            )
-        if list(aux) != sorted(set(aux)):
-            raise DraftFormatError(
-                f"{where}: eagle_aux_hidden_state_layer_ids {aux} are not sorted and unique; "
-                f"vLLM concatenates the target's states in the order {sorted(set(aux))}"
-            )
+        aux = _checked_aux_ids(where, aux)
         if nested is not None and list(nested) != list(aux):
             notes.append(
                 f"eagle_config.eagle_aux_hidden_state_layer_ids {nested} differ from the top-level "
