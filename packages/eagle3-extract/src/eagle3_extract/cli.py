@@ -1,7 +1,7 @@
 """``eagle3-extract``: capture target hidden states into a sharded dataset.
 
     eagle3-extract run --model DIR --tokenized FILE --out DIR [--backend hf|vllm] ...
-        [--max-samples N [--sample-seed S]]
+        [--max-samples N [--sample-seed S]] [--stream [--disk-budget 200GB]]
     eagle3-extract preflight --model DIR --tokenized FILE --out DIR [...]   (checks only)
     eagle3-extract plan --model DIR --samples N --(max-)tokens-per-sample L [--tensor-parallel-size 8
         --gpu-memory-gib 141 --out DIR]                          (sizes before any data exists)
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,21 @@ def _layer_ids(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(","))
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _size(text: str) -> int:
+    """Bytes from '200GB', '1.5TiB', '4096'."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else ""
+    if m is None or unit not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a size such as 200GB, 512MiB or 4096 (bytes)"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
 def _vllm_arg(text: str) -> tuple[str, Any]:
@@ -93,6 +109,18 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         "the first N of a corpus sorted by source are a biased subset)",
     )
     p.add_argument("--no-validate", dest="validate_output", action="store_false")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="write a stream that eagle3-train (data.stream) trains on while extraction runs; "
+        "not published: rerun without --stream afterwards to publish a dataset",
+    )
+    p.add_argument(
+        "--disk-budget",
+        type=_size,
+        help="with --stream: pause while the shards on disk would exceed this (e.g. 200GB, "
+        "512MiB); the trainer's --reclaim frees them",
+    )
     v = p.add_argument_group("vLLM (passed through)")
     v.add_argument("--tensor-parallel-size", type=int, default=1)
     v.add_argument("--pipeline-parallel-size", type=int, default=1)
@@ -138,6 +166,8 @@ def _config(args: argparse.Namespace, preflight: bool = True) -> ExtractConfig:
         enforce_eager=args.enforce_eager,
         shards_per_call=args.shards_per_call,
         vllm_kwargs=dict(args.vllm_arg),
+        stream=args.stream,
+        disk_budget=args.disk_budget,
     )
 
 

@@ -89,6 +89,10 @@ class ExtractConfig:
     enforce_eager: bool = False
     shards_per_call: int = 4
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Streaming hand-off (eagle3_schemas.stream): shards are trained on while extraction runs;
+    # the run pauses while the shards on disk would exceed disk_budget bytes.
+    stream: bool = False
+    disk_budget: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -116,6 +120,15 @@ class ExtractConfig:
             problems.append(f"sample_seed must be >= 0, found {self.sample_seed}")
         if self.shards_per_call < 1:
             problems.append(f"shards_per_call must be >= 1, found {self.shards_per_call}")
+        if self.disk_budget is not None and not self.stream:
+            problems.append("disk_budget bounds a stream: set stream too")
+        if self.disk_budget is not None and self.disk_budget < 1:
+            problems.append(f"disk_budget must be > 0 bytes, found {self.disk_budget}")
+        if self.stream and self.world_size != 1:
+            problems.append(
+                "stream: one producer per stream (world_size 1; TP/PP inside it); merge ranks "
+                "of an offline extraction instead"
+            )
         if problems:
             raise ConfigError("invalid extraction config: " + "; ".join(problems))
 

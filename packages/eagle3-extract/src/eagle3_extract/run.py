@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +23,9 @@ from eagle3_extract.plan import (
     shard_tokens_for,
 )
 from eagle3_extract.samples import Tokenized, read_tokenized
+from eagle3_extract.streaming import DiskGate
 from eagle3_extract.target import TargetInfo, read_target, read_target_head
 from eagle3_extract.workdir import WorkDir, cleanup_finished, is_complete, partial_dir
-from eagle3_extract.writer import Fragment
 from eagle3_schemas.conversations import describe_selection
 from eagle3_schemas.header import Header, make_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
@@ -37,6 +38,7 @@ from eagle3_schemas.paths import (
     refuse,
 )
 from eagle3_schemas.remote_code import check_trust, remote_code_record
+from eagle3_schemas.stream import Fragment, stream_section
 from eagle3_schemas.validate import validate
 
 if TYPE_CHECKING:
@@ -57,6 +59,8 @@ class RunContext:
     aux_layer_ids: list[int]
     plans: list[ShardPlan]
     lineage: dict[str, Any]
+    # Called by the backends before capturing each group of shards (a stream's disk budget).
+    make_room: Callable[[Sequence[ShardPlan]], None] = lambda group: None
 
     @property
     def layer_ids(self) -> list[int]:
@@ -143,6 +147,36 @@ def resolve(config: ExtractConfig) -> RunContext:
 def build_header(ctx: RunContext, fragments: dict[str, Fragment], seconds: float) -> Header:
     rows = [r for p in ctx.plans for r in fragments[p.name].rows]
     rejected = [r for p in ctx.plans for r in fragments[p.name].rejected]
+    return _header(
+        ctx,
+        len(rows),
+        sum(r.num_tokens for r in rows),
+        rejected,
+        {"seconds_last_attempt": round(seconds, 3)},
+    )
+
+
+def stream_header(ctx: RunContext) -> Header:
+    """The header a stream's consumer reads before any shard: planned totals (rejections, if
+    any, show in the fragments) and the shard plan."""
+    c = ctx.config
+    section = stream_section(
+        [(p.name, [(s.sample_id, s.num_tokens) for s in p.samples]) for p in ctx.plans],
+        bytes_per_token(len(ctx.aux_layer_ids), ctx.target.hidden_size, c.storage_dtype),
+        c.disk_budget,
+    )
+    samples = sum(len(p.samples) for p in ctx.plans)
+    return _header(ctx, samples, sum(p.num_tokens for p in ctx.plans), [], {}, stream=section)
+
+
+def _header(
+    ctx: RunContext,
+    num_samples: int,
+    num_tokens: int,
+    rejected: list[dict[str, Any]],
+    extraction: dict[str, Any],
+    **extra: Any,
+) -> Header:
     c = ctx.config
     return make_header(
         "hidden_states",
@@ -153,20 +187,21 @@ def build_header(ctx: RunContext, fragments: dict[str, Fragment], seconds: float
         storage_dtype=c.storage_dtype,
         compute_dtype=ctx.compute_dtype,
         backend=c.backend,
-        num_samples=len(rows),
-        num_tokens=sum(r.num_tokens for r in rows),
+        num_samples=num_samples,
+        num_tokens=num_tokens,
         shard_index=c.rank,
         num_shards_total=c.world_size,
         rejected_samples=rejected,
         extraction={
             "assigned_samples": sum(len(p.samples) for p in ctx.plans),
             "shards_planned": len(ctx.plans),
-            "seconds_last_attempt": round(seconds, 3),
+            **extraction,
             "max_samples": c.max_samples,
             # Not a field of schema v1 (which allows extra header fields): which rows were taken.
             "sample_seed": c.sample_seed,
             "selection": describe_selection(c.max_samples, c.sample_seed),
         },
+        **extra,
     )
 
 
@@ -205,6 +240,17 @@ def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str,
         )
         preflight.raise_on_errors(findings)
     work.prepare(ctx.identity())
+    gate = None
+    if config.stream:
+        gate = DiskGate(
+            work.root,
+            config.disk_budget,
+            bytes_per_token(len(ctx.aux_layer_ids), ctx.target.hidden_size, config.storage_dtype),
+        )
+        step = config.shards_per_call if config.backend == "vllm" else 1
+        gate.check_fits([pending[i : i + step] for i in range(0, len(pending), step)])
+        ctx.make_room = gate.wait_for_room
+        work.open_stream(stream_header(ctx), read_target_head(ctx.target))
     tokens_done = 0
     if pending:
         if config.backend == "hf":
@@ -216,6 +262,20 @@ def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str,
 
             tokens_done = run_shards_vllm(ctx, work, pending)
     capture_seconds = time.perf_counter() - start
+    if gate is not None:
+        summary = {
+            "out": str(work.root),
+            "status": "stream complete",
+            "shards": len(ctx.plans),
+            "tokens_this_attempt": tokens_done,
+            "seconds": round(capture_seconds, 3),
+            "paused_seconds": round(gate.paused_seconds, 3),
+            "peak_shard_bytes_seen": gate.peak_bytes,
+            "disk_budget": config.disk_budget,
+        }
+        work.end_stream(summary)
+        log.info("stream done: %s", summary)
+        return summary
     fragments = work.completed(ctx.plans)
     header = build_header(ctx, fragments, capture_seconds)
     finished = work.finish(ctx.plans, fragments, header, read_target_head(ctx.target))

@@ -6,12 +6,15 @@ Layout while a run is in progress (beside the final path ``OUT``)::
       shards/r00000-000000.safetensors      complete shards (each written atomically)
       _work/run.json                         the run's identity (inputs, layer ids, plan, ...)
       _work/fragments/r00000-000000.json     manifest rows of each complete shard
+      _work/stream.json, consumed/, end.json  a stream only (--stream): eagle3_schemas.stream
 
 A fragment is written only after its shard was renamed into place, so: fragment present and the
 shard's size as recorded = shard complete; a shard without a fragment = the run died between
 the two renames, and it is redone; temporary files are leftovers of a killed write. Finishing
 writes manifest, target head and dataset.json (last); the run validates the result, then
-renames ``OUT.partial`` to ``OUT``: ``OUT`` exists only complete and valid.
+renames ``OUT.partial`` to ``OUT``: ``OUT`` exists only complete and valid. A stream is
+not published (its consumer reads ``OUT.partial``); rerun without ``--stream`` afterwards to
+publish it, possible only while no shard was reclaimed.
 """
 
 from __future__ import annotations
@@ -27,23 +30,26 @@ from typing import Any
 import pyarrow as pa
 
 from eagle3_extract.plan import ShardPlan
-from eagle3_extract.writer import Fragment, save_safetensors
+from eagle3_extract.writer import save_safetensors
 from eagle3_schemas.atomic import TEMP_MARKER, write_json_atomic
 from eagle3_schemas.header import Header, write_json_header, write_parquet
 from eagle3_schemas.hidden_states import SHARD_DIR
+from eagle3_schemas.stream import (
+    END_FILE,
+    FRAGMENTS,
+    STREAM_FILE,
+    TARGET_HEAD,
+    WORK,
+    Fragment,
+    consumed,
+    partial_dir,
+)
 
 log = logging.getLogger(__name__)
-
-WORK = "_work"
-PARTIAL_SUFFIX = ".partial"
 
 
 class ResumeError(RuntimeError):
     """The partial run on disk was started with different inputs or settings."""
-
-
-def partial_dir(final: Path) -> Path:
-    return final.with_name(final.name + PARTIAL_SUFFIX)
 
 
 def is_complete(final: Path) -> bool:
@@ -54,7 +60,7 @@ class WorkDir:
     def __init__(self, final: Path) -> None:
         self.final = final
         self.root = partial_dir(final)
-        self.fragments_dir = self.root / WORK / "fragments"
+        self.fragments_dir = self.root / FRAGMENTS
         self.run_file = self.root / WORK / "run.json"
 
     def resumable(self, identity: dict[str, Any]) -> bool:
@@ -94,9 +100,13 @@ class WorkDir:
         for path in sorted(self.fragments_dir.glob("*.json")):
             fragment = Fragment.from_json(json.loads(path.read_text(encoding="utf-8")))
             plan = planned.get(fragment.name)
-            shard_ok = fragment.shard is None or (
-                (self.root / fragment.shard).is_file()
-                and (self.root / fragment.shard).stat().st_size == fragment.file_bytes
+            shard_ok = (
+                fragment.shard is None
+                or consumed(self.root, fragment.name)  # trained on, then reclaimed
+                or (
+                    (self.root / fragment.shard).is_file()
+                    and (self.root / fragment.shard).stat().st_size == fragment.file_bytes
+                )
             )
             if plan is None or not shard_ok:
                 log.warning("discarding fragment %s (shard missing, torn or not planned)", path)
@@ -125,6 +135,12 @@ class WorkDir:
         missing = [p.name for p in plans if p.name not in fragments]
         if missing:
             raise RuntimeError(f"{self.root}: shards {missing[:5]} are not complete; cannot finish")
+        gone = [p.name for p in plans if consumed(self.root, p.name)]
+        if gone:
+            raise RuntimeError(
+                f"{self.root}: {len(gone)} shards ({gone[:3]}...) were reclaimed by the training "
+                "run that consumed this stream: it cannot become a finished dataset"
+            )
         rows = [r for p in plans for r in fragments[p.name].rows]
         shards = [fragments[p.name].shard for p in plans for _ in fragments[p.name].rows]
         table = pa.table(
@@ -138,9 +154,20 @@ class WorkDir:
             }
         )
         write_parquet(self.root / "manifest.parquet", table)
-        save_safetensors(self.root / "target_head.safetensors", head)
+        if not (self.root / TARGET_HEAD).is_file():  # a stream wrote it first
+            save_safetensors(self.root / TARGET_HEAD, head)
         write_json_header(self.root / "dataset.json", header)
         return self.root
+
+    def open_stream(self, header: Header, head: dict[str, Any]) -> None:
+        """What a consumer needs before the first shard: the target head, then the header."""
+        if not (self.root / TARGET_HEAD).is_file():
+            save_safetensors(self.root / TARGET_HEAD, head)
+        write_json_atomic(self.root / STREAM_FILE, header.to_json())
+        (self.root / END_FILE).unlink(missing_ok=True)  # a restarted producer is not done
+
+    def end_stream(self, summary: dict[str, Any]) -> None:
+        write_json_atomic(self.root / END_FILE, summary)
 
     def publish(self) -> Path:
         """The rename that makes the dataset appear, complete, under its final name."""

@@ -21,7 +21,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from eagle3_extract.samples import Sample
 from eagle3_extract.storage import TORCH_DTYPES, encode
 from eagle3_schemas.atomic import atomic_path, write_json_atomic
 from eagle3_schemas.hidden_states import PER_TOKEN_TENSORS, checksum_rows
+from eagle3_schemas.stream import Fragment, ManifestRow
 
 log = logging.getLogger(__name__)
 
@@ -61,40 +62,6 @@ class CapturedSample:
 
     sample: Sample
     states: torch.Tensor
-
-
-@dataclass
-class ManifestRow:
-    sample_id: str
-    row_start: int
-    num_tokens: int
-    num_loss_tokens: int
-    checksum: str
-
-
-@dataclass
-class Fragment:
-    """What one completed shard contributes to the manifest (or, if every sample was rejected,
-    only its rejections: no shard file is written then)."""
-
-    name: str
-    shard: str | None
-    file_bytes: int
-    rows: list[ManifestRow] = field(default_factory=list)
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "rows": [asdict(r) for r in self.rows]}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Fragment:
-        return cls(
-            name=obj["name"],
-            shard=obj["shard"],
-            file_bytes=obj["file_bytes"],
-            rows=[ManifestRow(**r) for r in obj["rows"]],
-            rejected=list(obj["rejected"]),
-        )
 
 
 def _raw(t: torch.Tensor) -> np.ndarray:

@@ -168,6 +168,17 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
     return violations
 
 
+def header_violations(header: Header, where: str) -> list[Violation]:
+    """``header`` against the header rules of the schema version it names."""
+    known = versions(header.artifact) if header.artifact in artifact_kinds() else []
+    if header.schema_version not in known:
+        return [
+            Violation(where, "header.schema_version", f"{header.schema_version!r} not in {known}")
+        ]
+    art = Artifact(Path(where), header, load_schema(header.artifact, header.schema_version))
+    return _check_header(art, where)
+
+
 def _header_file(art: Artifact) -> str:
     if art.root.is_dir():
         return art.rel(art.root / DIRECTORY_HEADER_FILES[art.kind])

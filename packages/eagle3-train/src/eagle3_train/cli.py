@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="override train.max_steps")
     p.add_argument("--resume", help="override train.resume: auto | never | PATH")
     p.add_argument(
+        "--reclaim",
+        action="store_true",
+        help="with data.stream: delete consumed shards once a checkpoint covers them",
+    )
+    p.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -65,7 +70,8 @@ def check_paths(config: Config, output_flag: str) -> None:
     artifact of another stage (a hidden-state dataset, a draft, a report): the run would write
     its checkpoints and exports into it.
     """
-    check_input_artifact(config.data.hidden_states, "hidden_states", "data.hidden_states")
+    if not config.data.stream:  # a stream's directory may not exist yet
+        check_input_artifact(config.data.hidden_states, "hidden_states", "data.hidden_states")
     check_input_artifact(config.data.vocab_map, "vocab_map", "data.vocab_map")
     if config.target.path:
         target_expected = "a target model directory (with config.json)"
@@ -99,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append({"train": {"max_steps": args.max_steps}})
         if args.resume:
             overrides.append({"train": {"resume": args.resume}})
+        if args.reclaim:
+            overrides.append({"data": {"reclaim": True}})
         if args.no_preflight:
             overrides.append({"train": {"preflight": False}})
         config = load_config(args.config, overrides)

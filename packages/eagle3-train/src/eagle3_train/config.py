@@ -100,6 +100,22 @@ class DataConfig:
     num_workers: int = 1
     prefetch_batches: int = 2
     max_validation_batches: int | None = None
+    # Sample order of an epoch (eagle3_train/order.py). "global": all training samples
+    # shuffled by (seed, epoch), then packed. "shard_window": windows of `window_shards`
+    # consecutive shards in the extraction's order, each shuffled by (seed, epoch, window) and
+    # packed on its own; validation then uses the held-out samples of window 0. A stream needs
+    # it; a finished dataset trained in this order gets the same batches as the stream.
+    order: Literal["global", "shard_window"] = "global"
+    window_shards: int = 4
+    # Train on a stream while `eagle3-extract run --stream --out OUT` writes it:
+    # hidden_states names OUT, the shards are read from OUT.partial as they are sealed.
+    stream: bool = False
+    # With stream (CLI --reclaim): once a checkpoint covers a window, write receipts and delete
+    # its shards, so the producer can go on under its --disk-budget. One epoch only: a second
+    # needs shards that are gone (see recipes/STREAMING.md for re-extracting or retaining).
+    reclaim: bool = False
+    # With stream: stop when the producer seals no shard for this long.
+    stream_timeout_s: float = 3600.0
 
 
 @dataclass
@@ -339,6 +355,23 @@ def check_config(config: Config) -> list[str]:
         p.append(f"data.max_tokens_per_batch: {data.max_tokens_per_batch} < 2")
     if data.num_workers < 0:
         p.append(f"data.num_workers: {data.num_workers} < 0")
+    if data.window_shards < 1:
+        p.append(f"data.window_shards: {data.window_shards} < 1")
+    if data.stream and data.order != "shard_window":
+        p.append(
+            "data.stream: a stream is read window by window; set data.order: shard_window "
+            f"(found {data.order!r})"
+        )
+    if data.reclaim and not data.stream:
+        p.append("data.reclaim: deletes shards of a stream only; set data.stream: true")
+    if data.reclaim and t.epochs > 1:
+        p.append(
+            f"data.reclaim with train.epochs={t.epochs}: epoch 2 needs shards that epoch 1 "
+            "reclaimed. Run one epoch per stream (re-extract: a new --out per epoch, resuming "
+            "the same output_dir), or keep the shards (no reclaim; disk = the whole dataset)"
+        )
+    if data.stream_timeout_s <= 0:
+        p.append(f"data.stream_timeout_s: {data.stream_timeout_s} must be > 0")
     if d.num_layers < 1:
         p.append(f"draft.num_layers: {d.num_layers} < 1")
     if d.architecture not in ("llama", "mla"):

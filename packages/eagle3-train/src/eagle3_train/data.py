@@ -23,7 +23,7 @@ import json
 import os
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ import torch
 from eagle3_schemas.hidden_states import resolve_shard_path
 from eagle3_schemas.safetensors_format import NUMPY_VIEWS, read_safetensors
 
+ROW_COLUMNS = ("sample_id", "row_start", "num_tokens", "num_loss_tokens")
 PER_TOKEN = ("aux_hidden_states", "last_hidden_state", "input_ids", "loss_mask")
 SCALES = ("aux_hidden_states_scale", "last_hidden_state_scale")
 TORCH_VIEWS = {"BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn}
@@ -53,41 +54,97 @@ class ShardTensor:
 
 
 class HiddenStateDataset:
-    """The manifest and shard headers of a hidden-state dataset (no tensor data is read)."""
+    """The manifest and shard headers of a hidden-state dataset (no tensor data is read).
+
+    A finished dataset is read whole (``HiddenStateDataset(root)``); a stream's grows shard by
+    shard as they are sealed (``empty`` then ``add_shard``). Samples are numbered in the order
+    they were added, which is the manifest's order for a finished dataset.
+    """
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.header = json.loads((self.root / "dataset.json").read_text(encoding="utf-8"))
+        root = Path(root)
+        header_file = root / "dataset.json"
+        self._start(root, json.loads(header_file.read_text(encoding="utf-8")), header_file)
         table = pq.read_table(
             self.root / "manifest.parquet",
             columns=["sample_id", "shard", "row_start", "num_tokens", "num_loss_tokens"],
         )
-        shard_names = table.column("shard").to_pylist()
+        columns = {name: table.column(name).to_pylist() for name in table.column_names}
+        first = 0
+        shards = columns["shard"]
+        for end in range(1, len(shards) + 1):  # manifest rows of one shard are consecutive
+            if end == len(shards) or shards[end] != shards[first]:
+                self.add_shard(
+                    shards[first],
+                    zip(*(columns[c][first:end] for c in ROW_COLUMNS), strict=True),
+                )
+                first = end
+
+    @classmethod
+    def empty(cls, root: Path, header: dict[str, Any], header_file: Path) -> HiddenStateDataset:
+        dataset = cls.__new__(cls)
+        dataset._start(root, header, header_file)
+        return dataset
+
+    def _start(self, root: Path, header: dict[str, Any], header_file: Path) -> None:
+        self.root = root
+        self.header = header
+        self.header_file = header_file  # where messages send the reader
         self.shard_paths: list[Path] = []
-        index: dict[str, int] = {}
-        for name in shard_names:
-            if name not in index:
-                index[name] = len(self.shard_paths)
-                self.shard_paths.append(resolve_shard_path(self.root, name))
-        self.sample_ids: list[str] = table.column("sample_id").to_pylist()
-        self.shard_of = np.array([index[n] for n in shard_names], dtype=np.int32)
-        self.row_start = table.column("row_start").to_numpy().astype(np.int64)
-        self.num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
-        self.num_loss_tokens = table.column("num_loss_tokens").to_numpy().astype(np.int64)
-        # plain lists for the per-sample hot loop (numpy scalars are slow to index)
-        self.shard_list: list[int] = self.shard_of.tolist()
-        self.row_start_list: list[int] = self.row_start.tolist()
         self.shard_tensors: list[dict[str, ShardTensor]] = []
-        for path in self.shard_paths:
-            st = read_safetensors(path)
-            self.shard_tensors.append(
-                {n: ShardTensor(t.dtype, t.shape, t.start) for n, t in st.tensors.items()}
-            )
-        target = self.header["target"]
+        self.sample_ids: list[str] = []
+        # plain lists for the per-sample hot loop (numpy scalars are slow to index)
+        self.shard_list: list[int] = []
+        self.row_start_list: list[int] = []
+        self._lengths: list[int] = []
+        self._loss_tokens: list[int] = []
+        self._arrays: dict[str, np.ndarray] = {}
+        target = header["target"]
         self.hidden_size: int = int(target["hidden_size"])
         self.vocab_size: int = int(target["vocab_size"])
-        self.aux_layer_ids: list[int] = list(self.header["aux_layer_ids"])
-        self.storage_dtype: str = self.header["storage_dtype"]
+        self.aux_layer_ids: list[int] = list(header["aux_layer_ids"])
+        self.storage_dtype: str = header["storage_dtype"]
+
+    def add_shard(self, shard: str, rows: Iterable[tuple[str, int, int, int]]) -> range:
+        """Register a shard file and its manifest rows (sample_id, row_start, num_tokens,
+        num_loss_tokens); reads only its safetensors header. Returns the new sample indices."""
+        path = resolve_shard_path(self.root, shard)
+        st = read_safetensors(path)
+        index = len(self.shard_paths)
+        self.shard_paths.append(path)
+        self.shard_tensors.append(
+            {n: ShardTensor(t.dtype, t.shape, t.start) for n, t in st.tensors.items()}
+        )
+        first = len(self.sample_ids)
+        for sample_id, row_start, num_tokens, num_loss_tokens in rows:
+            self.sample_ids.append(sample_id)
+            self.shard_list.append(index)
+            self.row_start_list.append(int(row_start))
+            self._lengths.append(int(num_tokens))
+            self._loss_tokens.append(int(num_loss_tokens))
+        self._arrays.clear()
+        return range(first, len(self.sample_ids))
+
+    def _array(self, name: str, values: list[int], dtype: type) -> np.ndarray:
+        if name not in self._arrays:
+            self._arrays[name] = np.array(values, dtype=dtype)
+        return self._arrays[name]
+
+    @property
+    def num_tokens(self) -> np.ndarray:
+        return self._array("num_tokens", self._lengths, np.int64)
+
+    @property
+    def num_loss_tokens(self) -> np.ndarray:
+        return self._array("num_loss_tokens", self._loss_tokens, np.int64)
+
+    @property
+    def shard_of(self) -> np.ndarray:
+        return self._array("shard_of", self.shard_list, np.int32)
+
+    @property
+    def row_start(self) -> np.ndarray:
+        return self._array("row_start", self.row_start_list, np.int64)
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -129,11 +186,14 @@ def plan_epoch(
     seed: int,
     epoch: int,
     shuffle: bool = True,
+    window: int | None = None,
 ) -> list[BatchPlan]:
-    """Shuffle ``indices`` by (seed, epoch) and pack them greedily into token-bounded batches."""
+    """Shuffle ``indices`` by (seed, epoch[, window]) and pack them greedily into token-bounded
+    batches."""
     order = np.array(indices, dtype=np.int64)
     if shuffle:
-        order = order[np.random.default_rng([seed, epoch]).permutation(len(order))]
+        key = [seed, epoch] if window is None else [seed, epoch, window]
+        order = order[np.random.default_rng(key).permutation(len(order))]
     batches: list[BatchPlan] = []
     current: BatchPlan = []
     used = 0

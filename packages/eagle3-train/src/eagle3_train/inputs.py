@@ -17,10 +17,12 @@ import torch
 from eagle3_schemas.header import ArtifactError, read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_vocab_map
 from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.stream import fingerprint_stream
 from eagle3_schemas.target_config import text_config
 from eagle3_train.config import Config
 from eagle3_train.data import HiddenStateDataset
 from eagle3_train.model import DraftArch
+from eagle3_train.stream import StreamWindows, stream_root, wait_for_stream
 
 
 class InputError(ValueError):
@@ -55,6 +57,9 @@ class RunInputs:
     vocab: VocabMap
     target_config: dict[str, Any] | None
     target_config_path: Path | None
+    # data.stream: the stream the dataset grows from (window 0 is opened by preflight's dry
+    # run or the data order, after the lineage checks: a wrong stream is refused at once)
+    stream: StreamWindows | None = None
 
     @property
     def aux_layer_ids(self) -> list[int]:
@@ -88,7 +93,21 @@ def load_target_config(path: str | Path | None) -> tuple[dict[str, Any] | None, 
 
 
 def load_inputs(config: Config) -> RunInputs:
-    root = Path(config.data.hidden_states)
+    vocab = load_vocab_map(config.data.vocab_map)
+    target_config, target_config_path = load_target_config(config.target.path)
+    d = config.data
+    if d.stream:
+        info = wait_for_stream(stream_root(d.hidden_states), d.stream_timeout_s)
+        stream = StreamWindows(
+            info,
+            d.window_shards,
+            deep_check=config.train.validate_inputs,
+            reclaim=d.reclaim,
+            retain_first=d.validation_fraction > 0,
+            timeout_s=d.stream_timeout_s,
+        )
+        return RunInputs(config, stream.dataset, vocab, target_config, target_config_path, stream)
+    root = Path(d.hidden_states)
     if not (root / "dataset.json").is_file():
         raise InputError(
             f"data.hidden_states: {root} has no dataset.json (not a hidden-state dataset)"
@@ -99,8 +118,6 @@ def load_inputs(config: Config) -> RunInputs:
         raise InputError(
             f"{root}: cannot read the hidden-state dataset ({type(e).__name__}: {e})"
         ) from e
-    vocab = load_vocab_map(config.data.vocab_map)
-    target_config, target_config_path = load_target_config(config.target.path)
     return RunInputs(config, dataset, vocab, target_config, target_config_path)
 
 
@@ -120,7 +137,7 @@ def target_rms_norm_eps(inputs: RunInputs) -> tuple[float | None, str]:
         return inputs.config.target.rms_norm_eps, "config target.rms_norm_eps"
     from_header = inputs.dataset.header["target"].get("rms_norm_eps")
     if from_header is not None:
-        return float(from_header), f"{inputs.dataset.root}/dataset.json target.rms_norm_eps"
+        return float(from_header), f"{inputs.dataset.header_file} target.rms_norm_eps"
     if inputs.target_config is not None and "rms_norm_eps" in inputs.target_config:
         return float(inputs.target_config["rms_norm_eps"]), str(inputs.target_config_path)
     return None, "nowhere"
@@ -159,7 +176,7 @@ def resolve_arch(inputs: RunInputs) -> DraftArch:
         raise InputError(
             f"draft.{', draft.'.join(missing)}: no value — set them in the config or point "
             "target.path at the target model directory (its config.json supplies them); "
-            f"{inputs.dataset.root}/dataset.json target does not record them"
+            f"{inputs.dataset.header_file} target does not record them"
         )
     eps, _ = target_rms_norm_eps(inputs)
     if eps is None:
@@ -208,10 +225,14 @@ def load_target_head(dataset_root: Path, target_ids: np.ndarray) -> dict[str, to
 def checkpoint_lineage(inputs: RunInputs) -> dict[str, Any]:
     """The draft checkpoint's lineage (schemas/draft_checkpoint/v1.json)."""
     ds = inputs.dataset.header.get("lineage", {})
+    if inputs.stream is not None:
+        hidden_states = fingerprint_stream(inputs.stream.info)
+    else:
+        hidden_states = fingerprint_artifact(inputs.dataset.root)
     return {
         "target_fingerprint": ds.get("target_fingerprint"),
         "tokenizer_fingerprint": ds.get("tokenizer_fingerprint"),
-        "hidden_states_fingerprint": fingerprint_artifact(inputs.dataset.root),
+        "hidden_states_fingerprint": hidden_states,
         "vocab_map_fingerprint": inputs.vocab.fingerprint,
         "tokenized_fingerprint": ds.get("tokenized_fingerprint"),
         "aux_layer_ids": inputs.aux_layer_ids,

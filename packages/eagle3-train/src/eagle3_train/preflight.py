@@ -67,13 +67,23 @@ def _ok(check: str, message: str) -> list[Finding]:
 
 
 def check_schemas(inputs: RunInputs) -> list[Finding]:
+    """Each input against its schema. A stream's header is checked here as a finished
+    dataset's is; its shards are checked against their fragments as they are sealed."""
+    from eagle3_schemas.stream import check_stream_header
     from eagle3_schemas.validate import validate
 
     out = []
-    for role, path in (
-        ("data.hidden_states", inputs.dataset.root),
-        ("data.vocab_map", inputs.vocab.path),
-    ):
+    roles: list[tuple[str, Path]] = [("data.vocab_map", inputs.vocab.path)]
+    if inputs.stream is None:
+        roles.insert(0, ("data.hidden_states", inputs.dataset.root))
+    else:
+        header_problems = check_stream_header(inputs.stream.info)
+        out += [Finding("error", "schema", f"data.hidden_states: {p}") for p in header_problems]
+        if not header_problems:
+            out += _ok(
+                "schema", f"data.hidden_states: stream header {inputs.stream.root} validates"
+            )
+    for role, path in roles:
         problems = validate(path)
         for p in problems[:20]:
             out.append(Finding("error", "schema", f"{role}: {p}"))
@@ -90,7 +100,7 @@ def check_schemas(inputs: RunInputs) -> list[Finding]:
 
 def check_lineage(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     cfg, ds, vm = inputs.config, inputs.dataset, inputs.vocab
-    ds_file = f"{ds.root}/dataset.json"
+    ds_file = str(ds.header_file)
     ds_lineage = ds.header.get("lineage", {})
     out: list[Finding] = []
 
@@ -193,7 +203,7 @@ def _check_target_files(inputs: RunInputs) -> list[Finding]:
                     "error",
                     "target",
                     f"target_fingerprint: target.path {root} is {mine} but dataset "
-                    f"{inputs.dataset.root}/dataset.json lineage has "
+                    f"{inputs.dataset.header_file} lineage has "
                     f"{ds_lineage.get('target_fingerprint')!r} (states of another target)",
                 )
             )
@@ -214,6 +224,57 @@ def _check_target_files(inputs: RunInputs) -> list[Finding]:
 # What vLLM's MLA attention serves: the latent + rope width its kernels take (CPU_MLA and
 # FlashMLA: 576, DeepSeek-V3's and Kimi-K2.5's 512 + 64).
 MLA_HEAD_SIZE = 576
+
+
+def check_stream(inputs: RunInputs) -> list[Finding]:
+    """A stream's disk budget against what this run keeps on disk at once: the window being
+    trained, window 0 (validation) kept to the end, and the next window to train without
+    waiting. Below the first two the producer and the trainer wait for each other forever."""
+    stream, d = inputs.stream, inputs.config.data
+    if stream is None or stream.info.disk_budget_bytes is None:
+        return []
+    info, budget = stream.info, stream.info.disk_budget_bytes
+    sizes = [
+        sum(info.planned_bytes(s) for s in info.plan[i : i + d.window_shards])
+        for i in range(0, len(info.plan), d.window_shards)
+    ]
+    if not sizes:
+        return []
+    total, largest = sum(sizes), max(sizes)
+    kept = sizes[0] if d.validation_fraction > 0 else 0
+    where = f"the stream's --disk-budget ({budget} bytes)"
+    if not d.reclaim:
+        if total > budget:
+            return [
+                Finding(
+                    "error",
+                    "stream",
+                    f"{where} is smaller than the whole stream ({total} bytes planned) and "
+                    "data.reclaim is off: the producer would pause forever. Pass --reclaim",
+                )
+            ]
+        return _ok("stream", f"{where} holds the whole stream ({total} bytes planned)")
+    if kept + largest > budget:
+        return [
+            Finding(
+                "error",
+                "stream",
+                f"{where} cannot hold window 0 (kept for validation, {kept} bytes) and the "
+                f"largest window ({largest} bytes, data.window_shards={d.window_shards}) at "
+                "once: producer and trainer would wait for each other. Lower window_shards or "
+                "raise the budget",
+            )
+        ]
+    if kept + 2 * largest > budget:
+        return [
+            Finding(
+                "warning",
+                "stream",
+                f"{where} holds window 0 and one window ({kept + largest} bytes) but not the "
+                "next one as well: the trainer waits for the producer at every window",
+            )
+        ]
+    return _ok("stream", f"{where} holds window 0, the window in training and the next one")
 
 
 def check_draft_shape(arch: DraftArch) -> list[Finding]:
@@ -396,6 +457,8 @@ def check_dry_run(
     from eagle3_train.trainer import build_model
 
     cfg = inputs.config
+    if inputs.stream is not None:  # the first window (waits for the producer to seal it)
+        inputs.stream.open(0)
     train_idx, _ = split_indices(inputs.dataset, cfg.data.validation_fraction)
     plan = plan_epoch(
         inputs.dataset.num_tokens, train_idx, cfg.data.max_tokens_per_batch, cfg.train.seed, 0
@@ -552,6 +615,7 @@ def run_preflight(
             report.seconds = time.perf_counter() - start
             return report
     report.findings += check_lineage(inputs, arch)
+    report.findings += check_stream(inputs)
     report.findings += check_draft_shape(arch)
     report.findings += check_resume(inputs, arch, resume_from)
     report.findings += check_interfaces(arch, plugin is not None, offload)

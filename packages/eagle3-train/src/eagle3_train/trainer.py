@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from eagle3_schemas.atomic import write_json_atomic
+from eagle3_schemas.stream import CONSUMER_STOPPED
 from eagle3_schemas.validate import validate
 from eagle3_train.config import Config, dump_config
-from eagle3_train.data import make_loader, plan_epoch, rank_batches, split_indices, to_device
+from eagle3_train.data import make_loader, plan_epoch, rank_batches, to_device
 from eagle3_train.export import draft_config, export_weights, write_checkpoint
 from eagle3_train.inputs import (
     RunInputs,
@@ -44,6 +45,8 @@ from eagle3_train.inputs import (
 )
 from eagle3_train.loss import summarize, unpack_stats
 from eagle3_train.model import DraftArch, Eagle3Draft
+from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
+from eagle3_train.stream import StreamWindows
 
 log = logging.getLogger("eagle3_train")
 
@@ -217,9 +220,9 @@ def find_checkpoint(config: Config) -> Path | None:
 
 def save_checkpoint(accelerator, state: TrainerState, scheduler, config: Config) -> Path:
     """Resumable state, written under a temporary name and renamed when every rank is done."""
-    root = Path(config.output_dir) / "checkpoints"
-    name = f"step-{state.step:08d}"
-    tmp, final = root / f".tmp-{name}", root / name
+    final = Path(_checkpoint_path(config, state.step))
+    root, name = final.parent, final.name
+    tmp = root / f".tmp-{name}"
     state.last_checkpoint = str(final)  # on every rank: later decisions must agree
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -240,6 +243,10 @@ def save_checkpoint(accelerator, state: TrainerState, scheduler, config: Config)
         log.info("checkpoint saved: %s (step %d)", final, state.step)
     accelerator.wait_for_everyone()
     return final
+
+
+def _checkpoint_path(config: Config, step: int) -> str:
+    return str(Path(config.output_dir) / "checkpoints" / f"step-{step:08d}")
 
 
 def load_checkpoint(accelerator, path: Path, scheduler) -> TrainerState:
@@ -413,8 +420,27 @@ def _cpu_threads(configured: int | None, accelerator: Any) -> int:
     return max(1, (cores or 1) // max(1, local))
 
 
+def make_order(
+    inputs: RunInputs, config: Config, rank: int, world: int
+) -> GlobalOrder | WindowOrder:
+    d = config.data
+    packing = Packing(
+        d.validation_fraction,
+        d.max_tokens_per_batch,
+        config.train.seed,
+        rank,
+        world,
+        config.train.gradient_accumulation_steps,
+    )
+    if d.order == "global":
+        return GlobalOrder(inputs.dataset, packing)
+    source = inputs.stream or FinishedWindows(inputs.dataset, d.window_shards)
+    return WindowOrder(source, packing)
+
+
 def train(config: Config, preflight_only: bool = False) -> int:
     """Run (or only preflight) training; returns the process exit code."""
+    run_started = time.perf_counter()
     t = config.train
     accelerator = make_accelerator(config, with_trackers=not preflight_only)
     torch.set_num_threads(_cpu_threads(t.torch_threads, accelerator))
@@ -454,28 +480,23 @@ def train(config: Config, preflight_only: bool = False) -> int:
 
     model = build_model(inputs, arch, t.seed)
     optimizer = make_optimizer(model, config, accelerator)
-    train_idx, val_idx = split_indices(inputs.dataset, config.data.validation_fraction)
-    lengths = inputs.dataset.num_tokens
     rank, world = accelerator.process_index, accelerator.num_processes
-
-    def epoch_plan(epoch: int):
-        plan = rank_batches(
-            plan_epoch(lengths, train_idx, config.data.max_tokens_per_batch, t.seed, epoch),
-            rank,
-            world,
-        )
-        usable = len(plan) - len(plan) % t.gradient_accumulation_steps
-        return plan[:usable]
-
-    steps_per_epoch = len(epoch_plan(0)) // t.gradient_accumulation_steps
+    stream = inputs.stream
+    if stream is not None:
+        stream.reclaim = config.data.reclaim and main  # one process deletes
+        if main:
+            (stream.root / CONSUMER_STOPPED).unlink(missing_ok=True)  # running (again)
+    order = make_order(inputs, config, rank, world)
+    val_idx = order.validation_idx
+    steps_per_epoch = order.steps_per_epoch()
     if steps_per_epoch == 0:
         log.error(
-            "no optimizer step fits: %d training samples give %d batches per rank with %d "
-            "processes and gradient_accumulation_steps=%d",
-            len(train_idx),
-            len(epoch_plan(0)),
+            "no optimizer step fits: %d samples give no whole optimizer step per rank with %d "
+            "processes and gradient_accumulation_steps=%d (data.order %s)",
+            len(inputs.dataset),
             world,
             t.gradient_accumulation_steps,
+            config.data.order,
         )
         return EXIT_PREFLIGHT
     total_steps = steps_per_epoch * t.epochs
@@ -527,106 +548,132 @@ def train(config: Config, preflight_only: bool = False) -> int:
     started = time.perf_counter()
     last_metrics: dict[str, float] = {}
 
+    released_through: int | None = 0  # windows before this one are released (None: all)
+    waited = stream.wait_seconds if stream is not None else 0.0
     for epoch in range(state.epoch, t.epochs):
         if done:
             break
-        plan = epoch_plan(epoch)
         if epoch != state.epoch:
             state.epoch, state.batches_done = epoch, 0
-        loader = make_loader(
-            inputs.dataset,
-            plan[state.batches_done :],
-            config.data.num_workers,
-            config.data.prefetch_batches,
-            pin_memory=torch.cuda.is_available(),
-            recycle=True,  # each batch is done with before the next is fetched
-        )
-        for batch in loader:
-            with accelerator.accumulate(model):
-                b = to_device(batch, accelerator.device)
-                loss, stats = model(
-                    b["aux_hidden_states"],
-                    b["last_hidden_state"],
-                    b["input_ids"],
-                    b["loss_mask"],
-                    b["cu_seqlens"],
-                    t.ttt_steps,
-                    t.ttt_step_loss_decay,
-                )
-                if _agree_on_failure(accelerator, not bool(torch.isfinite(loss))):
-                    _stop_nan(accelerator, state, batch, float(loss.detach()), metrics_path)
-                accelerator.backward(loss)
-                grad_norm = None
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(params, t.max_grad_norm)
-                    if grad_norm is not None and _agree_on_failure(
-                        accelerator, not bool(torch.isfinite(torch.as_tensor(grad_norm)))
-                    ):
-                        _stop_nan(
-                            accelerator,
-                            state,
-                            batch,
-                            float("nan"),
-                            metrics_path,
-                            what="gradient norm",
+        epoch_complete = False
+        for segment in order.segments(epoch, state.batches_done):
+            loader = make_loader(
+                inputs.dataset,
+                segment.batches,
+                config.data.num_workers,
+                config.data.prefetch_batches,
+                pin_memory=torch.cuda.is_available(),
+                recycle=True,  # each batch is done with before the next is fetched
+            )
+            for batch in loader:
+                with accelerator.accumulate(model):
+                    b = to_device(batch, accelerator.device)
+                    loss, stats = model(
+                        b["aux_hidden_states"],
+                        b["last_hidden_state"],
+                        b["input_ids"],
+                        b["loss_mask"],
+                        b["cu_seqlens"],
+                        t.ttt_steps,
+                        t.ttt_step_loss_decay,
+                    )
+                    if _agree_on_failure(accelerator, not bool(torch.isfinite(loss))):
+                        _stop_nan(accelerator, state, batch, float(loss.detach()), metrics_path)
+                    accelerator.backward(loss)
+                    grad_norm = None
+                    if accelerator.sync_gradients:
+                        grad_norm = accelerator.clip_grad_norm_(params, t.max_grad_norm)
+                        if grad_norm is not None and _agree_on_failure(
+                            accelerator, not bool(torch.isfinite(torch.as_tensor(grad_norm)))
+                        ):
+                            _stop_nan(
+                                accelerator,
+                                state,
+                                batch,
+                                float("nan"),
+                                metrics_path,
+                                what="gradient norm",
+                            )
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                state.batches_done += 1
+                window.add(float(loss.detach()), stats, int(b["input_ids"].shape[0]))
+                if not accelerator.sync_gradients:
+                    continue
+                scheduler.step()
+                state.step += 1
+                if state.step % t.log_every == 0 or state.step == total_steps:
+                    metrics, tokens = window.reduce(accelerator)
+                    state.tokens += tokens
+                    metrics.update(lr=scheduler.get_last_lr()[0], epoch=epoch, tokens=state.tokens)
+                    if grad_norm is not None:
+                        metrics["grad_norm"] = float(grad_norm)
+                    elapsed = time.perf_counter() - started
+                    metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
+                    if (
+                        stream is not None
+                    ):  # this process's wait for the producer since the last log
+                        metrics["stream_wait_s"] = stream.wait_seconds - waited
+                        metrics["stream_idle_fraction"] = metrics["stream_wait_s"] / max(
+                            elapsed, 1e-9
                         )
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            state.batches_done += 1
-            window.add(float(loss.detach()), stats, int(b["input_ids"].shape[0]))
-            if not accelerator.sync_gradients:
-                continue
-            scheduler.step()
-            state.step += 1
-            if state.step % t.log_every == 0 or state.step == total_steps:
-                metrics, tokens = window.reduce(accelerator)
-                state.tokens += tokens
-                metrics.update(lr=scheduler.get_last_lr()[0], epoch=epoch, tokens=state.tokens)
-                if grad_norm is not None:
-                    metrics["grad_norm"] = float(grad_norm)
-                elapsed = time.perf_counter() - started
-                metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
-                started = time.perf_counter()
-                last_metrics = metrics
-                window = MetricWindow(t.ttt_steps)
-                accelerator.log({f"train/{k}": v for k, v in metrics.items()}, step=state.step)
-                if main:
-                    _write_metrics(metrics_path, {"event": "train", "step": state.step, **metrics})
-                    if progress is not None:
-                        post = {"loss": f"{metrics['loss']:.4f}"}
-                        post.update(
-                            {
-                                f"acc{k}": f"{metrics[f'cond_acc_{k}']:.2f}"
-                                for k in range(t.ttt_steps)
-                            }
+                        waited = stream.wait_seconds
+                    started = time.perf_counter()
+                    last_metrics = metrics
+                    window = MetricWindow(t.ttt_steps)
+                    accelerator.log({f"train/{k}": v for k, v in metrics.items()}, step=state.step)
+                    if main:
+                        _write_metrics(
+                            metrics_path, {"event": "train", "step": state.step, **metrics}
                         )
-                        progress.set_postfix(post)
-            if progress is not None:
-                progress.update(1)
-            if t.eval_every and state.step % t.eval_every == 0:
-                _validate_and_export(
-                    accelerator,
-                    model,
-                    inputs,
-                    arch,
-                    val_idx,
-                    state,
-                    config,
-                    metrics_path,
-                    last_metrics,
-                )
-            if t.save_every and state.step % t.save_every == 0:
-                save_checkpoint(accelerator, state, scheduler, config)
-            if state.step >= total_steps:
-                done = True
+                        if progress is not None:
+                            post = {"loss": f"{metrics['loss']:.4f}"}
+                            post.update(
+                                {
+                                    f"acc{k}": f"{metrics[f'cond_acc_{k}']:.2f}"
+                                    for k in range(t.ttt_steps)
+                                }
+                            )
+                            progress.set_postfix(post)
+                if progress is not None:
+                    progress.update(1)
+                if t.eval_every and state.step % t.eval_every == 0:
+                    _validate_and_export(
+                        accelerator,
+                        model,
+                        inputs,
+                        arch,
+                        val_idx,
+                        state,
+                        config,
+                        metrics_path,
+                        last_metrics,
+                    )
+                if t.save_every and state.step % t.save_every == 0:
+                    save_checkpoint(accelerator, state, scheduler, config)
+                if state.step >= total_steps:
+                    done = True
+                    break
+            finished = state.batches_done == segment.start + len(segment.batches)
+            epoch_complete = finished and segment.last
+            if done:  # (the loader ends only when the segment is consumed or on done)
+                if segment.window is not None:
+                    released_through = segment.window + int(finished)
                 break
-        if state.batches_done >= len(plan):
+            if stream is not None and config.data.reclaim and not segment.last:
+                # the window's shards may go once a checkpoint covers it (then receipts, deletes)
+                if state.last_checkpoint != _checkpoint_path(config, state.step):
+                    save_checkpoint(accelerator, state, scheduler, config)
+                stream.release(segment.window)
+                released_through = segment.window + 1
+        if epoch_complete:
             # epoch finished: validate, then record the position as the next epoch's start
             _validate_and_export(
                 accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
             )
             state.epoch, state.batches_done = epoch + 1, 0
             save_checkpoint(accelerator, state, scheduler, config)
+            released_through = None
 
     if progress is not None:
         progress.close()
@@ -634,8 +681,10 @@ def train(config: Config, preflight_only: bool = False) -> int:
         _validate_and_export(
             accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
         )
-    if state.last_checkpoint is None or not state.last_checkpoint.endswith(f"{state.step:08d}"):
+    if state.last_checkpoint != _checkpoint_path(config, state.step):
         save_checkpoint(accelerator, state, scheduler, config)
+    if stream is not None and main:  # after the last checkpoint: what it covers may go
+        stream.finish(released_through)
     final_export = export_draft(accelerator, model, inputs, arch, state, last_metrics)
     if main:
         chosen = Path(state.best_export) if state.best_export else final_export
@@ -648,6 +697,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
                 "step": state.step,
                 "draft": str(published),
                 "best_step": state.best_step,
+                **(_stream_totals(stream, run_started) if stream is not None else {}),
             },
         )
         log.info("done: %d steps; draft at %s (from %s)", state.step, published, chosen)
@@ -658,6 +708,16 @@ def train(config: Config, preflight_only: bool = False) -> int:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return 0
+
+
+def _stream_totals(stream: StreamWindows, started: float) -> dict[str, float]:
+    seconds = time.perf_counter() - started
+    return {
+        "stream_wait_s": round(stream.wait_seconds, 3),
+        "stream_idle_fraction": round(stream.wait_seconds / max(seconds, 1e-9), 4),
+        "stream_freed_bytes": stream.freed_bytes,
+        "seconds": round(seconds, 3),
+    }
 
 
 def _validate_and_export(

@@ -286,6 +286,7 @@ def run_shards_hf(
     samples = sum(len(p.samples) for p in pending)
     with capture_progress(samples, sum(p.num_tokens for p in pending)) as bar:
         for number, plan in enumerate(pending, 1):
+            ctx.make_room([plan])
             captured = backend.capture(plan.samples, bar)
             fragment = write_shard(
                 work.root,

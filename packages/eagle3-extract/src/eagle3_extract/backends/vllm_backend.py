@@ -311,6 +311,7 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
     with capture_progress(total_samples, sum(p.num_tokens for p in pending)) as bar:
         for first in range(0, len(pending), step):
             group = pending[first : first + step]
+            ctx.make_room(group)
             requests, samples = [], []
             for plan in group:
                 for position, sample in enumerate(plan.samples):

@@ -1,0 +1,350 @@
+"""The streaming hand-off on the embedded tiny target, with real processes.
+
+``eagle3-extract run --stream --disk-budget B`` and ``accelerate launch eagle3-train --reclaim``
+run at the same time under a budget smaller than the dataset. What a streamed run trains is
+compared with the finished dataset of the same extraction, trained offline in the same data
+order (data.order: shard_window): the drafts must be equal bit for bit, also after a kill -9
+of the producer or of the trainer at some moment and a restart of it, which shows that no
+sample was lost and none trained twice. The trainer refuses a stream of another target or of
+other layer ids before its first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from stage_cli import run_cli, run_train_cli
+
+from eagle3_data.cli import main as data_main
+from eagle3_extract.cli import main as extract_main
+from eagle3_schemas.stream import CONSUMED, FRAGMENTS, partial_dir, shard_bytes_on_disk
+from eagle3_train.testing import REPO, env_for_subprocess
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+TARGET = REPO / "recipes" / "tiny" / "target"
+ACCELERATE = str(Path(sys.executable).parent / "accelerate")
+# 48 conversations of the tiny recipe's corpus, ~8,000 tokens at 2,053 bytes a token (aux
+# [2, 3, 5] + last, hidden 256, bf16): ~16 MB in shards of ~1.5 MB, windows of 2 shards.
+SAMPLES = "48"
+SHARD_MB = "1.5"
+WINDOW_SHARDS = 2
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Tokenized corpus, vocab map, the finished dataset, and a budget below its size."""
+    root = tmp_path_factory.mktemp("stream")
+    corpus = root / "corpus.jsonl"
+    build = [sys.executable, "tools/build_tiny_target.py", "--corpus-only", str(corpus)]
+    subprocess.run(build, cwd=REPO, check=True, capture_output=True)
+    conversations, tokenized = root / "conversations.parquet", root / "tokenized.parquet"
+    vocab = root / "vocab_map.safetensors"
+    for argv in (
+        ["ingest", str(corpus), "--keep", "split=train", "--out", str(conversations)],
+        [
+            "tokenize",
+            str(conversations),
+            "--tokenizer",
+            str(TARGET),
+            "--max-length",
+            "512",
+            "--out",
+            str(tokenized),
+        ],
+        ["vocab", str(tokenized), "--draft-vocab-size", "512", "--out", str(vocab)],
+    ):
+        result = run_cli(data_main, argv)
+        assert result.code == 0, result.log[-3000:]
+    offline = root / "offline"
+    result = run_cli(extract_main, _extract_args(tokenized, offline))
+    assert result.code == 0, result.log[-3000:]
+    shards = sorted((offline / "shards").iterdir())
+    sizes = [p.stat().st_size for p in shards]
+    windows = [sum(sizes[i : i + WINDOW_SHARDS]) for i in range(0, len(sizes), WINDOW_SHARDS)]
+    # window 0 (kept for validation) + the window in training + the next one, with room for
+    # the producer's per-shard header estimate
+    budget = windows[0] + 2 * max(windows) + 8192 * len(shards)
+    assert len(windows) >= 5 and budget < sum(sizes), (windows, budget)
+    return {
+        "root": root,
+        "tokenized": tokenized,
+        "vocab": vocab,
+        "offline": offline,
+        "shards": len(shards),
+        "budget": budget,
+    }
+
+
+def _extract_args(tokenized: Path, out: Path) -> list[str]:
+    return [
+        "run",
+        "--model",
+        str(TARGET),
+        "--tokenized",
+        str(tokenized),
+        "--out",
+        str(out),
+        "--max-samples",
+        SAMPLES,
+        "--sample-seed",
+        "0",
+        "--shard-mb",
+        SHARD_MB,
+    ]
+
+
+def _config(inputs: dict[str, Any], run: Path, hidden_states: Path, **data) -> Path:
+    config = {
+        "output_dir": str(run),
+        "target": {"path": str(TARGET)},
+        "draft": {"attention_chunk": 64},
+        "data": {
+            "hidden_states": str(hidden_states),
+            "vocab_map": str(inputs["vocab"]),
+            "validation_fraction": 0.1,
+            "max_tokens_per_batch": 160,
+            "num_workers": 0,
+            "order": "shard_window",
+            "window_shards": WINDOW_SHARDS,
+            "stream_timeout_s": 120,
+            **data,
+        },
+        "train": {
+            "epochs": 1,
+            "lr": 3e-3,
+            "warmup_steps": 2,
+            "log_every": 1,
+            "save_every": 1000,
+            "trackers": [],
+            "torch_threads": 1,
+            "progress_bar": False,
+        },
+        "export": {"dtype": "float32"},
+    }
+    path = run.parent / f"{run.name}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def offline_draft(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The draft trained on the finished dataset in the stream's order (one process)."""
+    run = inputs["root"] / "offline-run"
+    result = run_train_cli(["--config", str(_config(inputs, run, inputs["offline"]))])
+    assert result.code == 0, result.log[-3000:]
+    return load_file(str(run / "draft" / "model.safetensors"))
+
+
+def _producer(inputs: dict[str, Any], out: Path, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "eagle3_extract", *_extract_args(inputs["tokenized"], out)]
+    command += ["--stream", "--disk-budget", str(inputs["budget"])]
+    with log.open("a") as f:  # the child keeps its own descriptor; a full pipe would block
+        return subprocess.Popen(
+            command, cwd=REPO, env=env_for_subprocess(), stdout=f, stderr=subprocess.STDOUT
+        )
+
+
+def _consumer(config: Path, log: Path, recipe: str = "single.yaml") -> subprocess.Popen:
+    command = [ACCELERATE, "launch", "--config_file", f"recipes/accelerate/{recipe}"]
+    command += ["-m", "eagle3_train", "--config", str(config), "--reclaim"]
+    with log.open("a") as f:
+        return subprocess.Popen(
+            command, cwd=REPO, env=env_for_subprocess(), stdout=f, stderr=subprocess.STDOUT
+        )
+
+
+class DiskWatch:
+    """Samples the bytes of shards on disk every 20 ms while the processes run."""
+
+    def __init__(self, stream: Path) -> None:
+        self.stream, self.peak, self._stop = stream, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, shard_bytes_on_disk(self.stream))
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def _wait(proc: subprocess.Popen, log: Path, what: str, timeout: float = 600) -> None:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"{what} did not finish:\n{log.read_text()[-4000:]}") from None
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{log.read_text()[-4000:]}"
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _count(directory: Path) -> int:
+    return len(list(directory.glob("*.json"))) if directory.is_dir() else 0
+
+
+def _streamed_run(
+    inputs: dict[str, Any],
+    name: str,
+    kill: Callable[[Path, Path], str | None] = lambda stream, run: None,
+    recipe: str = "single.yaml",
+) -> tuple[Path, Path, int]:
+    """Producer and trainer together; ``kill(stream, run)`` may name a side to kill -9 (once
+    its condition holds), which is then restarted. Returns (stream dir, run dir, peak bytes)."""
+    root = inputs["root"] / name
+    root.mkdir()
+    out, run = root / "hidden_states", root / "run"
+    stream = partial_dir(out)
+    config = _config(inputs, run, out, stream=True)
+    logs = {"producer": root / "producer.log", "trainer": root / "trainer.log"}
+    watch = DiskWatch(stream)
+    procs = {
+        "producer": _producer(inputs, out, logs["producer"]),
+        "trainer": _consumer(config, logs["trainer"], recipe),
+    }
+    victim = None
+    deadline = time.monotonic() + 300
+    while victim is None and time.monotonic() < deadline:
+        victim = kill(stream, run)
+        if victim is None and all(p.poll() is not None for p in procs.values()):
+            break
+        time.sleep(0.05)
+    if victim is not None:
+        procs[victim].send_signal(signal.SIGKILL)  # no cleanup, no flush, no atexit
+        procs[victim].wait(timeout=60)
+        assert procs[victim].returncode == -signal.SIGKILL, f"{victim} ended before the kill"
+        if victim == "producer":
+            procs[victim] = _producer(inputs, out, logs[victim])
+        else:
+            procs[victim] = _consumer(config, logs[victim], recipe)
+    for side, proc in procs.items():
+        _wait(proc, logs[side], side)
+    return stream, run, watch.stop()
+
+
+def _assert_equal_drafts(run: Path, reference: dict[str, torch.Tensor]) -> None:
+    draft = load_file(str(run / "draft" / "model.safetensors"))
+    assert sorted(draft) == sorted(reference)
+    for key, value in draft.items():
+        assert torch.equal(value, reference[key]), f"{key} differs from the offline draft"
+
+
+def _assert_all_reclaimed(stream: Path, inputs: dict[str, Any]) -> None:
+    sealed = _count(stream / FRAGMENTS)
+    assert sealed == inputs["shards"], f"{sealed} shards sealed, {inputs['shards']} planned"
+    assert _count(stream / CONSUMED) == sealed  # a receipt for every shard
+    assert not list((stream / "shards").iterdir())  # every shard deleted after it
+
+
+def test_streamed_training_under_a_disk_budget_trains_the_offline_draft(inputs, offline_draft):
+    stream, run, peak = _streamed_run(inputs, "together")
+    assert 0 < peak <= inputs["budget"], f"peak {peak} bytes on disk, budget {inputs['budget']}"
+    _assert_all_reclaimed(stream, inputs)
+    _assert_equal_drafts(run, offline_draft)
+    done = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert done["event"] == "done" and done["stream_freed_bytes"] > 0
+    assert 0 <= done["stream_idle_fraction"] <= 1
+
+
+def test_kill_9_of_the_producer_then_restart_loses_no_sample(inputs, offline_draft):
+    def kill_producer(stream: Path, run: Path) -> str | None:
+        return "producer" if _count(stream / FRAGMENTS) >= 3 else None
+
+    stream, run, peak = _streamed_run(inputs, "producer-killed", kill_producer)
+    assert peak <= inputs["budget"]
+    _assert_all_reclaimed(stream, inputs)
+    _assert_equal_drafts(run, offline_draft)
+
+
+def test_kill_9_of_the_trainer_then_restart_trains_no_sample_twice(inputs, offline_draft):
+    def kill_trainer(stream: Path, run: Path) -> str | None:
+        # after a window was reclaimed, in the middle of the next one
+        metrics = run / "metrics.jsonl"
+        steps = metrics.read_text().count('"event": "train"') if metrics.is_file() else 0
+        return "trainer" if _count(stream / CONSUMED) >= 2 and steps >= 6 else None
+
+    stream, run, _ = _streamed_run(inputs, "trainer-killed", kill_trainer)
+    _assert_all_reclaimed(stream, inputs)
+    log = (run.parent / "trainer.log").read_text()
+    assert "resumed from" in log
+    _assert_equal_drafts(run, offline_draft)
+
+
+def test_two_process_streamed_training_matches_offline_accumulation(inputs):
+    """2 processes (DDP) on a stream against one process accumulating 2 on the finished
+    dataset: the same pairs of batches per optimizer step, the same losses."""
+    reference = inputs["root"] / "offline-accumulate-2"
+    config = _config(inputs, reference, inputs["offline"])
+    loaded = yaml.safe_load(config.read_text())
+    loaded["train"]["gradient_accumulation_steps"] = 2
+    config.write_text(yaml.safe_dump(loaded))
+    result = run_train_cli(["--config", str(config)])
+    assert result.code == 0, result.log[-3000:]
+    stream, run, peak = _streamed_run(inputs, "two-processes", recipe="ddp.yaml")
+    assert peak <= inputs["budget"]
+    _assert_all_reclaimed(stream, inputs)
+
+    def losses(directory: Path) -> list[float]:
+        records = [json.loads(x) for x in (directory / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in records if r.get("event") == "train"]
+
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["world_size"] == 2
+    torch.testing.assert_close(
+        torch.tensor(losses(run)), torch.tensor(losses(reference)), rtol=2e-5, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("mismatch", ["aux_layer_ids", "target"])
+def test_a_stream_of_another_target_or_layers_is_refused_before_the_first_step(
+    inputs, tmp_path: Path, mismatch: str
+):
+    out = tmp_path / "hidden_states"
+    result = run_cli(extract_main, [*_extract_args(inputs["tokenized"], out), "--stream"])
+    assert result.code == 0, result.log[-3000:]
+    run = tmp_path / "run"
+    config = _config(inputs, run, out, stream=True)
+    overrides = []
+    if mismatch == "aux_layer_ids":
+        overrides = ["--set", "draft.aux_layer_ids=[1, 3, 5]"]
+        expected = "aux"
+    else:
+        other = tmp_path / "other-target"
+        shutil.copytree(TARGET, other)
+        weights = other / "model.safetensors"
+        tensors = load_file(str(weights))
+        first = sorted(tensors)[0]
+        tensors[first] = tensors[first] * 1.01
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(weights), metadata={"format": "pt"})
+        overrides = ["--set", f"target.path={other}"]
+        expected = "target_fingerprint"
+    result = run_train_cli(["--config", str(config), *overrides])
+    assert result.code == 2, result.log[-3000:]
+    assert expected in result.log
+    assert not (run / "checkpoints").exists(), "refused only after training began"
+    assert os.listdir(partial_dir(out) / "shards")  # nothing was reclaimed
