@@ -116,7 +116,7 @@ def _config(inputs: dict[str, Any], run: Path, hidden_states: Path, **data) -> P
         "data": {
             "hidden_states": str(hidden_states),
             "vocab_map": str(inputs["vocab"]),
-            "validation_fraction": 0.1,
+            "validation_fraction": 0.3,  # window 0 holds validation samples
             "max_tokens_per_batch": 160,
             "num_workers": 0,
             "order": "shard_window",
@@ -155,7 +155,12 @@ def _producer(inputs: dict[str, Any], out: Path, log: Path) -> subprocess.Popen:
     command += ["--stream", "--disk-budget", str(inputs["budget"])]
     with log.open("a") as f:  # the child keeps its own descriptor; a full pipe would block
         return subprocess.Popen(
-            command, cwd=REPO, env=env_for_subprocess(), stdout=f, stderr=subprocess.STDOUT
+            command,
+            cwd=REPO,
+            env=env_for_subprocess(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: kill -9 reaches the launched child
         )
 
 
@@ -164,7 +169,12 @@ def _consumer(config: Path, log: Path, recipe: str = "single.yaml") -> subproces
     command += ["-m", "eagle3_train", "--config", str(config), "--reclaim"]
     with log.open("a") as f:
         return subprocess.Popen(
-            command, cwd=REPO, env=env_for_subprocess(), stdout=f, stderr=subprocess.STDOUT
+            command,
+            cwd=REPO,
+            env=env_for_subprocess(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: kill -9 reaches the launched child
         )
 
 
@@ -234,7 +244,8 @@ def _streamed_run(
             break
         time.sleep(0.05)
     if victim is not None:
-        procs[victim].send_signal(signal.SIGKILL)  # no cleanup, no flush, no atexit
+        # kill -9 of the whole side (accelerate's launcher and its child): no cleanup, no atexit
+        os.killpg(procs[victim].pid, signal.SIGKILL)
         procs[victim].wait(timeout=60)
         assert procs[victim].returncode == -signal.SIGKILL, f"{victim} ended before the kill"
         if victim == "producer":
@@ -267,6 +278,7 @@ def test_streamed_training_under_a_disk_budget_trains_the_offline_draft(inputs, 
     _assert_equal_drafts(run, offline_draft)
     done = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert done["event"] == "done" and done["stream_freed_bytes"] > 0
+    assert done["best_step"] is not None  # validated on window 0's held-out samples
     assert 0 <= done["stream_idle_fraction"] <= 1
 
 
@@ -289,8 +301,10 @@ def test_kill_9_of_the_trainer_then_restart_trains_no_sample_twice(inputs, offli
 
     stream, run, _ = _streamed_run(inputs, "trainer-killed", kill_trainer)
     _assert_all_reclaimed(stream, inputs)
-    log = (run.parent / "trainer.log").read_text()
-    assert "resumed from" in log
+    events = [json.loads(x)["event"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    restart = events.index("start", 1)
+    assert "done" not in events[:restart], "the trainer finished before it was killed"
+    assert "resumed from" in (run.parent / "trainer.log").read_text()
     _assert_equal_drafts(run, offline_draft)
 
 

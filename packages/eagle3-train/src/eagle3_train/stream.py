@@ -116,6 +116,12 @@ class StreamWindows:
             if fragment.shard is None:  # every sample rejected by the producer
                 continue
             if consumed(self.root, fragment.name) and not (self.root / fragment.shard).exists():
+                if (self.root / CONSUMER_STOPPED).is_file():
+                    raise StreamError(
+                        f"{self.root}: a training run consumed this stream to its end and "
+                        f"reclaimed its shards ({self.root / CONSUMER_STOPPED}); nothing is "
+                        "left to train on. Its draft is in that run's output_dir/draft"
+                    )
                 raise StreamError(
                     f"{self.root / fragment.shard} was reclaimed (a receipt under "
                     f"{self.root / '_work/consumed'} says a checkpoint covered it), but this run "
