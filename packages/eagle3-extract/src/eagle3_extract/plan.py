@@ -71,6 +71,11 @@ def plan_shards(
     return plans
 
 
+def epoch_plan(plan: ShardPlan, epoch: int) -> ShardPlan:
+    """The shard as extracted again for training epoch ``epoch`` of a stream (--epochs)."""
+    return ShardPlan(f"e{epoch:03d}-{plan.name}", plan.samples)
+
+
 def shard_tokens_for(shard_mb: float, per_token: int) -> int:
     return max(1, int(shard_mb * 2**20) // per_token)
 

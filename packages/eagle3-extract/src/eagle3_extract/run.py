@@ -18,6 +18,7 @@ from eagle3_extract.config import MODEL_EXPECTED, ExtractConfig, default_aux_lay
 from eagle3_extract.plan import (
     ShardPlan,
     bytes_per_token,
+    epoch_plan,
     plan_fingerprint,
     plan_shards,
     shard_tokens_for,
@@ -133,6 +134,8 @@ def resolve(config: ExtractConfig) -> RunContext:
         config.world_size,
         shard_tokens_for(config.shard_mb, per_token),
     )
+    if config.stream_epochs > 1:  # re-extraction per training epoch: the plan once per epoch
+        plans = [epoch_plan(p, e) for e in range(config.stream_epochs) for p in plans]
     recorded = tokenized.header.lineage.get("tokenizer_fingerprint")
     lineage = {
         "target_fingerprint": fingerprint_model_dir(config.model),
@@ -164,9 +167,11 @@ def stream_header(ctx: RunContext) -> Header:
         [(p.name, [(s.sample_id, s.num_tokens) for s in p.samples]) for p in ctx.plans],
         bytes_per_token(len(ctx.aux_layer_ids), ctx.target.hidden_size, c.storage_dtype),
         c.disk_budget,
+        c.stream_epochs,
     )
-    samples = sum(len(p.samples) for p in ctx.plans)
-    return _header(ctx, samples, sum(p.num_tokens for p in ctx.plans), [], {}, stream=section)
+    one_pass = ctx.plans[: len(ctx.plans) // c.stream_epochs]  # the dataset, once
+    samples = sum(len(p.samples) for p in one_pass)
+    return _header(ctx, samples, sum(p.num_tokens for p in one_pass), [], {}, stream=section)
 
 
 def _header(

@@ -112,6 +112,7 @@ class StreamInfo:
     plan: tuple[PlannedShard, ...]
     bytes_per_token: int
     disk_budget_bytes: int | None
+    epochs: int  # passes of the dataset the plan holds (one per training epoch)
 
     def planned_bytes(self, shard: PlannedShard) -> int:
         """The shard file's size as planned (tensor bytes; the JSON header is extra)."""
@@ -119,13 +120,18 @@ class StreamInfo:
 
 
 def stream_section(
-    plan: list[tuple[str, list[tuple[str, int]]]], bytes_per_token: int, budget: int | None
+    plan: list[tuple[str, list[tuple[str, int]]]],
+    bytes_per_token: int,
+    budget: int | None,
+    epochs: int = 1,
 ) -> dict[str, Any]:
-    """The ``stream`` field of ``_work/stream.json``'s header."""
+    """The ``stream`` field of ``_work/stream.json``'s header. ``epochs`` > 1: the plan holds
+    the dataset's shards once per training epoch, epoch by epoch (re-extraction)."""
     return {
         "plan": [{"name": name, "samples": [list(s) for s in samples]} for name, samples in plan],
         "bytes_per_token": bytes_per_token,
         "disk_budget_bytes": budget,
+        "epochs": epochs,
     }
 
 
@@ -142,7 +148,12 @@ def read_stream(root: Path) -> StreamInfo:
         for s in section["plan"]
     )
     return StreamInfo(
-        root, header, plan, int(section["bytes_per_token"]), section.get("disk_budget_bytes")
+        root,
+        header,
+        plan,
+        int(section["bytes_per_token"]),
+        section.get("disk_budget_bytes"),
+        int(section.get("epochs", 1)),
     )
 
 

@@ -107,12 +107,17 @@ class DataConfig:
     # it; a finished dataset trained in this order gets the same batches as the stream.
     order: Literal["global", "shard_window"] = "global"
     window_shards: int = 4
+    # shard_window: train each window this many times (reshuffled each pass) before the next.
+    # The retained-window way to several passes over a stream whose shards are reclaimed:
+    # disk stays at the budget and extraction runs once, but a sample's repeats come close
+    # together instead of an epoch apart (the other way: eagle3-extract --epochs).
+    window_passes: int = 1
     # Train on a stream while `eagle3-extract run --stream --out OUT` writes it:
     # hidden_states names OUT, the shards are read from OUT.partial as they are sealed.
     stream: bool = False
     # With stream (CLI --reclaim): once a checkpoint covers a window, write receipts and delete
-    # its shards, so the producer can go on under its --disk-budget. One epoch only: a second
-    # needs shards that are gone (see recipes/STREAMING.md for re-extracting or retaining).
+    # its shards, so the producer can go on under its --disk-budget. Several epochs then need
+    # the stream extracted once per epoch (eagle3-extract --epochs) or data.window_passes.
     reclaim: bool = False
     # With stream: stop when the producer seals no shard for this long.
     stream_timeout_s: float = 3600.0
@@ -364,12 +369,10 @@ def check_config(config: Config) -> list[str]:
         )
     if data.reclaim and not data.stream:
         p.append("data.reclaim: deletes shards of a stream only; set data.stream: true")
-    if data.reclaim and t.epochs > 1:
-        p.append(
-            f"data.reclaim with train.epochs={t.epochs}: epoch 2 needs shards that epoch 1 "
-            "reclaimed. Run one epoch per stream (re-extract: a new --out per epoch, resuming "
-            "the same output_dir), or keep the shards (no reclaim; disk = the whole dataset)"
-        )
+    if data.window_passes < 1:
+        p.append(f"data.window_passes: {data.window_passes} < 1")
+    if data.window_passes > 1 and data.order != "shard_window":
+        p.append("data.window_passes: passes over a window need data.order: shard_window")
     if data.stream_timeout_s <= 0:
         p.append(f"data.stream_timeout_s: {data.stream_timeout_s} must be > 0")
     if d.num_layers < 1:

@@ -186,13 +186,13 @@ def plan_epoch(
     seed: int,
     epoch: int,
     shuffle: bool = True,
-    window: int | None = None,
+    window: list[int] | None = None,
 ) -> list[BatchPlan]:
-    """Shuffle ``indices`` by (seed, epoch[, window]) and pack them greedily into token-bounded
-    batches."""
+    """Shuffle ``indices`` by (seed, epoch[, *window]) and pack them greedily into
+    token-bounded batches."""
     order = np.array(indices, dtype=np.int64)
     if shuffle:
-        key = [seed, epoch] if window is None else [seed, epoch, window]
+        key = [seed, epoch, *(window or [])]
         order = order[np.random.default_rng(key).permutation(len(order))]
     batches: list[BatchPlan] = []
     current: BatchPlan = []

@@ -80,8 +80,10 @@ class WindowSource(Protocol):
 
     dataset: HiddenStateDataset
 
-    @property
-    def num_windows(self) -> int: ...
+    def windows(self, epoch: int) -> range:
+        """The windows epoch ``epoch`` trains on, in order (a stream extracted once per epoch
+        has its own shards for each; otherwise every epoch reads the same ones)."""
+        ...
 
     def planned_rows(self, window: int) -> tuple[list[str], list[int]]:
         """(sample ids, token counts) the window is expected to hold, without waiting."""
@@ -115,9 +117,8 @@ class FinishedWindows:
             )
         ]
 
-    @property
-    def num_windows(self) -> int:
-        return len(self._windows)
+    def windows(self, epoch: int) -> range:
+        return range(len(self._windows))
 
     def rows(self, window: int) -> tuple[list[str], list[int]]:
         r = self._windows[window]
@@ -135,11 +136,16 @@ class FinishedWindows:
 
 
 class WindowOrder:
-    def __init__(self, source: WindowSource, packing: Packing) -> None:
+    """shard_window order; ``passes`` > 1 trains each window that many times (each pass
+    shuffled anew) before the next: the retained-window way to several epochs."""
+
+    def __init__(self, source: WindowSource, packing: Packing, passes: int = 1) -> None:
         self.source = source
         self.packing = packing
+        self.passes = passes
         self.dataset = source.dataset
-        validation = source.open(0) if source.num_windows else range(0)
+        first = source.windows(0)
+        validation = source.open(first.start) if len(first) else range(0)
         self.validation_idx = np.array(
             [
                 i
@@ -150,36 +156,50 @@ class WindowOrder:
         )
 
     def _window_batches(
-        self, epoch: int, window: int, ids: Sequence[str], lengths: Sequence[int]
+        self, epoch: int, key: list[int], ids: Sequence[str], lengths: Sequence[int]
     ) -> list[BatchPlan]:
-        """This rank's batches of one window, in window-local sample indices."""
+        """This rank's batches of one window pass, in window-local sample indices."""
         p = self.packing
         train = [i for i, s in enumerate(ids) if not is_validation(s, p.validation_fraction)]
         batches = plan_epoch(
-            np.asarray(lengths, dtype=np.int64), train, p.max_tokens, p.seed, epoch, window=window
+            np.asarray(lengths, dtype=np.int64), train, p.max_tokens, p.seed, epoch, window=key
         )
         return p.share(batches)
+
+    def _key(self, window: int, epoch: int, pass_: int) -> list[int]:
+        """The shuffle key: the window's place in its epoch (the same for a stream extracted
+        once per epoch as for the finished dataset), and the pass when there are several."""
+        local = window - self.source.windows(epoch).start
+        return [local] if self.passes == 1 else [local, pass_]
 
     def steps_per_epoch(self) -> int:
         """From the planned rows (a stream's plan; exact unless the producer rejects samples)."""
         batches = sum(
-            len(self._window_batches(0, k, *self.source.planned_rows(k)))
-            for k in range(self.source.num_windows)
+            len(self._window_batches(0, self._key(k, 0, q), *self.source.planned_rows(k)))
+            for k in self.source.windows(0)
+            for q in range(self.passes)
         )
         return batches // self.packing.accumulation
 
     def segments(self, epoch: int, skip: int) -> Iterator[Segment]:
+        """One segment per window pass; ``window`` is set on a window's last pass only (after
+        it, the window's shards may be released)."""
         position = 0
-        for k in range(self.source.num_windows):
-            last = k == self.source.num_windows - 1
-            local = self._window_batches(epoch, k, *self.source.rows(k))
-            end = position + len(local)
-            if end <= skip and not last:  # trained on before the checkpoint resumed from
-                self.source.release(k)
+        windows = self.source.windows(epoch)
+        for k in windows:
+            rows = self.source.rows(k)
+            for q in range(self.passes):
+                last_pass = q == self.passes - 1
+                last = k == windows[-1] and last_pass
+                local = self._window_batches(epoch, self._key(k, epoch, q), *rows)
+                end = position + len(local)
+                if end <= skip and not last:  # trained on before the checkpoint resumed from
+                    if last_pass:
+                        self.source.release(k)
+                    position = end
+                    continue
+                base = self.source.open(k).start
+                first = min(max(skip - position, 0), len(local))
+                batches = [[(base + i, n) for i, n in batch] for batch in local[first:]]
+                yield Segment(batches, position + first, last, k if last_pass else None)
                 position = end
-                continue
-            base = self.source.open(k).start
-            first = min(max(skip - position, 0), len(local))
-            batches = [[(base + i, n) for i, n in batch] for batch in local[first:]]
-            yield Segment(batches, position + first, last, k)
-            position = end

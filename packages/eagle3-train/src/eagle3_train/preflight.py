@@ -230,13 +230,36 @@ def check_stream(inputs: RunInputs) -> list[Finding]:
     """A stream's disk budget against what this run keeps on disk at once: the window being
     trained, window 0 (validation) kept to the end, and the next window to train without
     waiting. Below the first two the producer and the trainer wait for each other forever."""
-    stream, d = inputs.stream, inputs.config.data
-    if stream is None or stream.info.disk_budget_bytes is None:
+    stream, d, epochs = inputs.stream, inputs.config.data, inputs.config.train.epochs
+    if stream is None:
         return []
     info, budget = stream.info, stream.info.disk_budget_bytes
+    if info.epochs > 1 and info.epochs != epochs:
+        return [
+            Finding(
+                "error",
+                "stream",
+                f"the stream is extracted once for each of {info.epochs} epochs "
+                f"(eagle3-extract --epochs) but train.epochs is {epochs}",
+            )
+        ]
+    if d.reclaim and epochs > 1 and info.epochs == 1:
+        return [
+            Finding(
+                "error",
+                "stream",
+                f"data.reclaim with train.epochs={epochs}: epoch 2 needs shards epoch 1 "
+                "reclaimed. Extract once per epoch (eagle3-extract run --stream --epochs "
+                f"{epochs}), or pass over each window several times (data.window_passes) "
+                "with train.epochs 1, or keep every shard (no --reclaim)",
+            )
+        ]
+    if budget is None:
+        return []
+    one_pass = info.plan[: len(info.plan) // info.epochs]
     sizes = [
-        sum(info.planned_bytes(s) for s in info.plan[i : i + d.window_shards])
-        for i in range(0, len(info.plan), d.window_shards)
+        sum(info.planned_bytes(s) for s in one_pass[i : i + d.window_shards])
+        for i in range(0, len(one_pass), d.window_shards)
     ]
     if not sizes:
         return []
@@ -244,6 +267,7 @@ def check_stream(inputs: RunInputs) -> list[Finding]:
     kept = sizes[0] if d.validation_fraction > 0 else 0
     where = f"the stream's --disk-budget ({budget} bytes)"
     if not d.reclaim:
+        total = sum(info.planned_bytes(s) for s in info.plan)  # every pass stays on disk
         if total > budget:
             return [
                 Finding(

@@ -22,6 +22,7 @@ from eagle3_schemas.stream import (
     FRAGMENTS,
     STREAM_FILE,
     Fragment,
+    PlannedShard,
     StreamInfo,
     check_sealed_shard,
     consumed,
@@ -83,9 +84,18 @@ class StreamWindows:
         self.dataset = HiddenStateDataset.empty(
             info.root, info.header.to_json(), info.root / STREAM_FILE
         )
-        self._windows = [
-            info.plan[i : i + window_shards] for i in range(0, len(info.plan), window_shards)
-        ]
+        # a stream extracted once per epoch holds one copy of the plan per epoch, in order;
+        # windows never straddle two epochs
+        per_epoch = len(info.plan) // info.epochs
+        self._windows: list[tuple[PlannedShard, ...]] = []
+        self._epoch_windows: list[range] = []
+        for e in range(info.epochs):
+            shards = info.plan[e * per_epoch : (e + 1) * per_epoch]
+            start = len(self._windows)
+            self._windows += [
+                shards[i : i + window_shards] for i in range(0, len(shards), window_shards)
+            ]
+            self._epoch_windows.append(range(start, len(self._windows)))
         self.deep_check = deep_check
         self.reclaim = reclaim
         self.retain_first = retain_first
@@ -96,9 +106,8 @@ class StreamWindows:
         self.wait_seconds = 0.0
         self.freed_bytes = 0
 
-    @property
-    def num_windows(self) -> int:
-        return len(self._windows)
+    def windows(self, epoch: int) -> range:
+        return self._epoch_windows[epoch if self.info.epochs > 1 else 0]
 
     def planned_rows(self, window: int) -> tuple[list[str], list[int]]:
         samples = [s for shard in self._windows[window] for s in shard.samples]
@@ -162,7 +171,7 @@ class StreamWindows:
         (exclusive; None = all), and tell the producer nothing more will be reclaimed."""
         if self.reclaim:
             self.retain_first = False
-            for k in range(self.num_windows if through is None else through):
+            for k in range(len(self._windows) if through is None else through):
                 if all(read_fragment(self.root, s.name) is not None for s in self._windows[k]):
                     self.release(k)
         write_json_atomic(self.root / CONSUMER_STOPPED, {"freed_bytes": self.freed_bytes})

@@ -435,7 +435,7 @@ def make_order(
     if d.order == "global":
         return GlobalOrder(inputs.dataset, packing)
     source = inputs.stream or FinishedWindows(inputs.dataset, d.window_shards)
-    return WindowOrder(source, packing)
+    return WindowOrder(source, packing, d.window_passes)
 
 
 def train(config: Config, preflight_only: bool = False) -> int:
@@ -660,7 +660,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
                 if segment.window is not None:
                     released_through = segment.window + int(finished)
                 break
-            if stream is not None and config.data.reclaim and not segment.last:
+            if stream is not None and config.data.reclaim and segment.window is not None:
                 # the window's shards may go once a checkpoint covers it (then receipts, deletes)
                 if state.last_checkpoint != _checkpoint_path(config, state.step):
                     save_checkpoint(accelerator, state, scheduler, config)
