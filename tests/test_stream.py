@@ -31,7 +31,14 @@ from stage_cli import run_cli, run_train_cli
 
 from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
-from eagle3_schemas.stream import CONSUMED, FRAGMENTS, partial_dir, shard_bytes_on_disk
+from eagle3_schemas.stream import (
+    CONSUMED,
+    FRAGMENTS,
+    partial_dir,
+    read_fragment,
+    reclaim,
+    shard_bytes_on_disk,
+)
 from eagle3_train.testing import REPO, env_for_subprocess
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -419,3 +426,58 @@ def test_a_stream_of_another_target_or_layers_is_refused_before_the_first_step(
     assert expected in result.log
     assert not (run / "checkpoints").exists(), "refused only after training began"
     assert os.listdir(partial_dir(out) / "shards")  # nothing was reclaimed
+
+
+def _finished_stream(inputs: dict[str, Any], out: Path, *extra: str) -> Path:
+    """A stream written to its end by a producer in this process (no trainer yet)."""
+    result = run_cli(extract_main, [*_extract_args(inputs["tokenized"], out), "--stream", *extra])
+    assert result.code == 0, result.log[-3000:]
+    assert result.summary()["status"] == "stream complete"
+    return partial_dir(out)
+
+
+def test_an_altered_sealed_shard_is_refused_naming_it(inputs, tmp_path: Path):
+    out = tmp_path / "hidden_states"
+    stream = _finished_stream(inputs, out)
+    shard = sorted((stream / "shards").iterdir())[0]
+    with shard.open("r+b") as f:  # one byte of the last sample's stored states
+        f.seek(shard.stat().st_size - 100)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    run = tmp_path / "run"
+    result = run_train_cli(["--config", str(_config(inputs, run, out, stream=True))])
+    assert result.code == 2, result.log[-3000:]
+    assert "checksum" in result.log and shard.name in result.log
+    assert not (run / "checkpoints").exists()
+
+
+def test_a_producer_that_never_starts_is_reported_not_waited_on_forever(inputs, tmp_path: Path):
+    run = tmp_path / "run"
+    config = _config(inputs, run, tmp_path / "never", stream=True, stream_timeout_s=1)
+    result = run_train_cli(["--config", str(config)])
+    assert result.code == 2, result.log[-3000:]
+    assert "did not appear within data.stream_timeout_s=1" in result.log
+
+
+def test_reclaimed_shards_are_done_for_the_producer_and_never_published(inputs, tmp_path: Path):
+    out = tmp_path / "hidden_states"
+    stream = _finished_stream(inputs, out)
+    first = read_fragment(stream, sorted(p.stem for p in (stream / FRAGMENTS).iterdir())[0])
+    assert first is not None and reclaim(stream, first, {"window": 0}) > 0
+    again = run_cli(extract_main, [*_extract_args(inputs["tokenized"], out), "--stream"])
+    assert again.code == 0, again.log[-3000:]
+    assert again.summary()["tokens_this_attempt"] == 0  # nothing redone, the receipt counts
+    publish = run_cli(extract_main, _extract_args(inputs["tokenized"], out))
+    assert publish.code == 1
+    assert "reclaimed" in publish.log and not out.exists()
+
+
+def test_a_budget_below_one_shard_is_refused_before_any_work(inputs, tmp_path: Path):
+    out = tmp_path / "hidden_states"
+    result = run_cli(
+        extract_main, [*_extract_args(inputs["tokenized"], out), "--stream", "--disk-budget", "1MB"]
+    )
+    assert result.code == 1
+    assert "smaller than one unit of work" in result.log
+    assert not list((partial_dir(out) / "shards").glob("*"))

@@ -251,9 +251,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from eagle3_extract.run import run
 
+        from eagle3_extract.streaming import DiskBudgetError
+        from eagle3_extract.workdir import ResumeError
+
         try:
             summary = run(_config(args, preflight=not args.no_preflight))
-        except PreflightError as e:
+        except (PreflightError, ResumeError, DiskBudgetError) as e:
             log.error("%s", e)
             return 1
         print(json.dumps(summary))

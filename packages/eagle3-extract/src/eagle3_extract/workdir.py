@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 
 class ResumeError(RuntimeError):
-    """The partial run on disk was started with different inputs or settings."""
+    """The partial run on disk cannot be resumed or finished as asked (other inputs or
+    settings; a stream whose shards a trainer reclaimed)."""
 
 
 def is_complete(final: Path) -> bool:
@@ -137,7 +138,7 @@ class WorkDir:
             raise RuntimeError(f"{self.root}: shards {missing[:5]} are not complete; cannot finish")
         gone = [p.name for p in plans if consumed(self.root, p.name)]
         if gone:
-            raise RuntimeError(
+            raise ResumeError(
                 f"{self.root}: {len(gone)} shards ({gone[:3]}...) were reclaimed by the training "
                 "run that consumed this stream: it cannot become a finished dataset"
             )

@@ -7,6 +7,8 @@ Run it under Accelerate (any of these, from the repository root):
     accelerate launch --config_file recipes/accelerate/zero2.yaml eagle3-train --config ...
 
 or alone (one process): ``eagle3-train --config ...``. ``--preflight`` runs the checks only.
+Exit status: 0 done, 2 a config or preflight error, 3 a NaN stopped training, 4 the stream
+being trained on failed (stalled producer, torn shard, shard reclaimed too early).
 """
 
 from __future__ import annotations
@@ -114,12 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, PathArgumentError) as e:
         print(f"eagle3-train: config error: {e}", file=sys.stderr)
         return 2
-    from eagle3_train.trainer import EXIT_NAN, TrainingStopped, train
+    from eagle3_train.stream import StreamError
+    from eagle3_train.trainer import EXIT_NAN, EXIT_STREAM, TrainingStopped, train
 
     try:
         return train(config, preflight_only=args.preflight)
     except TrainingStopped:
         return EXIT_NAN
+    except StreamError as e:  # the last checkpoint stands; rerun to resume once it is mended
+        logging.getLogger("eagle3_train").error("stream: %s", e)
+        return EXIT_STREAM
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ log = logging.getLogger("eagle3_train")
 
 EXIT_PREFLIGHT = 2
 EXIT_NAN = 3
+EXIT_STREAM = 4
 
 
 class TrainingStopped(RuntimeError):
