@@ -1,5 +1,6 @@
-"""recipes/MULTINODE.md's commands parse with the stages' own argument parsers, and its
-multi-node Accelerate config is the single-node ZeRO-2 recipe plus the machine fields.
+"""recipes/MULTINODE.md's and recipes/STREAMING.md's commands parse with the stages' own
+argument parsers; the multi-node Accelerate config is the single-node ZeRO-2 recipe plus the
+machine fields; the streamed training command's config loads.
 
 The commands cannot run here (one machine, no GPU); what can rot silently is the text: a
 renamed flag, a stage name, a config field. The training command itself runs in CI as two
@@ -20,16 +21,19 @@ from eagle3_train.cli import build_parser as train_parser
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "recipes" / "MULTINODE.md"
+STREAMING = REPO / "recipes" / "STREAMING.md"
 
 
-def _commands() -> list[list[str]]:
+def _commands(doc: Path = DOC) -> list[list[str]]:
     """Each command line of the page's bash blocks, continuations joined, shell values filled
     with a stand-in ('1': a valid int and a valid path), leading VAR=value words and a
     trailing '&' dropped."""
-    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", doc.read_text(), flags=re.S)
     commands = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
+            if line.lstrip().startswith("#"):
+                continue
             line = re.sub(r"\$\(\([^)]*\)\)|\$\{?\w+\}?", "1", line)
             words = shlex.split(line.rstrip().removesuffix("&"))  # a background job
             while words and re.fullmatch(r"\w+=\S*", words[0]):
@@ -75,3 +79,28 @@ def test_the_multinode_config_is_zero2_plus_the_machine_fields() -> None:
         k: v for k, v in single.items() if k not in machine_fields
     }
     assert multi["num_machines"] == 2 and multi["num_processes"] == 16
+
+
+def test_the_streaming_commands_parse_and_their_config_loads() -> None:
+    from eagle3_train.cli import parse_override
+    from eagle3_train.config import load_config
+
+    commands = _commands(STREAMING)
+    assert sorted((w[0], w[1]) for w in commands) == [
+        ("accelerate", "launch"),
+        ("eagle3-extract", "run"),
+    ]
+    for words in commands:
+        if words[0] == "eagle3-extract":
+            args = extract_parser().parse_args(words[1:])
+            assert args.stream and args.disk_budget == 2 * 10**12 and args.backend == "vllm"
+            continue
+        module = words.index("-m")
+        launch_command_parser().parse_args([*words[2:module], "x"])
+        args = train_parser().parse_args(words[module + 2 :])
+        assert args.reclaim
+        config = load_config(
+            REPO / args.config,
+            [*map(parse_override, args.overrides), {"data": {"reclaim": args.reclaim}}],
+        )
+        assert config.data.stream and config.data.order == "shard_window"
