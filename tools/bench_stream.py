@@ -51,8 +51,17 @@ def _inputs(root: Path, samples: int) -> tuple[Path, Path]:
     _run([sys.executable, "tools/build_tiny_target.py", "--corpus-only", str(corpus)])
     _run([*data, "ingest", str(corpus), "--keep", "split=train", "--out", str(conversations)])
     _run(
-        [*data, "tokenize", str(conversations), "--tokenizer", str(TARGET)]
-        + ["--max-length", "512", "--out", str(tokenized)]
+        [
+            *data,
+            "tokenize",
+            str(conversations),
+            "--tokenizer",
+            str(TARGET),
+            "--max-length",
+            "512",
+            "--out",
+            str(tokenized),
+        ]
     )
     _run([*data, "vocab", str(tokenized), "--draft-vocab-size", "512", "--out", str(vocab)])
     return tokenized, vocab

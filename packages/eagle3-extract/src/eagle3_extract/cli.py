@@ -250,7 +250,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "run":
         from eagle3_extract.run import run
-
         from eagle3_extract.streaming import DiskBudgetError
         from eagle3_extract.workdir import ResumeError
 
