@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-# The tests' own helpers (stage_cli.py) import by name (tests are collected in importlib mode).
-sys.path.insert(0, str(Path(__file__).parent))
+# The tests' own helpers (stage_cli.py) and the tools' import by name (tests are collected in
+# importlib mode, which puts neither folder on the path).
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "tools")]
 
 
 @pytest.fixture(scope="session")

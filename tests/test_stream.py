@@ -4,9 +4,12 @@
 run at the same time under a budget smaller than the dataset. What a streamed run trains is
 compared with the finished dataset of the same extraction, trained offline in the same data
 order (data.order: shard_window): the drafts must be equal bit for bit, also after a kill -9
-of the producer or of the trainer at some moment and a restart of it, which shows that no
-sample was lost and none trained twice. The trainer refuses a stream of another target or of
-other layer ids before its first step.
+of the producer or of the trainer at some moment and a restart of it (no sample lost, none
+trained twice), with 2 training processes, and over two passes without keeping the shards
+(re-extraction per epoch, or passes over a retained window). The vLLM backend streams too
+(vllm tier). Refused: a stream of another target or other layer ids (before the first step),
+an altered sealed shard, a producer that never starts, publishing a reclaimed stream, a budget
+below one shard. And MULTINODE.md's extraction: two workers at once, then merge.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from bench_stream import tiny_inputs
 from safetensors.torch import load_file
 from stage_cli import run_cli, run_train_cli
 
-from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
+from eagle3_schemas import validate
 from eagle3_schemas.stream import (
     CONSUMED,
     FRAGMENTS,
@@ -56,27 +61,7 @@ WINDOW_SHARDS = 2
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Tokenized corpus, vocab map, the finished dataset, and a budget below its size."""
     root = tmp_path_factory.mktemp("stream")
-    corpus = root / "corpus.jsonl"
-    build = [sys.executable, "tools/build_tiny_target.py", "--corpus-only", str(corpus)]
-    subprocess.run(build, cwd=REPO, check=True, capture_output=True)
-    conversations, tokenized = root / "conversations.parquet", root / "tokenized.parquet"
-    vocab = root / "vocab_map.safetensors"
-    for argv in (
-        ["ingest", str(corpus), "--keep", "split=train", "--out", str(conversations)],
-        [
-            "tokenize",
-            str(conversations),
-            "--tokenizer",
-            str(TARGET),
-            "--max-length",
-            "512",
-            "--out",
-            str(tokenized),
-        ],
-        ["vocab", str(tokenized), "--draft-vocab-size", "512", "--out", str(vocab)],
-    ):
-        result = run_cli(data_main, argv)
-        assert result.code == 0, result.log[-3000:]
+    tokenized, vocab = tiny_inputs(root)
     offline = root / "offline"
     result = run_cli(extract_main, _extract_args(tokenized, offline))
     assert result.code == 0, result.log[-3000:]
@@ -458,6 +443,9 @@ def test_a_producer_that_never_starts_is_reported_not_waited_on_forever(inputs, 
     result = run_train_cli(["--config", str(config)])
     assert result.code == 2, result.log[-3000:]
     assert "did not appear within data.stream_timeout_s=1" in result.log
+    config = _config(inputs, run, inputs["offline"], stream=True)  # finished: no waiting
+    result = run_train_cli(["--config", str(config)])
+    assert result.code == 2 and "is a finished dataset, not a stream" in result.log
 
 
 def test_reclaimed_shards_are_done_for_the_producer_and_never_published(inputs, tmp_path: Path):
@@ -481,3 +469,32 @@ def test_a_budget_below_one_shard_is_refused_before_any_work(inputs, tmp_path: P
     assert result.code == 1
     assert "smaller than one unit of work" in result.log
     assert not list((partial_dir(out) / "shards").glob("*"))
+
+
+def test_two_extraction_workers_at_once_then_merge_give_the_whole_dataset(inputs, tmp_path):
+    """recipes/MULTINODE.md's extraction: W workers as separate processes at the same time
+    (there, one per GPU across nodes), then one merge; the same samples as one worker."""
+    workers, logs = [], []
+    for rank in (0, 1):
+        out = tmp_path / f"r{rank}"
+        command = [sys.executable, "-m", "eagle3_extract", *_extract_args(inputs["tokenized"], out)]
+        command += ["--rank", str(rank), "--world-size", "2"]
+        logs.append(tmp_path / f"r{rank}.log")
+        with logs[-1].open("w") as f:
+            workers.append(
+                subprocess.Popen(command, cwd=REPO, env=env_for_subprocess(), stdout=f, stderr=f)
+            )
+    for worker, log in zip(workers, logs, strict=True):
+        _wait(worker, log, "extraction worker")
+    merged = tmp_path / "merged"
+    result = run_cli(
+        extract_main, ["merge", "--out", str(merged), str(tmp_path / "r0"), str(tmp_path / "r1")]
+    )
+    assert result.code == 0, result.log[-3000:]
+    assert validate(merged) == []
+
+    def rows(dataset: Path) -> list[tuple[str, int]]:
+        table = pq.read_table(dataset / "manifest.parquet", columns=["sample_id", "num_tokens"])
+        return sorted(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+
+    assert rows(merged) == rows(inputs["offline"])

@@ -44,7 +44,9 @@ def _run(command: list[str], env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-def _inputs(root: Path, samples: int) -> tuple[Path, Path]:
+def tiny_inputs(root: Path) -> tuple[Path, Path]:
+    """The tiny recipe's training corpus, tokenized by the tiny target, and its vocab map
+    (tests/test_stream.py uses the same inputs)."""
     corpus, conversations = root / "corpus.jsonl", root / "conversations.parquet"
     tokenized, vocab = root / "tokenized.parquet", root / "vocab_map.safetensors"
     data = [sys.executable, "-m", "eagle3_data"]
@@ -133,7 +135,7 @@ def main() -> None:
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     root = Path(tempfile.mkdtemp(prefix="bench-stream-"))
-    tokenized, vocab = _inputs(root, args.samples)
+    tokenized, vocab = tiny_inputs(root)
 
     # Offline first: its shard sizes set the budget, its times are the comparison.
     offline = root / "offline"

@@ -22,7 +22,7 @@ from eagle3_schemas.target_config import text_config
 from eagle3_train.config import Config
 from eagle3_train.data import HiddenStateDataset
 from eagle3_train.model import DraftArch
-from eagle3_train.stream import StreamWindows, stream_root, wait_for_stream
+from eagle3_train.stream import StreamWindows, wait_for_stream
 
 
 class InputError(ValueError):
@@ -97,7 +97,7 @@ def load_inputs(config: Config) -> RunInputs:
     target_config, target_config_path = load_target_config(config.target.path)
     d = config.data
     if d.stream:
-        info = wait_for_stream(stream_root(d.hidden_states), d.stream_timeout_s)
+        info = wait_for_stream(Path(d.hidden_states), d.stream_timeout_s)
         stream = StreamWindows(
             info,
             d.window_shards,

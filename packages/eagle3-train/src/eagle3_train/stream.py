@@ -43,16 +43,18 @@ class StreamError(RuntimeError):
     """The stream cannot be trained on as it is (stalled, torn, reclaimed too early)."""
 
 
-def stream_root(hidden_states: str | Path) -> Path:
-    """data.hidden_states names the producer's --out; the stream is its work directory."""
-    return partial_dir(Path(hidden_states))
-
-
-def wait_for_stream(root: Path, timeout_s: float) -> StreamInfo:
-    """The stream's header, once the producer has written it."""
+def wait_for_stream(hidden_states: Path, timeout_s: float) -> StreamInfo:
+    """The header of the stream of ``hidden_states`` (data.hidden_states names the producer's
+    --out; the stream is its work directory), once the producer has written it."""
+    root = partial_dir(hidden_states)
     deadline = time.monotonic() + timeout_s
     announced = False
     while not (root / STREAM_FILE).is_file():
+        if (hidden_states / "dataset.json").is_file():
+            raise StreamError(
+                f"data.hidden_states: {hidden_states} is a finished dataset, not a stream "
+                f"({root / STREAM_FILE} is absent): train on it with data.stream: false"
+            )
         if time.monotonic() > deadline:
             raise StreamError(
                 f"{root / STREAM_FILE} did not appear within data.stream_timeout_s={timeout_s} s: "

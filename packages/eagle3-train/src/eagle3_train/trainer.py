@@ -549,7 +549,8 @@ def train(config: Config, preflight_only: bool = False) -> int:
     started = time.perf_counter()
     last_metrics: dict[str, float] = {}
 
-    released_through: int | None = 0  # windows before this one are released (None: all)
+    # stream windows before this one may be released at the end (None: all of them)
+    released_through: int | None = None if state.epoch >= t.epochs else 0
     waited = stream.wait_seconds if stream is not None else 0.0
     for epoch in range(state.epoch, t.epochs):
         if done:
