@@ -30,10 +30,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from eagle3_data.cli import main as data_main
 from eagle3_eval.cli import main as eval_main
@@ -210,24 +213,9 @@ def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
         if split == "train":
             o["extract preflight"] = run_cli(extract_main, ["preflight", *extract])
         o[f"extract {split}"] = run_cli(extract_main, ["run", *extract])
-    sets = [f"{k}={v}" for k, v in DRAFT_SIZES.items()]
-    sets += [
-        f"target.path={standin}",
-        f"data.hidden_states={work / 'train.hs'}",
-        f"data.vocab_map={work / 'vocab.safetensors'}",
-        f"draft.aux_layer_ids=[{csv}]",
-        "data.num_workers=0",
-        "data.max_tokens_per_batch=1024",
-        "train.warmup_steps=2",
-        "train.trackers=[]",
-    ]
     for name, extra in (("train", []), ("train-mla", ["draft.architecture=mla"])):
         # The recipe's draft, and the MLA draft vLLM's own Kimi recipes serve (issue 11).
-        o[name] = stage_cli.run_train_cli(
-            ["--config", str(RECIPE / "train.yaml"), "--output-dir", str(work / name)]
-            + ["--max-steps", "6"]
-            + [arg for s in [*sets, *extra] for arg in ("--set", s)]
-        )
+        o[name] = train(standin, work, aux, work / "train.hs", work / name, extra)
     eval_args = without(f["EVAL_ARGS"], "--concurrency", "--engine-arg")
     eval_args = replace_value(eval_args, "--max-new-tokens", "16")
     for name, draft in (("eval reference", "train"), ("eval reference mla", "train-mla")):
@@ -266,6 +254,28 @@ def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
         ],
     )
     return Run(work, standin, aux, f, o)
+
+
+def train(
+    standin: Path, work: Path, aux: list[int], hidden_states: Path, out: Path, extra: list[str]
+) -> Any:
+    """The recipe's train.yaml for 6 steps at the stand-in's sizes, with ``extra`` --set."""
+    sets = [f"{k}={v}" for k, v in DRAFT_SIZES.items()]
+    sets += [
+        f"target.path={standin}",
+        f"data.hidden_states={hidden_states}",
+        f"data.vocab_map={work / 'vocab.safetensors'}",
+        f"draft.aux_layer_ids=[{','.join(map(str, aux))}]",
+        "data.num_workers=0",
+        "data.max_tokens_per_batch=1024",
+        "train.warmup_steps=2",
+        "train.trackers=[]",
+        *extra,
+    ]
+    return stage_cli.run_train_cli(
+        ["--config", str(RECIPE / "train.yaml"), "--output-dir", str(out), "--max-steps", "6"]
+        + [arg for s in sets for arg in ("--set", s)]
+    )
 
 
 def passed(run: Run, stage: str):
@@ -492,6 +502,35 @@ def test_train_and_export_at_kimis_vocabulary(run: Run) -> None:
         assert f.get_slice("d2t").get_shape() == [DRAFT_VOCAB]
         assert f.get_slice("t2d").get_shape() == [REAL_VOCAB]
         assert f.get_slice("lm_head.weight").get_shape()[0] == DRAFT_VOCAB
+
+
+def test_a_stream_at_kimis_shape_trains_the_offline_draft(run: Run) -> None:
+    """recipes/STREAMING.md at Kimi's shape (fp8 states and scales, the remote-code tokenizer
+    in the lineage, the 163,840-token target head), here one command after the other: the
+    recipe's extraction with --stream, then the recipe's training of the stream with
+    --reclaim. The draft equals, bit for bit, the same training of the finished dataset."""
+    extract = ["--model", str(run.standin), "--tokenized", str(run.work / "train.t.parquet")]
+    extract += ["--aux-layer-ids", ",".join(map(str, run.aux)), *on_cpu(run.flags["EXTRACT_ARGS"])]
+    extract += ["--shard-mb", "0.02"]  # several shards from the few chats
+    drafts = {}
+    for name, stream in (("offline", []), ("stream", ["--stream"])):
+        hidden_states = run.work / f"{name}-windows.hs"
+        outcome = run_cli(extract_main, ["run", *extract, *stream, "--out", str(hidden_states)])
+        assert outcome.code == 0, outcome.log[-3000:]
+        order = ["data.order=shard_window", "data.window_shards=2", "train.epochs=1"]
+        if stream:
+            order += ["data.stream=true", "data.reclaim=true"]
+        out = run.work / f"train-{name}-windows"
+        outcome = train(run.standin, run.work, run.aux, hidden_states, out, order)
+        assert outcome.code == 0, outcome.log[-3000:]
+        drafts[name] = load_file(str(out / "draft" / "model.safetensors"))
+    stream_dir = run.work / "stream-windows.hs.partial"
+    assert len(list((stream_dir / "_work" / "fragments").iterdir())) >= 4
+    header = json.loads((stream_dir / "_work" / "stream.json").read_text())
+    assert header["storage_dtype"] == "fp8_e4m3" and header["lineage"]["trust_remote_code"]
+    assert drafts["stream"].keys() == drafts["offline"].keys()
+    for key, value in drafts["stream"].items():
+        assert torch.equal(value, drafts["offline"][key]), key
 
 
 def test_eval_reference_and_offline_honour_the_draft_vocabulary(run: Run) -> None:
