@@ -38,8 +38,8 @@ from eagle3_schemas.hidden_states import (
     PER_TOKEN_TENSORS,
     SHARD_DIR,
     checksum_algorithm,
-    checksum_rows,
     resolve_shard_path,
+    row_checksum,
 )
 from eagle3_schemas.lineage import fingerprint_json
 from eagle3_schemas.safetensors_format import SafetensorsFormatError, read_safetensors
@@ -252,19 +252,13 @@ def check_sealed_shard(
     if problems or not deep:
         return problems
     prefix = checksum_algorithm(schema_version) + ":"
-    with open(path, "rb") as f:
-        for row in fragment.rows:
-            data = {}
-            for name, t in per_token.items():
-                row_bytes = (t.end - t.start) // max(rows_total, 1)
-                f.seek(t.start + row.row_start * row_bytes)
-                data[name] = f.read(row.num_tokens * row_bytes)
-            got = checksum_rows(data, schema_version)
-            if not row.checksum.startswith(prefix) or got != row.checksum:
-                problems.append(
-                    f"{where}: sample {row.sample_id!r}: checksum {row.checksum!r} != {got!r} "
-                    "(torn or altered shard)"
-                )
+    for row in fragment.rows:
+        got = row_checksum(st, row.row_start, row.num_tokens, schema_version)
+        if not row.checksum.startswith(prefix) or got != row.checksum:
+            problems.append(
+                f"{where}: sample {row.sample_id!r}: checksum {row.checksum!r} != {got!r} "
+                "(torn or altered shard)"
+            )
     return problems
 
 

@@ -256,14 +256,10 @@ def check_stream(inputs: RunInputs) -> list[Finding]:
         ]
     if budget is None:
         return []
-    one_pass = info.plan[: len(info.plan) // info.epochs]
-    sizes = [
-        sum(info.planned_bytes(s) for s in one_pass[i : i + d.window_shards])
-        for i in range(0, len(one_pass), d.window_shards)
-    ]
+    sizes = [stream.planned_bytes(k) for k in stream.windows(0)]
     if not sizes:
         return []
-    total, largest = sum(sizes), max(sizes)
+    largest = max(sizes)
     kept = sizes[0] if d.validation_fraction > 0 else 0
     where = f"the stream's --disk-budget ({budget} bytes)"
     if not d.reclaim:

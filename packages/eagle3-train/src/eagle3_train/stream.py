@@ -111,6 +111,9 @@ class StreamWindows:
     def windows(self, epoch: int) -> range:
         return self._epoch_windows[epoch if self.info.epochs > 1 else 0]
 
+    def planned_bytes(self, window: int) -> int:
+        return sum(self.info.planned_bytes(shard) for shard in self._windows[window])
+
     def planned_rows(self, window: int) -> tuple[list[str], list[int]]:
         samples = [s for shard in self._windows[window] for s in shard.samples]
         return [i for i, _ in samples], [n for _, n in samples]

@@ -485,6 +485,8 @@ def train(config: Config, preflight_only: bool = False) -> int:
     stream = inputs.stream
     if stream is not None:
         stream.reclaim = config.data.reclaim and main  # one process deletes
+        # one process re-hashes each sealed shard, as preflight validates inputs on one
+        stream.deep_check = t.validate_inputs and main
         if main:
             (stream.root / CONSUMER_STOPPED).unlink(missing_ok=True)  # running (again)
     order = make_order(inputs, config, rank, world)
