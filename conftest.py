@@ -9,7 +9,10 @@ run green while checking nothing. So:
 
 names markers whose tests must run. The session then fails (exit status 1, the reasons listed
 at the end of the summary) when, for a named marker, no test executed or any test skipped. An
-expected failure (xfail) counts as executed: it ran and failed the documented way. Before any
+expected failure (xfail) counts as executed: it ran and failed the documented way. A module
+skipped while it is collected (a module-level ``pytest.importorskip`` or ``pytest.skip(...,
+allow_module_level=True)``) fails the session too: its tests never exist as items, so which
+tier they belonged to cannot be told, and a tier could otherwise lose tests unseen. Before any
 test runs, a tier whose known prerequisite is missing (vllm: ``EAGLE3_VLLM_PYTHON``) stops the
 session as a usage error, so CI goes red in seconds rather than after the other tiers.
 """
@@ -84,6 +87,11 @@ class RequiredTiers:
         self.tiers = tiers
         self.tally = {tier: TierTally() for tier in tiers}
         self.tiers_of: dict[str, tuple[str, ...]] = {}
+        self.collection_skips: list[str] = []  # "nodeid: reason" of modules skipped whole
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.skipped:
+            self.collection_skips.append(f"{report.nodeid}: {skip_reason(report)}")
 
     @pytest.hookimpl(trylast=True)  # after -m/-k deselection; harmless either way
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -109,6 +117,14 @@ class RequiredTiers:
                 out += [f"    {line}" for line in tally.skipped[:MAX_REASONS]]
                 if len(tally.skipped) > MAX_REASONS:
                     out.append(f"    ... and {len(tally.skipped) - MAX_REASONS} more")
+        if self.collection_skips:
+            out.append(
+                f"{len(self.collection_skips)} module(s) skipped at collection: their tests' "
+                "tiers are unknown"
+            )
+            out += [f"    {line}" for line in self.collection_skips[:MAX_REASONS]]
+            if len(self.collection_skips) > MAX_REASONS:
+                out.append(f"    ... and {len(self.collection_skips) - MAX_REASONS} more")
         return out
 
     @pytest.hookimpl(tryfirst=True)

@@ -348,15 +348,14 @@ def test_kimis_template_and_tokenizer_code_defaults_are_survived(standin: Path) 
 def test_without_trust_transformers_would_tokenize_otherwise(standin: Path) -> None:
     """Why the flag is required rather than optional: without the custom code, transformers
     5 converts tiktoken.model with its own pre-tokenizer and yields other ids on Chinese text —
-    a dataset that would silently disagree with the served model. So the stages refuse."""
+    a dataset that would silently disagree with the served model. So the stages refuse.
+    A transformers that refuses to load it plainly fails here: the claim then needs rewording,
+    not a silent pass."""
     from transformers import AutoTokenizer
 
     text = "Kimi是一个AI助手, camelCase getValue"  # Kimi's pattern splits cased words
     trusted = AutoTokenizer.from_pretrained(standin, trust_remote_code=True, local_files_only=True)
-    try:
-        plain = AutoTokenizer.from_pretrained(standin, local_files_only=True)
-    except Exception:
-        return
+    plain = AutoTokenizer.from_pretrained(standin, local_files_only=True)
     assert plain.encode(text, add_special_tokens=False) != trusted.encode(text)
 
 

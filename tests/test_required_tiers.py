@@ -79,3 +79,32 @@ def test_missing_vllm_python_is_a_usage_error(
     result = tree.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*EAGLE3_VLLM_PYTHON is not set*"])
+
+
+UNTIERED_SKIP = """
+import pytest
+
+pytest.importorskip("eagle3_no_such_module")
+
+@pytest.mark.vllm
+def test_never_collected(): pass
+"""
+
+
+def test_a_module_skipped_at_collection_fails_a_tiered_run(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module-level importorskip hides its tests before they carry any marker: the guard
+    cannot tell their tier, so it counts the skip itself."""
+    tree.makepyfile(test_optional=UNTIERED_SKIP)
+    monkeypatch.delenv("EAGLE3_REQUIRE_TIERS", raising=False)
+    assert tree.runpytest("-k", "not skips").ret == 0  # on a laptop: a skip, as before
+    monkeypatch.setenv("EAGLE3_REQUIRE_TIERS", "vllm,distributed")
+    result = tree.runpytest("-k", "not skips")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*1 module(s) skipped at collection: their tests' tiers are unknown*",
+            "*test_optional.py: *could not import 'eagle3_no_such_module'*",
+        ]
+    )

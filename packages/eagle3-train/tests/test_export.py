@@ -49,7 +49,7 @@ def test_export_validates_clean(exported):
 
 
 def test_speculators_loader_reads_our_weights(exported):
-    speculators = pytest.importorskip("speculators")
+    import speculators  # the dev group's: a missing one fails, it does not skip
     from speculators.models.eagle3 import Eagle3DraftModel
 
     out, model, run = exported

@@ -25,8 +25,6 @@ import torch
 from eagle3_train.loss import unpack_stats
 from eagle3_train.model import DraftArch, Eagle3Draft
 
-speculators = pytest.importorskip("speculators", reason="speculators (dev group) not installed")
-
 H, N_AUX, V_T, V_D, HEADS, KV, HEAD_DIM, INTER = 16, 3, 40, 20, 4, 2, 8, 32
 TTT = 3
 RTOL = 1e-5

@@ -34,7 +34,6 @@ def _records(run):
 
 
 def test_a_run_leaves_config_metrics_tensorboard_and_the_best_draft(tmp_path, in_process):
-    pytest.importorskip("tensorboard")
     inputs = make_inputs(tmp_path / "inputs", num_samples=40)
     run = tmp_path / "run"
     config = write_config(
