@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from eagle3_schemas.registry import load_schema
-from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
+from eagle3_train.attention import (
+    chunked_ttt_attention,
+    dense_ttt_attention,
+    flash_ttt_attention,
+    ttt_mask,
+)
 from eagle3_train.loss import document_bounds, fused_linear_kl, reference_linear_kl
 from eagle3_train.model import DraftArch, Eagle3Draft
 
@@ -73,7 +78,8 @@ def test_ttt_attention_matches_dense_float64_reference(m, chunk):
         return out.detach(), {n: leaf.grad.clone() for n, leaf in leaves.items()}
 
     ref_out, ref_grads = grads(_reference_attention)
-    for fn in (lambda *a: chunked_ttt_attention(*a, chunk=chunk), dense_ttt_attention):
+    flash = lambda q, k0, v0, kd, vd, _: flash_ttt_attention(q, k0, v0, kd, vd, cu)  # noqa: E731
+    for fn in (lambda *a: chunked_ttt_attention(*a, chunk=chunk), dense_ttt_attention, flash):
         out, got = grads(fn)
         torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
         for name in leaves:
@@ -92,7 +98,7 @@ def test_fused_linear_kl_matches_autograd():
     h.grad = w.grad = None
     ref, ref_preds = reference_linear_kl(h, w, target, rows)
     (2.5 * ref).backward()
-    torch.testing.assert_close(loss, ref.float(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-7)
     assert torch.equal(preds, ref_preds)
     torch.testing.assert_close(gh, h.grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-7)

@@ -44,13 +44,38 @@ LOSS_EPS = 1e-5  # added to each step's loss denominator, as speculators does
 
 @dataclass(frozen=True)
 class Alignment:
-    """Per TTT step: which token each slot is fed, and which slots are scored."""
+    """Per TTT step: which token each slot is fed, and which slots are scored.
+
+    Computed where the batch is (``align``); built on the host and moved with ``to``, its
+    Python ints (document lengths, scored counts) keep the step free of host syncs."""
 
     doc_start: Tensor  # [T] long: first row of the slot's document
     positions: Tensor  # [T] long: position of slot t at step 0 (t - doc_start)
     step_tokens: list[Tensor]  # per step k: [T] long, x_{t+1+k} (0 past the end; never scored)
     in_doc: list[Tensor]  # per step k: [T] bool, t+1+k inside t's document
     valid: list[Tensor]  # per step k: [T] bool, in_doc & loss_mask[t+1+k]
+    # per step k: the slots whose draft logits are formed — the scored ones, and those whose
+    # step-0 row was scored (the accuracy chain of ``step_accuracy`` follows them)
+    loss_rows: list[Tensor]
+    num_scored: list[int]  # per step k: valid[k].sum()
+    cu_seqlens: Tensor  # [n+1] int32, the kernels' document boundaries
+    max_doc_len: int
+
+    def to(self, device: torch.device) -> Alignment:
+        def move(x: Tensor) -> Tensor:
+            return x.to(device, non_blocking=True)
+
+        return Alignment(
+            move(self.doc_start),
+            move(self.positions),
+            [move(x) for x in self.step_tokens],
+            [move(x) for x in self.in_doc],
+            [move(x) for x in self.valid],
+            [move(x) for x in self.loss_rows],
+            self.num_scored,
+            move(self.cu_seqlens),
+            self.max_doc_len,
+        )
 
 
 def document_bounds(cu_seqlens: Tensor, total: int) -> tuple[Tensor, Tensor]:
@@ -62,12 +87,14 @@ def document_bounds(cu_seqlens: Tensor, total: int) -> tuple[Tensor, Tensor]:
 
 
 def align(input_ids: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, ttt_steps: int) -> Alignment:
-    """The one shift (see the module docstring) for a packed, unshifted batch."""
+    """The one shift (see the module docstring) for a packed, unshifted batch. Reads counts
+    back to the host: call it on the host's copy of the batch, then ``Alignment.to``."""
     T = input_ids.shape[0]
+    cu_seqlens = cu_seqlens.long()
     doc_start, doc_end = document_bounds(cu_seqlens, T)
     rows = torch.arange(T, device=input_ids.device)
     mask = loss_mask.bool()
-    step_tokens, in_doc, valid = [], [], []
+    step_tokens, in_doc, valid, loss_rows, num_scored = [], [], [], [], []
     for k in range(ttt_steps):
         src = rows + 1 + k
         inside = src < doc_end
@@ -75,14 +102,69 @@ def align(input_ids: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, ttt_steps: i
         step_tokens.append(torch.where(src < T, input_ids[safe], torch.zeros_like(input_ids)))
         in_doc.append(inside)
         valid.append(inside & mask[safe])
-    return Alignment(doc_start, rows - doc_start, step_tokens, in_doc, valid)
+        loss_rows.append(torch.nonzero(valid[k] | (valid[0] & inside)).flatten())
+        num_scored.append(int(valid[k].sum()))
+    max_doc_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if T else 0
+    return Alignment(
+        doc_start,
+        rows - doc_start,
+        step_tokens,
+        in_doc,
+        valid,
+        loss_rows,
+        num_scored,
+        cu_seqlens.to(torch.int32),
+        max_doc_len,
+    )
+
+
+# bf16/fp16 GEMMs with a float32 result (cuBLAS accumulates in float32), torch >= 2.8 on CUDA
+_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype") and hasattr(torch.ops.aten.addmm, "dtype")
+
+
+def mm_f32(a: Tensor, b: Tensor, accumulate: Tensor | None = None) -> Tensor:
+    """``accumulate + a @ b`` in float32 for float32 or half-precision ``a``, ``b``.
+
+    Half-precision inputs run on the half-precision tensor cores with a float32 result
+    (``mm.dtype``); where that op is missing (CPU), the exact emulation: the product of two
+    half-precision numbers is exact in float32, so upcasting first gives the same sums."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        if a.is_cuda and _HAS_MM_OUT_DTYPE:
+            if accumulate is None:
+                return torch.mm(a, b, out_dtype=torch.float32)
+            return torch.addmm(accumulate, a, b, out_dtype=torch.float32)
+        a, b = a.float(), b.float()
+    return a @ b if accumulate is None else torch.addmm(accumulate, a, b)
+
+
+def kl_chunk(logits: Tensor, target_logp: Tensor, row_weights: Tensor) -> tuple[Tensor, ...]:
+    """One chunk's (sum_t w_t·KL(p_t || softmax(z_t)), d/dz of it, argmax z), float32.
+
+    d KL / d z = softmax(z) - p (p sums to one over the draft vocabulary). Plain torch, so
+    ``compile_kl_chunk`` can fuse its elementwise passes into a few kernels."""
+    logq = torch.log_softmax(logits, dim=-1)
+    p = target_logp.exp()
+    kl = (p * (target_logp - logq)).sum(-1)
+    grad = (logq.exp() - p) * row_weights.unsqueeze(-1)
+    return (kl * row_weights).sum(), grad, logits.argmax(-1)
+
+
+_kl_chunk_impl = kl_chunk
+
+
+def compile_kl_chunk(enabled: bool) -> None:
+    """Use a ``torch.compile``d chunk body (train.compile) or the eager one."""
+    global _kl_chunk_impl
+    _kl_chunk_impl = torch.compile(kl_chunk, dynamic=True) if enabled else kl_chunk
 
 
 class _FusedLinearKL(torch.autograd.Function):
     """sum_t w_t · KL(p_t || softmax(h_t W^T)) with gradients formed chunk by chunk in forward.
 
     Draft logits exist one chunk at a time; the backward only rescales the stored gradients.
-    Also returns the argmax of each row's draft logits (no gradient) for the metrics.
+    The GEMMs take ``mm_dtype`` inputs (bf16 under autocast) with float32 results; softmax,
+    KL and the gradients' accumulation are float32. Also returns the argmax of each row's
+    draft logits (no gradient) for the metrics.
     """
 
     @staticmethod
@@ -93,10 +175,12 @@ class _FusedLinearKL(torch.autograd.Function):
         target_logp: Tensor,
         row_weights: Tensor,
         chunk: int,
+        mm_dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
-        # logits, softmax and gradients in float32 even under bf16 autocast
-        with torch.autocast(h.device.type, enabled=False):
-            return _FusedLinearKL._forward(ctx, h, weight, target_logp, row_weights, chunk)
+        with torch.autocast(h.device.type, enabled=False):  # the dtypes here are explicit
+            return _FusedLinearKL._forward(
+                ctx, h, weight, target_logp, row_weights, chunk, mm_dtype
+            )
 
     @staticmethod
     def _forward(
@@ -106,40 +190,36 @@ class _FusedLinearKL(torch.autograd.Function):
         target_logp: Tensor,
         row_weights: Tensor,
         chunk: int,
+        mm_dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
         n = h.shape[0]
         need_h = ctx.needs_input_grad[0]  # type: ignore[attr-defined]
         need_w = ctx.needs_input_grad[1]  # type: ignore[attr-defined]
-        cdt = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
-        w32 = weight.to(cdt)
-        grad_h = torch.empty(h.shape, dtype=cdt, device=h.device) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=cdt, device=h.device) if need_w else None
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        acc = torch.float64 if mm_dtype == torch.float64 else torch.float32
+        w_mm = weight.to(mm_dtype)
+        w_mm_t = w_mm.T
+        grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if need_w else None
+        total = torch.zeros((), dtype=acc, device=h.device)
         preds = torch.empty(n, dtype=torch.long, device=h.device)
         for c0 in range(0, n, chunk):
             c1 = min(n, c0 + chunk)
-            hc = h[c0:c1].to(cdt)
-            logits = hc @ w32.T
-            preds[c0:c1] = logits.argmax(-1)
-            logq = torch.log_softmax(logits, dim=-1)
-            logp = target_logp[c0:c1]
-            p = logp.to(cdt).exp()
-            logp = logp.to(cdt)
-            rw = row_weights[c0:c1].to(cdt)
-            kl = (p * (logp - logq)).sum(-1)
-            total += (kl * rw).sum()
+            hc = h[c0:c1].to(mm_dtype)
+            part, g, preds[c0:c1] = _kl_chunk_impl(
+                mm_f32(hc, w_mm_t), target_logp[c0:c1].to(acc), row_weights[c0:c1].to(acc)
+            )
+            total += part
             if need_h or need_w:
-                # d KL / d logits = softmax(logits) - p (p sums to one over the draft vocab)
-                g = logq.exp_().sub_(p).mul_(rw.unsqueeze(-1))
+                g = g.to(mm_dtype)
                 if grad_h is not None:
-                    grad_h[c0:c1] = g @ w32
+                    grad_h[c0:c1] = mm_f32(g, w_mm)
                 if grad_w is not None:
-                    grad_w += g.T @ hc
+                    grad_w = mm_f32(g.T, hc, accumulate=grad_w)
         ctx.save_for_backward(*(x for x in (grad_h, grad_w) if x is not None))
         ctx.has = (grad_h is not None, grad_w is not None)  # type: ignore[attr-defined]
         ctx.dtypes = (h.dtype, weight.dtype)  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(preds)
-        return total, preds
+        return total.float() if acc == torch.float32 else total, preds
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_total: Tensor, _grad_preds: Tensor):  # type: ignore[override]
@@ -148,14 +228,28 @@ class _FusedLinearKL(torch.autograd.Function):
         h_dtype, w_dtype = ctx.dtypes  # type: ignore[attr-defined]
         grad_h = (saved.pop(0) * grad_total).to(h_dtype) if has_h else None
         grad_w = (saved.pop(0) * grad_total).to(w_dtype) if has_w else None
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def fused_linear_kl(
-    h: Tensor, weight: Tensor, target_logp: Tensor, row_weights: Tensor, chunk: int = 1024
+    h: Tensor,
+    weight: Tensor,
+    target_logp: Tensor,
+    row_weights: Tensor,
+    chunk: int = 1024,
+    mm_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """(sum_t row_weights[t]·KL(target_t || draft_t), argmax draft ids) for h [n, H], weight [V, H]."""
-    return _FusedLinearKL.apply(h, weight, target_logp, row_weights, chunk)
+    """(sum_t row_weights[t]·KL(target_t || draft_t), argmax draft ids) for h [n, H], weight [V, H].
+
+    ``mm_dtype``: the GEMMs' input dtype; default: autocast's dtype where autocast is on
+    (bf16 on CUDA), else float32 (float64 for float64 inputs)."""
+    if mm_dtype is None:
+        device = h.device.type
+        if torch.is_autocast_enabled(device):
+            mm_dtype = torch.get_autocast_dtype(device)
+        else:
+            mm_dtype = torch.float64 if h.dtype == torch.float64 else torch.float32
+    return _FusedLinearKL.apply(h, weight, target_logp, row_weights, chunk, mm_dtype)
 
 
 def reference_linear_kl(
@@ -180,18 +274,19 @@ class StepCounts:
 
 
 def step_accuracy(
-    preds: Tensor, target_ids: Tensor, valid: Tensor, in_doc: Tensor, prev_correct: Tensor
+    correct: Tensor, valid: Tensor, in_doc: Tensor, prev_correct: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(full_correct, cond_total, new prev_correct) with speculators' definitions.
 
-    prev_correct starts as the step-0 valid mask; a slot stays in it while every step so far
-    predicted the target's argmax. full accuracy of step k = scored slots correct at steps
-    0..k / scored slots; conditional accuracy = the same numerator / slots correct at steps
-    0..k-1 — the chance the k-th draft token is accepted given the earlier ones were, i.e.
-    the acceptance proxy.
+    ``correct``: the draft's argmax equals the target's at this step (rows without draft
+    logits are False: they are neither scored nor in the chain). prev_correct starts as the
+    step-0 valid mask; a slot stays in it while every step so far predicted the target's
+    argmax. full accuracy of step k = scored slots correct at steps 0..k / scored slots;
+    conditional accuracy = the same numerator / slots correct at steps 0..k-1 — the chance
+    the k-th draft token is accepted given the earlier ones were, i.e. the acceptance proxy.
     """
     cond_total = (prev_correct & in_doc).sum()
-    now = prev_correct & in_doc & (preds == target_ids)
+    now = prev_correct & in_doc & correct
     full_correct = (now & valid).sum()
     return full_correct, cond_total, now
 

@@ -36,11 +36,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention
+from eagle3_train.attention import (
+    chunked_ttt_attention,
+    dense_ttt_attention,
+    flash_ttt_attention,
+    resolve_attention,
+)
 from eagle3_train.loss import (
     LOSS_EPS,
+    Alignment,
     align,
     fused_linear_kl,
+    mm_f32,
     step_accuracy,
 )
 
@@ -74,7 +81,7 @@ class DraftArch:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    attention: str = "chunked"
+    attention: str = "auto"  # auto | chunked | flash | sdpa (attention.py)
     attention_chunk: int = 512
     loss_chunk: int = 1024
 
@@ -202,23 +209,24 @@ class Attention(nn.Module):
         self.impl, self.chunk = arch.attention, arch.attention_chunk
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache, doc_start: Tensor
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache, docs: Alignment
     ) -> Tensor:
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.nh, self.d).transpose(0, 1)
         k = self.k_proj(x).view(T, self.nkv, self.d).transpose(0, 1)
         v = self.v_proj(x).view(T, self.nkv, self.d).transpose(0, 1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = ttt_attend(q, k, v, cache, doc_start, self.impl, self.chunk)
+        out = ttt_attend(q, k, v, cache, docs, self.impl, self.chunk)
         return self.o_proj(out.transpose(0, 1).reshape(T, self.nh * self.d))
 
 
+@torch.compiler.disable  # opaque to a compiled layer: its own kernels and autograd
 def ttt_attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     cache: LayerCache,
-    doc_start: Tensor,
+    docs: Alignment,
     impl: str,
     chunk: int,
     scale: float | None = None,
@@ -232,9 +240,13 @@ def ttt_attend(
     assert cache.k0 is not None and cache.v0 is not None
     kd = torch.stack(cache.kd) if cache.kd else k.new_zeros((0, *k.shape))
     vd = torch.stack(cache.vd) if cache.vd else v.new_zeros((0, *v.shape))
+    impl = resolve_attention(impl, q.device, q.dtype)
+    if impl == "flash":
+        k0, v0 = cache.k0, cache.v0
+        return flash_ttt_attention(q, k0, v0, kd, vd, docs.cu_seqlens, docs.max_doc_len, scale)
     if impl == "sdpa":
-        return dense_ttt_attention(q, cache.k0, cache.v0, kd, vd, doc_start, scale)
-    return chunked_ttt_attention(q, cache.k0, cache.v0, kd, vd, doc_start, chunk, scale)
+        return dense_ttt_attention(q, cache.k0, cache.v0, kd, vd, docs.doc_start, scale)
+    return chunked_ttt_attention(q, cache.k0, cache.v0, kd, vd, docs.doc_start, chunk, scale)
 
 
 class MLAAttention(nn.Module):
@@ -262,7 +274,7 @@ class MLAAttention(nn.Module):
         self.scale = mla_softmax_scale(arch)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache, doc_start: Tensor
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache, docs: Alignment
     ) -> Tensor:
         T = x.shape[0]
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
@@ -278,7 +290,7 @@ class MLAAttention(nn.Module):
         k_pe = apply_rope_interleaved(k_pe.unsqueeze(0), cos, sin).expand(self.nh, T, self.rope)
         q = torch.cat([q[..., : self.nope], q_pe], dim=-1)
         k = torch.cat([k_nope, k_pe], dim=-1)
-        out = ttt_attend(q, k, v, cache, doc_start, self.impl, self.chunk, self.scale)
+        out = ttt_attend(q, k, v, cache, docs, self.impl, self.chunk, self.scale)
         return self.o_proj(out.transpose(0, 1).reshape(T, self.nh * self.dv))
 
 
@@ -318,7 +330,7 @@ class DecoderLayer(nn.Module):
         cos: Tensor,
         sin: Tensor,
         cache: LayerCache,
-        doc_start: Tensor,
+        docs: Alignment,
     ) -> Tensor:
         if self.first:
             assert embeds is not None
@@ -328,7 +340,7 @@ class DecoderLayer(nn.Module):
         else:
             residual = x
             attn_in = self.input_layernorm(x)
-        x = residual + self.self_attn(attn_in, cos, sin, cache, doc_start)
+        x = residual + self.self_attn(attn_in, cos, sin, cache, docs)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -405,13 +417,26 @@ class Eagle3Draft(nn.Module):
             self.lm_head.weight.copy_(lm_head_draft_rows)
 
     @torch.no_grad()
+    def store_frozen_as(self, dtype: torch.dtype) -> None:
+        """Keep the frozen target embedding and LM-head rows in ``dtype`` (bf16 under bf16
+        training: the target's own dtype, half the memory; the norm weight stays float32)."""
+        self.embed_tokens = self.embed_tokens.to(dtype)
+        self.verifier_lm_head = self.verifier_lm_head.to(dtype)
+
+    @torch.no_grad()
     def target_log_probs(self, last_hidden: Tensor) -> Tensor:
         """log softmax over the draft vocabulary of lm_head_rows(norm(last)), float32 (also
-        under autocast: the target distribution is the reference, kept exact)."""
+        under autocast: the target distribution is the reference). With bf16 head rows the
+        GEMM takes bf16 inputs with a float32 result, as the target computes its logits."""
         with torch.autocast(last_hidden.device.type, enabled=False):
             normed = rms_norm(last_hidden, self.verifier_norm, self.arch.target_rms_norm_eps)
-            logits = normed @ self.verifier_lm_head.float().T
-            return torch.log_softmax(logits, dim=-1)
+            head = self.verifier_lm_head
+            logits = (
+                mm_f32(normed.to(head.dtype), head.T)
+                if head.dtype != normed.dtype
+                else normed @ head.T
+            )
+            return torch.log_softmax(logits.float(), dim=-1)
 
     def forward(
         self,
@@ -422,12 +447,16 @@ class Eagle3Draft(nn.Module):
         cu_seqlens: Tensor,  # [n+1] long
         ttt_steps: int,
         ttt_step_loss_decay: float = 1.0,
+        alignment: Alignment | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(loss, stats): stats [ttt_steps, 5] float64 holds, per step, the decayed step loss,
         the KL sum, scored slots, fully-correct slots and the conditional denominator
-        (``loss.unpack_stats`` names them). Plain tensors, so DDP/DeepSpeed hooks see them."""
+        (``loss.unpack_stats`` names them). Plain tensors, so DDP/DeepSpeed hooks see them.
+
+        ``alignment``: ``loss.align`` of this batch computed on the host and moved here (the
+        trainer does so); without it, it is computed here, reading counts back to the host."""
         T = input_ids.shape[0]
-        al = align(input_ids, loss_mask, cu_seqlens, ttt_steps)
+        al = alignment or align(input_ids, loss_mask, cu_seqlens, ttt_steps)
         target_logp = self.target_log_probs(last_hidden)
         target_ids = target_logp.argmax(-1)
         pdtype = self.fc.weight.dtype
@@ -444,33 +473,27 @@ class Eagle3Draft(nn.Module):
             cos, sin = self.rotary(al.positions + k, hidden.dtype)
             x = hidden
             for i, layer in enumerate(self.layers):
-                x = layer(x, embeds if i == 0 else None, cos, sin, caches[i], al.doc_start)
+                x = layer(x, embeds if i == 0 else None, cos, sin, caches[i], al)
             normed = self.norm(x)
             hidden = normed if self.arch.norm_output else x
-            # Only rows that have a target row t+1+k inside the batch take part.
-            n = T - 1 - k
-            valid = al.valid[k]
-            scored = valid.sum()
+            # Draft logits only for the rows that count (scored, or in the accuracy chain);
+            # each is trained toward the target's row t+1+k.
+            loss_rows, valid = al.loss_rows[k], al.valid[k]
             decay = ttt_step_loss_decay**k
-            row_w = valid[:n].float() * (decay / (float(scored) + LOSS_EPS))
-            if n > 0:
-                step_loss, preds = self.lm_head(
-                    normed[:n], target_logp[1 + k :], row_w, self.arch.loss_chunk
-                )
-            else:
-                step_loss = normed.sum() * 0.0
-                preds = torch.zeros(0, dtype=torch.long, device=normed.device)
+            denominator = al.num_scored[k] + LOSS_EPS
+            row_w = valid[loss_rows].float() * (decay / denominator)
+            step_loss, preds = self.lm_head(
+                normed[loss_rows], target_logp[loss_rows + 1 + k], row_w, self.arch.loss_chunk
+            )
             loss = loss + step_loss
             with torch.no_grad():
+                correct = torch.zeros(T, dtype=torch.bool, device=preds.device)
+                correct[loss_rows] = preds == target_ids[loss_rows + 1 + k]
                 full_correct, cond_total, prev_correct = step_accuracy(
-                    preds,
-                    target_ids[1 + k :],
-                    valid[:n],
-                    al.in_doc[k][:n],
-                    prev_correct[:n],
+                    correct, valid, al.in_doc[k], prev_correct
                 )
-                kl_sum = step_loss.detach() * (float(scored) + LOSS_EPS) / decay
-                parts = (step_loss.detach(), kl_sum, scored, full_correct, cond_total)
+                kl_sum = step_loss.detach() * (denominator / decay)
+                parts = (step_loss.detach(), kl_sum, valid.sum(), full_correct, cond_total)
                 rows.append(torch.stack([p.double() for p in parts]))
         return loss, torch.stack(rows)
 
