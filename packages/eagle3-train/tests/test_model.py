@@ -194,3 +194,148 @@ def test_bf16_autocast_keeps_softmax_statistics_in_float32():
             g.flatten(), model.get_parameter(name).grad.flatten(), dim=0
         )
         assert cos > 0.98, (name, float(cos))
+
+
+MLA_SHAPE = dict(
+    q_lora_rank=12, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
+)
+# bf16's unit round-off: the relative error of rounding one value to bf16 (8 significant bits)
+BF16_U = 2.0**-8
+
+
+def _dense_scales(q, k0, v0, kd, vd, doc_start, grad_out):
+    """float64 reference (out, grads) and each one's componentwise error scale: the same
+    sums with every term replaced by its absolute value (P >= 0), so that a result whose
+    terms each carry at most c roundings of relative size u is within c·u·scale."""
+    nh, T, d = q.shape
+    nkv, g = k0.shape[0], nh // k0.shape[0]
+    keys = torch.cat([k0.unsqueeze(0), kd]).permute(1, 0, 2, 3).reshape(nkv, -1, d)
+    vals = torch.cat([v0.unsqueeze(0), vd]).permute(1, 0, 2, 3).reshape(nkv, -1, v0.shape[-1])
+    keys, vals = keys.repeat_interleave(g, 0), vals.repeat_interleave(g, 0)
+    scale = d**-0.5
+    s = (q @ keys.transpose(-1, -2) * scale).masked_fill(
+        ~ttt_mask(doc_start, kd.shape[0]), float("-inf")
+    )
+    p = torch.softmax(s, -1)
+    out = p @ vals
+    dp = grad_out @ vals.transpose(-1, -2)
+    delta = (grad_out * out).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    ds_abs = p * (grad_out.abs() @ vals.abs().transpose(-1, -2) + delta.abs())
+    dq, dq_abs = ds @ keys * scale, ds_abs @ keys.abs() * scale
+    dk, dk_abs = ds.transpose(-1, -2) @ q * scale, ds_abs.transpose(-1, -2) @ q.abs() * scale
+    dv, dv_abs = p.transpose(-1, -2) @ grad_out, p.transpose(-1, -2) @ grad_out.abs()
+
+    def split(x):  # [nh, (1+m)·T, ·] -> summed over each kv head's group, [k0-like], [kd-like]
+        x = x.view(nkv, g, 1 + kd.shape[0], T, -1).sum(1).permute(1, 0, 2, 3)
+        return x[0], x[1:]
+
+    (dk0, dkd), (dk0_abs, dkd_abs) = split(dk), split(dk_abs)
+    (dv0, dvd), (dv0_abs, dvd_abs) = split(dv), split(dv_abs)
+    values = {"out": out, "q": dq, "k0": dk0, "v0": dv0, "kd": dkd, "vd": dvd}
+    scales = {
+        "out": p @ vals.abs(),
+        "q": dq_abs,
+        "k0": dk0_abs,
+        "v0": dv0_abs,
+        "kd": dkd_abs,
+        "vd": dvd_abs,
+    }
+    return values, scales
+
+
+def _flash_bf16(leaves, cu, grad_out, kd=None):
+    bf = {n: x.to(torch.bfloat16).requires_grad_() for n, x in leaves.items()}
+    if kd is not None:
+        bf["kd"] = kd.to(torch.bfloat16).requires_grad_()
+    out = flash_ttt_attention(bf["q"], bf["k0"], bf["v0"], bf["kd"], bf["vd"], cu)
+    out.backward(grad_out.to(torch.bfloat16))
+    return {"out": out.double(), **{n: x.grad.double() for n, x in bf.items()}}
+
+
+@pytest.mark.parametrize("dv", [16, 8])  # 8: MLA's values narrower than its keys (padded)
+def test_flash_attention_in_bf16_is_within_bf16_round_off_and_a_moved_diagonal_key_fails(dv):
+    """The flash path on bf16 inputs against the float64 reference of the same bf16 values:
+    packed documents of odd lengths, a padding document, TTT 3 (two diagonal keys), GQA.
+
+    Bound, per element: c·u·scale (``_dense_scales``). The output's terms carry three bf16
+    roundings (P before its GEMM with V as FlashAttention does, the kernel's output, the
+    merged output), the gradients' four (P or dS before their GEMM, the bf16 output in the
+    kernel's delta, dO·V's inputs, the result)."""
+    g = torch.Generator().manual_seed(3)
+    lengths = [5, 9, 3, 12, 3]  # the last one: padding, scored nowhere but attended within
+    T, m = sum(lengths), 2
+    cu = torch.tensor([0, *torch.cumsum(torch.tensor(lengths), 0).tolist()])
+    doc_start, _ = document_bounds(cu, T)
+    shapes = {
+        "q": (4, T, 16),
+        "k0": (2, T, 16),
+        "v0": (2, T, dv),
+        "kd": (m, 2, T, 16),
+        "vd": (m, 2, T, dv),
+    }
+    leaves = {  # bf16 values, held in float64 for the reference
+        n: torch.randn(s, generator=g).to(torch.bfloat16).double() for n, s in shapes.items()
+    }
+    grad_out = torch.randn(4, T, dv, generator=g).to(torch.bfloat16).double()
+    values, scales = _dense_scales(*leaves.values(), doc_start, grad_out)
+    bounds = {n: (3 if n == "out" else 4) * BF16_U * scales[n] + 1e-12 for n in values}
+
+    got = _flash_bf16(leaves, cu, grad_out)
+    for name, ref in values.items():
+        err = (got[name] - ref).abs()
+        assert bool((err <= bounds[name]).all()), (
+            f"{name}: max error {err.max():.3g}, worst ratio to the bound "
+            f"{(err / bounds[name]).max():.3g}"
+        )
+
+    # negative control: slot 7's TTT-step-1 key replaced by its neighbour's (one diagonal
+    # key moved) must break the bound, in the output and in the gradients
+    moved = leaves["kd"].clone()
+    moved[0, :, 7] = leaves["kd"][0, :, 8]
+    wrong = _flash_bf16(leaves, cu, grad_out, kd=moved)
+    for name in ("out", "q", "vd"):
+        assert bool(((wrong[name] - values[name]).abs() > bounds[name]).any()), name
+
+
+def test_flash_and_chunked_paths_give_the_same_loss_and_gradients():
+    """The whole draft (GQA Llama and MLA) on each path, float32 on CPU: the flash path's
+    wiring (document boundaries, lengths, MLA's value padding) is the chunked path's."""
+    batch = _batch()
+    for extra in ({}, {"architecture": "mla", **MLA_SHAPE}):
+        results = []
+        for impl in ("chunked", "flash"):
+            model = _model(attention=impl, attention_chunk=16, **extra)
+            loss, stats = model(*batch, ttt_steps=3)
+            loss.backward()
+            results.append((loss, stats, {n: p.grad for n, p in model.named_parameters()}))
+        (l1, s1, g1), (l2, s2, g2) = results
+        torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-6)
+        for name in g1:
+            torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
+
+
+def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_lse_layout(
+    monkeypatch,
+):
+    """What preflight runs on a CUDA host before training with the flash path, run here on
+    the CPU kernel; a kernel whose log-sum-exp comes back in another row order (what a torch
+    with another layout would give) is caught."""
+    from eagle3_train import attention
+    from eagle3_train.preflight import check_attention_kernel
+
+    cpu = torch.device("cpu")
+    assert attention.flash_self_check(cpu) == []
+    assert check_attention_kernel(_arch(attention="flash"), cpu, "bf16") == []
+    assert check_attention_kernel(_arch(attention="auto"), cpu, "bf16") == []  # chunked here
+    real = attention._kernel_forward
+
+    def reordered_lse(*args):
+        out, lse, aux = real(*args)
+        return out, lse.flip(-1).contiguous(), aux
+
+    monkeypatch.setattr(attention, "_kernel_forward", reordered_lse)
+    (finding,) = check_attention_kernel(_arch(attention="flash"), cpu, "bf16")
+    assert finding.level == "error" and "disagrees with the chunked reference" in finding.message
+    assert "out: max error" in finding.message

@@ -78,11 +78,13 @@ class DraftConfig:
     # speculators 0.9.0 keeps it frozen. Measured by vLLM on the tiny recipe: 3.12 frozen,
     # 3.17 trained.
     train_lm_head: bool = True
-    # "chunked": the project's exact TTT attention (causal+document keys plus the per-slot
-    # diagonal of earlier TTT steps), memory O(T·chunk). "sdpa": one dense mask over all
-    # steps' keys and torch's scaled_dot_product_attention (as speculators does; fused
-    # kernels on GPU, O(T²·k) memory).
-    attention: Literal["chunked", "sdpa"] = "chunked"
+    # The TTT attention (causal+document keys plus the per-slot diagonal of earlier TTT
+    # steps; eagle3_train/attention.py). "chunked": the exact reference in plain torch,
+    # memory O(T·chunk). "flash": FlashAttention varlen over the step-0 keys with the
+    # diagonal merged in closed form (CUDA bf16/fp16; on CPU torch's flash kernel with a dense
+    # mask). "sdpa": one dense mask over all steps' keys (as speculators does, O(T²·k)
+    # memory). "auto": flash on CUDA in bf16, chunked otherwise.
+    attention: Literal["auto", "chunked", "flash", "sdpa"] = "auto"
     attention_chunk: int = 512
     # Tokens per chunk of the fused LM-head + KL (draft logits exist one chunk at a time).
     loss_chunk: int = 1024
@@ -144,6 +146,10 @@ class TrainLoopConfig:
     # kept in float32 under bf16 autocast) run on TF32 tensor cores: measured on an H200 they
     # were ~75% of a step at fp32's 1/15 of bf16's rate. False = IEEE float32. No effect on CPU.
     tf32: bool = True
+    # torch.compile each decoder layer (attention stays opaque: its own kernels) and the
+    # loss's chunk body. auto = on CUDA only (CPU: compilation costs more than it saves on
+    # short runs).
+    compile: Literal["auto", "always", "never"] = "auto"
     seed: int = 0
     log_every: int = 10
     save_every: int = 500  # optimizer steps between resumable checkpoints; 0 = epoch ends only

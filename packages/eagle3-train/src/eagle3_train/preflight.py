@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.attention import flash_self_check, resolve_attention
 from eagle3_train.inputs import RunInputs, checkpoint_lineage
 from eagle3_train.model import DraftArch
 
@@ -611,6 +612,31 @@ def check_memory(
     return out
 
 
+def check_attention_kernel(arch: DraftArch, device: torch.device, mixed: str) -> list[Finding]:
+    """Where the flash path will run, it is first compared with the chunked reference on this
+    device (values and gradients, with a negative control): a kernel of another torch that
+    lays out its log-sum-exp differently stops the run here, not in a silently worse draft."""
+    dtype = torch.bfloat16 if mixed == "bf16" else torch.float32
+    if resolve_attention(arch.attention, device, dtype) != "flash":
+        return []
+    try:
+        problems = flash_self_check(device)
+    except (RuntimeError, TypeError) as e:  # an op missing or with another signature
+        problems = [f"{type(e).__name__}: {e}"]
+    return (
+        [
+            Finding(
+                "error",
+                "attention",
+                f"draft.attention flash on {device} (torch {torch.__version__}) disagrees with the "
+                f"chunked reference: {'; '.join(problems)}. Set draft.attention: chunked",
+            )
+        ]
+        if problems
+        else []
+    )
+
+
 # ---------------------------------------------------------------------------------------
 
 
@@ -641,6 +667,8 @@ def run_preflight(
     report.findings += check_interfaces(arch, plugin is not None, offload)
     if full and not report.errors:
         device = accelerator.device if accelerator is not None else torch.device("cpu")
+        mixed = getattr(accelerator, "mixed_precision", "no") if accelerator else "no"
+        report.findings += check_attention_kernel(arch, device, mixed)
         dry_findings, dry = check_dry_run(inputs, arch, device)
         report.findings += dry_findings
         world = accelerator.num_processes if accelerator is not None else 1

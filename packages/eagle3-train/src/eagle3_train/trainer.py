@@ -18,6 +18,7 @@ Files under ``output_dir``:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -43,7 +44,7 @@ from eagle3_train.inputs import (
     load_target_head,
     resolve_arch,
 )
-from eagle3_train.loss import summarize, unpack_stats
+from eagle3_train.loss import align, compile_kl_chunk, summarize, unpack_stats
 from eagle3_train.model import DraftArch, Eagle3Draft
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
 from eagle3_train.stream import StreamWindows
@@ -154,6 +155,22 @@ def build_model(inputs: RunInputs, arch: DraftArch, seed: int) -> Eagle3Draft:
     return model
 
 
+def speed_up(model: Eagle3Draft, config: Config, accelerator) -> None:
+    """What makes the step fast on the device, applied from outside the model: the frozen
+    target weights in bf16 under bf16 training, and (train.compile) compiled decoder layers
+    and loss chunk body."""
+    if accelerator.mixed_precision == "bf16":
+        model.store_frozen_as(torch.bfloat16)
+    if compile_enabled(config.train.compile, accelerator.device):
+        for layer in model.layers:
+            layer.compile()  # in place: parameter names (checkpoints, export) stay
+        compile_kl_chunk(True)
+
+
+def compile_enabled(setting: str, device: torch.device) -> bool:
+    return setting == "always" or (setting == "auto" and device.type == "cuda")
+
+
 def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.optim.Optimizer:
     t = config.train
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
@@ -176,7 +193,9 @@ def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.opt
         return DeepSpeedCPUAdam(
             groups, lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps, adamw_mode=True
         )
-    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps)
+    # CUDA: one fused kernel for the whole update (no per-parameter launches, no host sync)
+    fused = accelerator.device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps, fused=fused)
 
 
 def lr_lambda(config: Config, total_steps: int):
@@ -335,33 +354,84 @@ def publish(export: Path, output_dir: Path) -> Path:
 
 
 class MetricWindow:
-    """Sums of per-step counts over micro-batches; reduced across ranks when logged."""
+    """Sums of per-step counts over micro-batches, kept on the model's device (no host sync
+    per batch); reduced across ranks when logged."""
 
     def __init__(self, ttt_steps: int) -> None:
-        self.stats = torch.zeros(ttt_steps, 5, dtype=torch.float64)
-        self.loss = 0.0
+        self.ttt_steps = ttt_steps
+        self.sums: torch.Tensor | None = None  # [ttt_steps·5 stats, loss], float64
         self.batches = 0
         self.tokens = 0
 
-    def add(self, loss: float, stats: torch.Tensor, tokens: int) -> None:
-        self.stats += stats.detach().cpu()
-        self.loss += loss
+    def add(self, loss: torch.Tensor, stats: torch.Tensor, tokens: int) -> None:
+        row = torch.cat([stats.detach().flatten(), loss.detach().double().reshape(1)])
+        self.sums = row if self.sums is None else self.sums + row
         self.batches += 1
         self.tokens += tokens
 
     def reduce(self, accelerator) -> tuple[dict[str, float], int]:
-        packed = torch.cat(
-            [
-                self.stats.flatten(),
-                torch.tensor([self.loss, self.batches, self.tokens], dtype=torch.float64),
-            ]
-        ).to(accelerator.device)
+        k = self.ttt_steps
+        sums = self.sums if self.sums is not None else torch.zeros(5 * k + 1, dtype=torch.float64)
+        counts = torch.tensor([self.batches, self.tokens], dtype=torch.float64)
+        packed = torch.cat([sums.to(accelerator.device), counts.to(accelerator.device)])
         packed = accelerator.reduce(packed, reduction="sum").cpu()
-        k = self.stats.shape[0]
         stats, (loss, batches, tokens) = packed[: 5 * k].view(k, 5), packed[5 * k :].tolist()
         out = summarize(unpack_stats(stats), batches)
         out["loss"] = loss / max(batches, 1.0)
         return out, int(tokens)
+
+
+@dataclass
+class BadStep:
+    """Where a checked value was taken, for the message if it turns out non-finite."""
+
+    what: str  # "loss" | "gradient norm"
+    value: torch.Tensor
+    step: int
+    epoch: int
+    batch: int
+    sample_ids: list[Any]
+
+
+class NonFiniteWatch:
+    """Stops the run on a non-finite loss or gradient norm without a host sync per step.
+
+    Each verdict (one small tensor, all-reduced so every rank agrees) is copied to the host
+    asynchronously. On CUDA it is read ``lag`` verdicts later, when the next step's work is
+    already queued, so the GPU never waits for the host; on CPU at once (a bad loss then stops
+    the run before its backward). Whatever is saved (checkpoint, validation, export) first
+    drains every pending verdict: nothing of a bad step is ever kept.
+    """
+
+    def __init__(self, accelerator, lag: int) -> None:
+        self.accelerator = accelerator
+        self.lag = lag
+        self.pending: list[tuple[torch.Tensor, Any, BadStep]] = []
+
+    def record(
+        self, value: torch.Tensor, where: BadStep, metrics_path: Path, last: str | None
+    ) -> None:
+        bad = (~torch.isfinite(value.detach().float())).float().reshape(1)
+        if self.accelerator.num_processes > 1:
+            bad = self.accelerator.reduce(bad, reduction="sum")
+        event = None
+        if bad.is_cuda:
+            host = torch.empty(1, dtype=bad.dtype, pin_memory=True)
+            host.copy_(bad, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host = bad
+        self.pending.append((host, event, where))
+        self.drain(metrics_path, last, keep=self.lag)
+
+    def drain(self, metrics_path: Path, last_checkpoint: str | None, keep: int = 0) -> None:
+        while len(self.pending) > keep:
+            host, event, where = self.pending.pop(0)
+            if event is not None:
+                event.synchronize()
+            if float(host[0]) > 0:
+                _stop_nan(self.accelerator, where, last_checkpoint, metrics_path)
 
 
 def _write_metrics(path: Path, record: dict[str, Any]) -> None:
@@ -384,21 +454,30 @@ def evaluate(
     model.eval()
     with torch.no_grad():
         for batch in make_loader(ds, plan, 0, recycle=True):
-            b = to_device(batch, accelerator.device)
-            with accelerator.autocast():
-                loss, stats = model(
-                    b["aux_hidden_states"],
-                    b["last_hidden_state"],
-                    b["input_ids"],
-                    b["loss_mask"],
-                    b["cu_seqlens"],
-                    config.train.ttt_steps,
-                    config.train.ttt_step_loss_decay,
-                )
-            window.add(float(loss.detach()), stats, int(b["input_ids"].shape[0]))
+            loss, stats = forward(model, batch, accelerator, config)
+            window.add(loss, stats, int(batch["input_ids"].shape[0]))
     model.train()
     metrics, _ = window.reduce(accelerator)
     return {f"val/{k}": v for k, v in metrics.items()}
+
+
+def forward(model, batch, accelerator, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, stats) of one host batch: the TTT alignment is computed on the host (its counts
+    are Python ints there) and moved with the batch, so the step needs no host sync."""
+    t = config.train
+    al = align(batch["input_ids"].long(), batch["loss_mask"], batch["cu_seqlens"], t.ttt_steps)
+    b = to_device(batch, accelerator.device)
+    with accelerator.autocast():
+        return model(
+            b["aux_hidden_states"],
+            b["last_hidden_state"],
+            b["input_ids"],
+            b["loss_mask"],
+            b["cu_seqlens"],
+            t.ttt_steps,
+            t.ttt_step_loss_decay,
+            alignment=al.to(accelerator.device),
+        )
 
 
 def _better(value: float, best: float | None, mode: str) -> bool:
@@ -480,6 +559,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
     accelerator.wait_for_everyone()
 
     model = build_model(inputs, arch, t.seed)
+    speed_up(model, config, accelerator)
     optimizer = make_optimizer(model, config, accelerator)
     rank, world = accelerator.process_index, accelerator.num_processes
     stream = inputs.stream
@@ -547,6 +627,12 @@ def train(config: Config, preflight_only: bool = False) -> int:
         progress = tqdm(total=total_steps, initial=state.step, desc="train", dynamic_ncols=True)
     params = [p for p in model.parameters() if p.requires_grad]
     window = MetricWindow(t.ttt_steps)
+    watch = NonFiniteWatch(accelerator, lag=2 if accelerator.device.type == "cuda" else 0)
+
+    def safe_to_keep() -> None:
+        """Every pending non-finite verdict is read before anything is saved."""
+        watch.drain(metrics_path, state.last_checkpoint)
+
     done = state.step >= total_steps
     started = time.perf_counter()
     last_metrics: dict[str, float] = {}
@@ -571,37 +657,30 @@ def train(config: Config, preflight_only: bool = False) -> int:
             )
             for batch in loader:
                 with accelerator.accumulate(model):
-                    b = to_device(batch, accelerator.device)
-                    loss, stats = model(
-                        b["aux_hidden_states"],
-                        b["last_hidden_state"],
-                        b["input_ids"],
-                        b["loss_mask"],
-                        b["cu_seqlens"],
-                        t.ttt_steps,
-                        t.ttt_step_loss_decay,
+                    loss, stats = forward(model, batch, accelerator, config)
+                    where = BadStep(
+                        "loss",
+                        loss.detach(),
+                        state.step + 1,
+                        epoch,
+                        state.batches_done,
+                        batch["sample_ids"],
                     )
-                    if _agree_on_failure(accelerator, not bool(torch.isfinite(loss))):
-                        _stop_nan(accelerator, state, batch, float(loss.detach()), metrics_path)
+                    watch.record(loss, where, metrics_path, state.last_checkpoint)
                     accelerator.backward(loss)
                     grad_norm = None
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(params, t.max_grad_norm)
-                        if grad_norm is not None and _agree_on_failure(
-                            accelerator, not bool(torch.isfinite(torch.as_tensor(grad_norm)))
-                        ):
-                            _stop_nan(
-                                accelerator,
-                                state,
-                                batch,
-                                float("nan"),
-                                metrics_path,
-                                what="gradient norm",
+                        if grad_norm is not None:
+                            grad_norm = torch.as_tensor(grad_norm)
+                            where = dataclasses.replace(
+                                where, what="gradient norm", value=grad_norm
                             )
+                            watch.record(grad_norm, where, metrics_path, state.last_checkpoint)
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                 state.batches_done += 1
-                window.add(float(loss.detach()), stats, int(b["input_ids"].shape[0]))
+                window.add(loss, stats, int(batch["input_ids"].shape[0]))
                 if not accelerator.sync_gradients:
                     continue
                 scheduler.step()
@@ -642,6 +721,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
                 if progress is not None:
                     progress.update(1)
                 if t.eval_every and state.step % t.eval_every == 0:
+                    safe_to_keep()
                     _validate_and_export(
                         accelerator,
                         model,
@@ -654,6 +734,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
                         last_metrics,
                     )
                 if t.save_every and state.step % t.save_every == 0:
+                    safe_to_keep()
                     save_checkpoint(accelerator, state, scheduler, config)
                 if state.step >= total_steps:
                     done = True
@@ -667,28 +748,34 @@ def train(config: Config, preflight_only: bool = False) -> int:
             if stream is not None and config.data.reclaim and segment.window is not None:
                 # the window's shards may go once a checkpoint covers it (then receipts, deletes)
                 if state.last_checkpoint != _checkpoint_path(config, state.step):
+                    safe_to_keep()
                     save_checkpoint(accelerator, state, scheduler, config)
                 stream.release(segment.window)
                 released_through = segment.window + 1
         if epoch_complete:
             # epoch finished: validate, then record the position as the next epoch's start
+            safe_to_keep()
             _validate_and_export(
                 accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
             )
             state.epoch, state.batches_done = epoch + 1, 0
+            safe_to_keep()
             save_checkpoint(accelerator, state, scheduler, config)
             released_through = None
 
     if progress is not None:
         progress.close()
     if state.validated_step != state.step:  # stopped mid-epoch (max_steps): judge the end too
+        safe_to_keep()
         _validate_and_export(
             accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
         )
     if state.last_checkpoint != _checkpoint_path(config, state.step):
+        safe_to_keep()
         save_checkpoint(accelerator, state, scheduler, config)
     if stream is not None and main:  # after the last checkpoint: what it covers may go
         stream.finish(released_through)
+    safe_to_keep()
     final_export = export_draft(accelerator, model, inputs, arch, state, last_metrics)
     if main:
         chosen = Path(state.best_export) if state.best_export else final_export
@@ -752,17 +839,16 @@ def _agree_on_failure(accelerator, failed: bool) -> bool:
     return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
 
 
-def _stop_nan(
-    accelerator, state: TrainerState, batch, loss: float, metrics_path: Path, what: str = "loss"
-) -> None:
+def _stop_nan(accelerator, where: BadStep, last_checkpoint: str | None, metrics_path: Path) -> None:
+    ids = where.sample_ids
     message = (
-        f"{what} is not finite ({loss}) at step {state.step + 1} (epoch {state.epoch}, batch "
-        f"{state.batches_done} of rank {accelerator.process_index}; samples "
-        f"{batch['sample_ids'][:5]}{'...' if len(batch['sample_ids']) > 5 else ''}). Stopping "
-        f"without saving; last good checkpoint: {state.last_checkpoint or 'none yet'}. "
+        f"{where.what} is not finite ({float(where.value)}) at step {where.step} (epoch "
+        f"{where.epoch}, batch {where.batch} of rank {accelerator.process_index}; samples "
+        f"{ids[:5]}{'...' if len(ids) > 5 else ''}). Stopping "
+        f"without saving; last good checkpoint: {last_checkpoint or 'none yet'}. "
         "Lower train.lr or check the inputs (eagle3-schemas validate), then resume from it."
     )
     if accelerator.is_main_process:
-        _write_metrics(metrics_path, {"event": "nan", "step": state.step + 1, "message": message})
+        _write_metrics(metrics_path, {"event": "nan", "step": where.step, "message": message})
     log.error("%s", message)
     raise TrainingStopped(message)
