@@ -68,6 +68,21 @@ def stream_of(
     return root
 
 
+def seal_rest(root: Path, finished: Path) -> None:
+    """Seal every planned shard not sealed yet, then end the stream (a late producer)."""
+    rows: dict[str, list[dict]] = {}
+    for row in pq.read_table(finished / "manifest.parquet").to_pylist():
+        rows.setdefault(row["shard"], []).append(row)
+    shards = list(rows)
+    plan = json.loads((root / STREAM_FILE).read_text(encoding="utf-8"))["stream"]["plan"]
+    for i, planned in enumerate(plan):
+        name = planned["name"]
+        if not (root / FRAGMENTS / f"{name}.json").is_file():
+            shard = shards[i % len(shards)]
+            seal(root, finished, name, shard, rows[shard])
+    write_json_atomic(root / END_FILE, {"status": "stream complete"})
+
+
 def seal(root: Path, finished: Path, name: str, shard: str, rows: list[dict]) -> None:
     """Copy the shard under its planned name, then write its fragment (the producer's order)."""
     target = root / "shards" / f"{name}.safetensors"

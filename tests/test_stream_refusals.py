@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from eagle3_train.testing import REPO, Inputs, make_inputs, write_config
 EXIT_CONFIG = EXIT_PREFLIGHT = 2
 EXIT_STREAM = 4
 WINDOW_SHARDS = 2
+DELAY = 1.5  # seconds a producer keeps the trainer waiting
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,13 @@ def _window_bytes(stream: Path) -> list[int]:
     info = read_stream(stream)
     shards = [info.planned_bytes(s) for s in info.plan]
     return [sum(shards[i : i + WINDOW_SHARDS]) for i in range(0, len(shards), WINDOW_SHARDS)]
+
+
+def _rounding(done: dict) -> float:
+    """What the done record's rounding (seconds to 3 decimals, the share to 4) allows between
+    its idle share and wait_s / seconds recomputed from the rounded values."""
+    wait, seconds = done["stream_wait_s"], done["seconds"]
+    return 5e-4 / seconds * (1 + wait / seconds) + 5e-5
 
 
 # ---- the synthetic stream is a stream ------------------------------------------------------
@@ -292,6 +301,47 @@ def test_fragments_count_sealed_shards(inputs, tmp_path):
     ]
     info = json.loads((stream / "_work/stream.json").read_text())
     assert len(info["stream"]["plan"]) == 5 and math.isfinite(info["stream"]["bytes_per_token"])
+
+
+# ---- what a streamed run reports ------------------------------------------------------------
+
+
+def test_the_trainer_reports_the_time_it_waited_for_the_producer(inputs, tmp_path):
+    """A producer that seals window 1 only a while after training began: the trainer's wait
+    shows in its per-log stream_wait_s, in the run's total, and as the idle share of its
+    time (the bound 0 <= share <= 1 alone could not fail)."""
+    import threading
+
+    from synthetic_stream import seal_rest
+
+    out = tmp_path / "hs"
+    stream = stream_of(inputs.hidden_states, out, sealed=2, end=False)  # window 0 only
+    metrics = tmp_path / "run" / "metrics.jsonl"
+
+    def producer() -> None:
+        deadline = time.monotonic() + 120
+        while '"event": "train"' not in (metrics.read_text() if metrics.is_file() else ""):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        time.sleep(DELAY)
+        seal_rest(stream, inputs.hidden_states)
+
+    thread = threading.Thread(target=producer, daemon=True)
+    thread.start()
+    result = _train(_config(inputs, tmp_path, out))
+    thread.join()
+    assert result.code == 0, result.log[-3000:]
+    records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    done = records[-1]
+    assert done["event"] == "done"
+    assert DELAY / 2 <= done["stream_wait_s"] <= done["seconds"]
+    assert done["stream_idle_fraction"] == pytest.approx(
+        done["stream_wait_s"] / done["seconds"], abs=_rounding(done)
+    )
+    logged = [r["stream_wait_s"] for r in records if r.get("event") == "train"]
+    assert DELAY / 2 <= sum(logged) <= done["stream_wait_s"] + 1e-3
+    assert max(logged) >= DELAY / 2  # the wait shows at the step after it, not spread out
 
 
 # ---- the producer's disk gate ----------------------------------------------------------------
