@@ -10,6 +10,21 @@
    repeats, best of each). With 2 worker processes the steady state is reported (worker
    start-up excluded).
 
+3. Model FLOPs per trained token from the shape, and on a GPU each side's share of the
+   device's dense bf16 peak (MFU). Per token, with T_doc the packed documents' length:
+
+       fc (once):             6·(n_aux·H)·H
+       target head (once):    2·H·V_draft
+       per TTT step k:        6·P_layer + 12·n_heads·head_dim·((T_doc+1)/2 + k)
+                              + (6 if the draft head trains else 4)·H·V_draft
+       P_layer = 2H·(n_heads + 2·n_kv)·head_dim + n_heads·head_dim·H + 3·H·I
+
+   (a matmul's backward costs twice its forward; attention counts the causal keys' average
+   plus the diagonal keys). The same formula for both sides: MFU compares tokens/s.
+4. ``--sync-check`` (CUDA): one more step of ours under torch.cuda.set_sync_debug_mode
+   ("error"), the host-side alignment, gradient clipping and the optimizer included: any op
+   that waits for the GPU inside a step raises, and the report names it.
+
     uv run --frozen python tools/bench_train.py                 # H=256 (tiny target), T=2048
     uv run --frozen python tools/bench_train.py --hidden 128 --json out.json
 """
@@ -84,6 +99,8 @@ def run_ours(args) -> dict[str, float]:
         rope_theta=10000.0,
         attention=args.attention,
     )
+    from eagle3_train.loss import align, compile_kl_chunk
+
     torch.manual_seed(0)
     model = Eagle3Draft(arch)
     _, t2d = _vocab(args)
@@ -93,18 +110,57 @@ def run_ours(args) -> dict[str, float]:
         torch.randn(args.v_target, args.hidden, generator=g), torch.ones(args.hidden), head[t2d]
     )
     model.lm_head.weight.requires_grad_(False)
+    # as eagle3-train sets a run up (trainer.speed_up, make_optimizer)
+    if args.dtype == "bfloat16":
+        model.store_frozen_as(torch.bfloat16)
+    if args.compile:
+        for layer in model.layers:
+            layer.compile()
+        compile_kl_chunk(True)
     model.to(args.device)
-    opt = torch.optim.AdamW(model.trainable_parameters(), lr=1e-4)
-    b = _on_device(_batch(args), args)
+    params = model.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=args.device == "cuda")
+    host = _batch(args)
+    b = _on_device(host, args)
 
     def step() -> None:
+        # the trainer's step: alignment on the host, moved with the batch; clipping
+        al = align(host["ids"], host["mask"], host["cu"], args.ttt_steps).to(args.device)
         with _autocast(args):
-            loss, _ = model(b["aux"], b["last"], b["ids"], b["mask"], b["cu"], args.ttt_steps)
+            loss, _ = model(
+                b["aux"], b["last"], b["ids"], b["mask"], b["cu"], args.ttt_steps, alignment=al
+            )
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _time(step, args, b["ids"].shape[0])
+    result = _time(step, args, b["ids"].shape[0])
+    if args.sync_check and args.device == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+            result["host_syncs_in_step"] = "none"
+        except RuntimeError as e:
+            result["host_syncs_in_step"] = str(e).splitlines()[0][:300]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    if args.profile and args.device == "cuda":
+        result["top_kernels"] = _top_kernels(step)
+    return result
+
+
+def _top_kernels(step, count: int = 12) -> list[list]:
+    """[name, CUDA ms, calls] of the kernels that took most of one profiled step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        import torch
+
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
+    return [[e.key[:90], round(e.device_time_total / 1e3, 3), e.count] for e in rows[:count]]
 
 
 def run_speculators(args) -> dict[str, float]:
@@ -257,6 +313,27 @@ def _time(step, args, tokens: int) -> dict[str, float]:
     }
 
 
+def model_flops_per_token(args) -> float:
+    """The module docstring's formula (bench's draft: lm_head frozen, 3 aux layers)."""
+    heads, kv, head_dim = _heads(args)
+    H, inter, V = args.hidden, args.intermediate, args.v_draft
+    layer = 2 * H * (heads + 2 * kv) * head_dim + heads * head_dim * H + 3 * H * inter
+    once = 6 * (3 * H) * H + 2 * H * V
+    per_step = [
+        6 * layer + 12 * heads * head_dim * ((args.doc_len + 1) / 2 + k) + 4 * H * V
+        for k in range(args.ttt_steps)
+    ]
+    return float(once + sum(per_step))
+
+
+def _device_peak_tflops() -> float | None:
+    """Dense bf16 peak by the vendor's datasheet, for the GPUs this project is measured on."""
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    return 989.0 if ("H100" in name or "H200" in name) else None
+
+
 def run_side(args) -> None:
     import torch
 
@@ -264,6 +341,8 @@ def run_side(args) -> None:
     if args.device == "cuda":  # as eagle3-train sets it (train.tf32), for both sides
         torch.set_float32_matmul_precision("high" if args.tf32 else "highest")
     result = run_ours(args) if args.side == "ours" else run_speculators(args)
+    if args.device == "cuda":
+        result["peak_tflops"] = _device_peak_tflops()
     print("BENCH " + json.dumps(result))
 
 
@@ -360,7 +439,19 @@ def main() -> int:
     p.add_argument("--heads", type=int, help="attention heads (default: hidden // 64)")
     p.add_argument("--skip-loader", action="store_true")
     p.add_argument(
-        "--attention", default="chunked", choices=["chunked", "sdpa"], help="ours: draft.attention"
+        "--attention",
+        default="auto",
+        choices=["auto", "chunked", "flash", "sdpa"],
+        help="ours: draft.attention",
+    )
+    p.add_argument("--compile", type=int, default=0, help="ours: compiled layers and loss (1)")
+    p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
+    p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of one step")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the device's dense bf16 peak for MFU (default: 989 on an H100/H200, else none)",
     )
     p.add_argument(
         "--tf32", type=int, default=1, help="CUDA float32 matmuls on TF32 (1) or not (0)"
@@ -414,7 +505,7 @@ def main() -> int:
     print(
         f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
         f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, {c.device} {c.dtype}, threads={c.threads}, "
-        f"ours: attention {c.attention}"
+        f"ours: attention {c.attention}, compile {c.compile}"
     )
     memory = "peak GPU MiB" if args.device == "cuda" else "peak RSS MiB"
     print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'CPU s/step':>12}{memory:>14}")
@@ -438,6 +529,15 @@ def main() -> int:
                 f"raw read {loader['raw_tokens_per_s']:.0f} tok/s, loader {loader['loader_tokens_per_s_w0']:.0f} "
                 f"tok/s (0 workers), {loader['loader_tokens_per_s_w2']:.0f} tok/s (2 workers)"
             )
+    flops = model_flops_per_token(args)
+    results["model_flops_per_token"] = flops
+    peak = args.peak_tflops or results.get("ours", {}).get("peak_tflops")
+    print(f"model FLOPs per trained token: {flops / 1e9:.2f} GFLOP")
+    if peak:
+        for side in ("speculators", "ours"):
+            mfu = results[side]["tokens_per_s"] * flops / (peak * 1e12)
+            results[side]["mfu"] = mfu
+            print(f"{side} MFU: {mfu:.1%} of {peak:.0f} TFLOP/s")
     results["ratios"] = ratios
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}")

@@ -94,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         help="greedy: draft argmax, as vLLM; sample: draw from the draft at the temperature",
     )
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", help="where target and draft run (cpu, cuda)")
 
     p = sub.add_parser("vllm", help="speculative decoding in vLLM, its own counters")
     _online_arguments(p)
@@ -139,6 +140,7 @@ def _online_config(args: argparse.Namespace):
             "dtype": args.dtype,
             "draft_proposal": args.draft_proposal,
             "threads": args.threads,
+            "device": args.device,
         }
     else:
         extra = {

@@ -101,6 +101,7 @@ class OnlineConfig:
     dtype: str = "float32"
     draft_proposal: str = "greedy"
     threads: int | None = None
+    device: str = "cpu"  # where target and draft run (cpu, cuda, cuda:N)
     # vllm mode
     vllm_python: str | None = None
     concurrency: int = 1

@@ -245,12 +245,14 @@ def run_reference(inputs: OnlineInputs) -> list[EvalResult]:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     target = load_target(config.target, config.dtype, config.trust_remote_code)
-    draft = Eagle3Draft.load(config.draft, target.embed_tokens).to(DTYPES[config.dtype])
+    device = torch.device(config.device)
+    target.model.to(device)
+    draft = Eagle3Draft.load(config.draft, target.embed_tokens).to(device, DTYPES[config.dtype])
     requests = [Request(p.sample_id, p.token_ids) for p in inputs.prompts.prompts]
     engine = {
         "name": "transformers",
         "versions": versions("eagle3-eval", "torch", "transformers"),
-        "device": "cpu",
+        "device": str(device),
         "dtype": config.dtype,
         "threads": torch.get_num_threads(),
         "batch_size": 1,
@@ -266,10 +268,11 @@ def run_reference(inputs: OnlineInputs) -> list[EvalResult]:
             tuple(inputs.stop_token_ids),
             config.draft_proposal,
         )
-        samples = run_requests(speculative, requests, settings)
+        with device:  # the decoders' step tensors are made where the models are
+            samples = run_requests(speculative, requests, settings)
+            alone = run_requests(plain, requests, settings) if config.baseline else None
         baseline = None
-        if config.baseline:
-            alone = run_requests(plain, requests, settings)
+        if alone is not None:
             seconds = sum(s.seconds or 0.0 for s in alone)
             baseline = Baseline(
                 tokens_per_second=sum(s.num_generated_tokens for s in alone) / seconds,

@@ -97,6 +97,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="target shard size")
     p.add_argument("--batch-tokens", type=int, default=8192, help="hf: padded tokens per batch")
+    p.add_argument("--device", default="cpu", help="hf: where the target runs (cpu, cuda, cuda:N)")
     p.add_argument(
         "--max-samples",
         type=int,
@@ -160,6 +161,7 @@ def _config(args: argparse.Namespace, preflight: bool = True) -> ExtractConfig:
         world_size=args.world_size,
         shard_mb=args.shard_mb,
         batch_tokens=args.batch_tokens,
+        device=args.device,
         max_samples=args.max_samples,
         sample_seed=args.sample_seed,
         preflight=preflight,

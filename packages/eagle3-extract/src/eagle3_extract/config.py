@@ -72,6 +72,8 @@ class ExtractConfig:
     shard_mb: float = DEFAULT_SHARD_MB
     # hf backend: padded tokens per forward batch
     batch_tokens: int = 8192
+    # hf: where the target runs (cpu, cuda, cuda:N); vLLM places its engine itself
+    device: str = "cpu"
     max_samples: int | None = None
     # With max_samples: draw that many rows at random with this seed instead of the first ones
     # (a corpus sorted by source would make the first rows a biased subset).

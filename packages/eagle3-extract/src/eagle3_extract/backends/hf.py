@@ -179,13 +179,15 @@ class HFBackend:
         batch_tokens: int = 8192,
         model: nn.Module | None = None,
         trust_remote_code: bool = False,
+        device: str = "cpu",
     ) -> None:
         self.dtype = DTYPES[dtype]
+        self.device = torch.device(device)
         self.model = (
             model
             if model is not None
             else load_base_model(model_dir, self.dtype, trust_remote_code)
-        )
+        ).to(self.device)
         self.layers, self.norm = decoder_parts(self.model)
         self.layer_ids = list(layer_ids)
         self.batch_tokens = batch_tokens
@@ -200,11 +202,11 @@ class HFBackend:
             ids[row, : sample.num_tokens] = torch.from_numpy(sample.input_ids.astype("int64"))
             mask[row, : sample.num_tokens] = 1
         with LayerCapture(self.model, self.layer_ids) as capture:
-            self.model(input_ids=ids, attention_mask=mask, use_cache=False)
-            stacked = torch.stack(capture.take(), dim=2)  # [B, L, n_ids, H]
-        return [
-            stacked[row, : s.num_tokens].to(torch.float32).clone() for row, s in enumerate(batch)
-        ]
+            self.model(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False
+            )
+            stacked = torch.stack(capture.take(), dim=2).to("cpu", torch.float32)  # [B, L, n, H]
+        return [stacked[row, : s.num_tokens].clone() for row, s in enumerate(batch)]
 
     def capture(
         self, samples: Sequence[Sample], progress: CaptureProgress | None = None
@@ -226,7 +228,7 @@ class HFBackend:
         output, and (b) captured ids < N equal ``output_hidden_states``. Returns problems found.
         """
         n = len(self.layers)
-        ids = torch.from_numpy(sample.input_ids.astype("int64"))[None]
+        ids = torch.from_numpy(sample.input_ids.astype("int64"))[None].to(self.device)
         with LayerCapture(self.model, sorted({*self.layer_ids, n})) as capture:
             out = self.model(input_ids=ids, output_hidden_states=True, use_cache=False)
             got = dict(zip(capture.layer_ids, capture.take(), strict=True))
@@ -271,6 +273,7 @@ def run_shards_hf(
             dtype=ctx.compute_dtype,
             batch_tokens=config.batch_tokens,
             trust_remote_code=config.trust_remote_code,
+            device=config.device,
         )
     if backend.layer_ids != ctx.layer_ids:
         raise CaptureError(
