@@ -339,3 +339,31 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
     (finding,) = check_attention_kernel(_arch(attention="flash"), cpu, "bf16")
     assert finding.level == "error" and "disagrees with the chunked reference" in finding.message
     assert "out: max error" in finding.message
+
+
+@pytest.mark.slow
+def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
+    """train.compile as it runs on CUDA (decoder layers compiled with the attention opaque,
+    the loss chunk body compiled), here with inductor's CPU code: the same loss and gradients
+    as eager, for the Llama and the MLA draft."""
+    from eagle3_train.loss import compile_kl_chunk
+
+    batch = _batch()
+    try:
+        for extra in ({}, {"architecture": "mla", **MLA_SHAPE}):
+            results = []
+            for compiled in (False, True):
+                model = _model(attention="flash", **extra)
+                if compiled:
+                    for layer in model.layers:
+                        layer.compile()
+                compile_kl_chunk(compiled)
+                loss, _ = model(*batch, ttt_steps=3)
+                loss.backward()
+                results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
+            (l1, g1), (l2, g2) = results
+            torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
+            for name in g1:
+                torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
+    finally:
+        compile_kl_chunk(False)
