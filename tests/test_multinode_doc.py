@@ -1,6 +1,6 @@
 """recipes/MULTINODE.md's and recipes/STREAMING.md's commands parse with the stages' own
 argument parsers; the multi-node Accelerate config is the single-node ZeRO-2 recipe plus the
-machine fields; the streamed training command's config loads.
+machine fields; the training commands' configs load with their overrides.
 
 The commands cannot run here (one machine, no GPU); what can rot silently is the text: a
 renamed flag, a stage name, a config field. The training command itself runs in CI as two
@@ -24,17 +24,21 @@ DOC = REPO / "recipes" / "MULTINODE.md"
 STREAMING = REPO / "recipes" / "STREAMING.md"
 
 
-def _commands(doc: Path = DOC) -> list[list[str]]:
+def _commands(doc: Path = DOC, values: dict[str, str] | None = None) -> list[list[str]]:
     """Each command line of the page's bash blocks, continuations joined, shell values filled
-    with a stand-in ('1': a valid int and a valid path), leading VAR=value words and a
-    trailing '&' dropped."""
+    with a stand-in (``values[NAME]``, else '1': a valid int and a valid path), leading
+    VAR=value words and a trailing '&' dropped."""
     blocks = re.findall(r"```bash\n(.*?)```", doc.read_text(), flags=re.S)
     commands = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
             if line.lstrip().startswith("#"):
                 continue
-            line = re.sub(r"\$\(\([^)]*\)\)|\$\{?\w+\}?", "1", line)
+            line = re.sub(
+                r"\$\(\([^)]*\)\)|\$\{?(\w+)\}?",
+                lambda m: (values or {}).get(m.group(1) or "", "1"),
+                line,
+            )
             words = shlex.split(line.rstrip().removesuffix("&"))  # a background job
             while words and re.fullmatch(r"\w+=\S*", words[0]):
                 words.pop(0)
@@ -53,8 +57,12 @@ def test_the_page_holds_the_commands_it_describes() -> None:
     ]
 
 
+# Paths a reader fills in, as strings (a bare "1" would read as a number in a --set value).
+PATHS = {"MODEL": "/models/target", "SHARED": "/shared"}
+
+
 def test_every_command_parses_with_the_stage_parsers() -> None:
-    for words in _commands():
+    for words in _commands(values=PATHS):
         if words[0] == "eagle3-extract":
             args = extract_parser().parse_args(words[1:])
             if words[1] == "run":
@@ -64,7 +72,26 @@ def test_every_command_parses_with_the_stage_parsers() -> None:
         launch = launch_command_parser().parse_args([*words[2:module], "x"])
         assert launch.num_machines == 2 and launch.machine_rank is not None, words
         assert words[module + 1] == "eagle3_train"
-        train_parser().parse_args(words[module + 2 :])
+        config = _train_config(words[module + 2 :])
+        # each --set landed where it says, over the recipe's train.yaml
+        assert config.output_dir == "/shared/train"
+        assert str(config.target.path) == "/models/target"
+        assert str(config.data.hidden_states) == "/shared/hidden_states"
+        assert str(config.data.vocab_map) == "/shared/vocab_map.safetensors"
+
+
+def _train_config(argv: list[str]):
+    """The config an eagle3-train command line runs with: its --config file loaded with its
+    --set overrides and --output-dir, as eagle3_train.cli does (an unknown field or a
+    malformed value fails here, not on the cluster)."""
+    from eagle3_train.cli import parse_override
+    from eagle3_train.config import load_config
+
+    args = train_parser().parse_args(argv)
+    overrides = [parse_override(o) for o in args.overrides]
+    if args.output_dir:
+        overrides.append({"output_dir": args.output_dir})
+    return load_config(REPO / args.config, overrides)
 
 
 def test_the_multinode_config_is_zero2_plus_the_machine_fields() -> None:
