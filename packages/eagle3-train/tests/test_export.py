@@ -14,6 +14,7 @@ from eagle3_schemas.validate import validate
 from eagle3_train.config import load_config
 from eagle3_train.export import draft_config, export_weights, write_checkpoint
 from eagle3_train.inputs import checkpoint_lineage, load_inputs, resolve_arch
+from eagle3_train.model import DraftArch, Rotary
 from eagle3_train.synthetic import write_target_model
 from eagle3_train.testing import write_config
 from eagle3_train.trainer import build_model
@@ -73,3 +74,80 @@ def test_export_refuses_a_lineage_that_does_not_match_its_vocab(exported, tmp_pa
     with pytest.raises(ValueError, match="does not match the d2t/t2d"):
         write_checkpoint(tmp_path / "bad", {}, weights, lineage, run.aux_layer_ids, {})
     assert not (tmp_path / "bad").exists()
+
+
+# Kimi-K2.5's / DeepSeek-V3's RoPE block as their config.json writes it (legacy "type" key).
+YARN = {
+    "type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+
+def yarn_arch(architecture: str = "llama") -> DraftArch:
+    """A draft of a YaRN target, as resolve_arch copies the target's rope_scaling into it."""
+    mla = {
+        "q_lora_rank": 32,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+    }
+    return DraftArch(
+        hidden_size=64,
+        num_aux=3,
+        target_vocab_size=128,
+        draft_vocab_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2 if architecture == "llama" else 4,
+        head_dim=16 if architecture == "llama" else 24,
+        intermediate_size=128,
+        rms_norm_eps=1e-6,
+        target_rms_norm_eps=1e-6,
+        max_position_embeddings=131072,
+        rope_theta=50000.0,
+        rope_scaling=dict(YARN),
+        architecture=architecture,
+        **(mla if architecture == "mla" else {}),
+    )
+
+
+def test_yarn_target_export_writes_one_consistent_rope_block():
+    """The exported RoPE block names one type (the one the draft trained with) everywhere, and
+    transformers' reader builds the draft's own rotary table from it."""
+    from transformers import DeepseekV2Config, LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    arch = yarn_arch()
+    layer = draft_config(arch, [1, 2, 3], None, ["DeepseekV3ForCausalLM"], 3)[
+        "transformer_layer_config"
+    ]
+    mla = draft_config(yarn_arch("mla"), [1, 2, 3], None, ["DeepseekV3ForCausalLM"], 3)
+    for block in (layer, mla):
+        for key in ("rope_parameters", "rope_scaling"):
+            # no legacy "type" beside "rope_type": vLLM's patch_legacy_rope_type refuses a
+            # conflict, and the pre-fix export wrote {"rope_type": "default", "type": "yarn"}
+            assert "type" not in block[key], (key, block[key])
+            assert block[key]["rope_type"] == "yarn", (key, block[key])
+            assert block[key]["factor"] == YARN["factor"]
+        assert block["rope_parameters"]["rope_theta"] == block["rope_theta"] == 50000.0
+
+    read = LlamaConfig(**layer)
+    assert read.rope_parameters["rope_type"] == "yarn"
+    theirs = LlamaRotaryEmbedding(read)
+    ours = Rotary(arch)
+    assert theirs.attention_scaling == pytest.approx(ours.attention_scaling, rel=1e-12)
+    torch.testing.assert_close(theirs.inv_freq, ours.inv_freq, rtol=0, atol=0)
+    assert DeepseekV2Config(**mla).rope_parameters["rope_type"] == "yarn"
+
+
+def test_plain_rope_export_keeps_rope_scaling_null():
+    arch = yarn_arch()
+    arch.rope_scaling = None
+    block = draft_config(arch, [1, 2, 3], None, ["LlamaForCausalLM"], 3)["transformer_layer_config"]
+    assert block["rope_scaling"] is None
+    assert block["rope_parameters"] == {"rope_type": "default", "rope_theta": 50000.0}

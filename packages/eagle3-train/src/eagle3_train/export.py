@@ -29,9 +29,29 @@ EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 SPECULATORS_FORMAT_VERSION = "0.9.0"
 
 
+def rope_block(arch: DraftArch) -> dict[str, Any]:
+    """``rope_parameters``, ``rope_theta`` and ``rope_scaling`` that say one thing.
+
+    The type is the one the draft trained with (``DraftArch.rope_type``: ``rope_type``, else
+    the legacy ``type``). The legacy ``type`` key is not written: a reader that finds both
+    with different values refuses the config (vLLM's ``patch_legacy_rope_type``), and every
+    reader since transformers 4.45 takes ``rope_type``. ``rope_scaling`` is the same block
+    without ``rope_theta`` (null for plain RoPE) for readers that predate ``rope_parameters``.
+    """
+    scaling = {
+        k: v for k, v in (arch.rope_scaling or {}).items() if k not in ("type", "rope_theta")
+    }
+    rope_type = arch.rope_type
+    parameters = {**scaling, "rope_type": rope_type, "rope_theta": arch.rope_theta}
+    return {
+        # transformers 5 reads rope_parameters; older readers rope_theta / rope_scaling.
+        "rope_parameters": parameters,
+        "rope_theta": arch.rope_theta,
+        "rope_scaling": None if rope_type == "default" else {**scaling, "rope_type": rope_type},
+    }
+
+
 def transformer_layer_config(arch: DraftArch) -> dict[str, Any]:
-    rope_parameters = {**(arch.rope_scaling or {}), "rope_theta": arch.rope_theta}
-    rope_parameters.setdefault("rope_type", "default")
     return {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
@@ -44,10 +64,7 @@ def transformer_layer_config(arch: DraftArch) -> dict[str, Any]:
         "rms_norm_eps": arch.rms_norm_eps,
         "num_hidden_layers": arch.num_layers,
         "max_position_embeddings": arch.max_position_embeddings,
-        # transformers 5 reads rope_parameters; older readers rope_theta / rope_scaling.
-        "rope_parameters": rope_parameters,
-        "rope_theta": arch.rope_theta,
-        "rope_scaling": arch.rope_scaling,
+        **rope_block(arch),
         "hidden_act": arch.hidden_act,
         "attention_bias": False,
         "mlp_bias": False,
@@ -57,8 +74,6 @@ def transformer_layer_config(arch: DraftArch) -> dict[str, Any]:
 
 def mla_draft_config(arch: DraftArch, aux_layer_ids: list[int]) -> dict[str, Any]:
     """config.json of the MLA draft in vLLM's native layout (Eagle3DeepseekV2ForCausalLM)."""
-    rope_parameters = {**(arch.rope_scaling or {}), "rope_theta": arch.rope_theta}
-    rope_parameters.setdefault("rope_type", rope_parameters.get("type", "default"))
     return {
         "architectures": ["Eagle3DeepseekV2ForCausalLM"],
         "model_type": "deepseek_v2",
@@ -75,9 +90,7 @@ def mla_draft_config(arch: DraftArch, aux_layer_ids: list[int]) -> dict[str, Any
         "v_head_dim": arch.v_head_dim,
         "rms_norm_eps": arch.rms_norm_eps,
         "max_position_embeddings": arch.max_position_embeddings,
-        "rope_theta": arch.rope_theta,
-        "rope_scaling": arch.rope_scaling,
-        "rope_parameters": rope_parameters,
+        **rope_block(arch),
         "vocab_size": arch.target_vocab_size,
         "draft_vocab_size": arch.draft_vocab_size,
         "target_hidden_size": arch.hidden_size,
