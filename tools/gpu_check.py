@@ -83,15 +83,17 @@ def environment() -> dict[str, object]:
     }
 
 
-def attention_check() -> dict[str, object]:
+def attention_check(device_name: str = "cuda", tokens: int = 8192) -> dict[str, object]:
     """Flash vs the chunked reference on this GPU, and both paths' fwd+bwd time."""
+    sys.path[:0] = [str(p) for p in SOURCES if str(p) not in sys.path]  # run from source
     import torch
 
     from eagle3_train.attention import chunked_ttt_attention, flash_self_check, flash_ttt_attention
 
-    device = torch.device("cuda")
+    device = torch.device(device_name)
     row: dict[str, object] = {"problems": flash_self_check(device)}
-    T, doc, nh, nkv, d, m = 8192, 2048, 32, 8, 128, 2  # the Llama-3.1-8B draft, TTT step 3
+    T, doc, nh, nkv, d, m = tokens, 2048, 32, 8, 128, 2  # the Llama-3.1-8B draft, TTT step 3
+    doc = min(doc, T)
     cu = torch.arange(0, T + 1, doc, device=device)
     doc_start = torch.repeat_interleave(cu[:-1], doc)
     g = torch.Generator(device=device).manual_seed(0)
@@ -110,14 +112,15 @@ def attention_check() -> dict[str, object]:
         "flash": lambda: flash_ttt_attention(q, k0, v0, kd, vd, cu, doc),
         "chunked": lambda: chunked_ttt_attention(q, k0, v0, kd, vd, doc_start),
     }
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for name, fn in paths.items():
         for _ in range(2):
             fn().sum().backward()
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         for _ in range(5):
             fn().sum().backward()
-        torch.cuda.synchronize()
+        sync()
         row[f"{name}_fwd_bwd_ms"] = round((time.perf_counter() - start) / 5 * 1e3, 2)
     return row
 
