@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow.parquet as pq
 import pytest
@@ -136,12 +136,26 @@ def _config(
 
 
 @pytest.fixture(scope="module")
-def offline_draft(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The draft trained on the finished dataset in the stream's order (one process)."""
+def offline_run(inputs: dict[str, Any]) -> Path:
+    """The run trained on the finished dataset in the stream's order (one process)."""
     run = inputs["root"] / "offline-run"
     result = run_train_cli(["--config", str(_config(inputs, run, inputs["offline"]))])
     assert result.code == 0, result.log[-3000:]
-    return load_file(str(run / "draft" / "model.safetensors"))
+    return run
+
+
+@pytest.fixture(scope="module")
+def shared_stream(inputs: dict[str, Any]) -> Path:
+    """One stream written to its end (no trainer), for the refusal tests to copy: extracting
+    it once per module instead of once per test."""
+    return _finished_stream(inputs, inputs["root"] / "shared-stream" / "hidden_states")
+
+
+def _copy_stream(stream: Path, out: Path) -> Path:
+    """A private copy of ``stream`` as the stream of ``out`` (the layout has no absolute
+    paths: fragments name shards relative to the stream)."""
+    shutil.copytree(stream, partial_dir(out))
+    return partial_dir(out)
 
 
 def _producer(
@@ -226,18 +240,60 @@ def _count(directory: Path) -> int:
     return len(list(directory.glob("*.json"))) if directory.is_dir() else 0
 
 
+class Streamed(NamedTuple):
+    stream: Path
+    run: Path
+    peak: int  # bytes of shards on disk, sampled
+    killed: dict[str, Any] | None  # what the kill left behind (see _snapshot)
+
+
+def _last_logged_step(run: Path) -> int:
+    metrics = run / "metrics.jsonl"
+    steps = [
+        json.loads(x)["step"]
+        for x in (metrics.read_text().splitlines() if metrics.is_file() else [])
+        if '"event": "train"' in x
+    ]
+    return max(steps, default=0)
+
+
+def _checkpoint_step(run: Path) -> int | None:
+    pointer = run / "checkpoints" / "latest.json"
+    return json.loads(pointer.read_text())["step"] if pointer.is_file() else None
+
+
+def _paused(producer_log: Path) -> bool:
+    """The producer is waiting on its disk budget (its last pause has not ended)."""
+    text = producer_log.read_text() if producer_log.is_file() else ""
+    return text.count("stream paused") > text.count("stream resumed")
+
+
+def _snapshot(stream: Path, run: Path, logs: dict[str, Path]) -> dict[str, Any]:
+    """The state of the stream and the run right after a kill -9."""
+    return {
+        "fragments": _count(stream / FRAGMENTS),
+        "receipts": _count(stream / CONSUMED),
+        "ended": (stream / "_work" / "end.json").is_file(),
+        "producer_paused": _paused(logs["producer"]),
+        "producer_log_bytes": logs["producer"].stat().st_size,
+        "checkpoint_step": _checkpoint_step(run),
+        "last_logged_step": _last_logged_step(run),
+        "losses": _losses(run) if (run / "metrics.jsonl").is_file() else {},
+    }
+
+
 def _streamed_run(
     inputs: dict[str, Any],
     name: str,
-    kill: Callable[[Path, Path], str | None] = lambda stream, run: None,
+    kill: Callable[[Path, Path, dict[str, Path]], str | None] = lambda stream, run, logs: None,
     recipe: str = "single.yaml",
     vllm_python: str | None = None,
     producer_args: tuple[str, ...] = (),
     epochs: int = 1,
     **data: Any,
-) -> tuple[Path, Path, int]:
-    """Producer and trainer together; ``kill(stream, run)`` may name a side to kill -9 (once
-    its condition holds), which is then restarted. Returns (stream dir, run dir, peak bytes)."""
+) -> Streamed:
+    """Producer and trainer together; ``kill(stream, run, logs)`` may name a side to kill -9
+    (once its condition holds), which is then restarted with the very same command."""
     root = inputs["root"] / name
     root.mkdir()
     out, run = root / "hidden_states", root / "run"
@@ -249,10 +305,10 @@ def _streamed_run(
         "producer": _producer(inputs, out, logs["producer"], vllm_python, producer_args),
         "trainer": _consumer(config, logs["trainer"], recipe),
     }
-    victim = None
+    victim, killed = None, None
     deadline = time.monotonic() + 300
     while victim is None and time.monotonic() < deadline:
-        victim = kill(stream, run)
+        victim = kill(stream, run, logs)
         if victim is None and all(p.poll() is not None for p in procs.values()):
             break
         time.sleep(0.05)
@@ -261,20 +317,44 @@ def _streamed_run(
         os.killpg(procs[victim].pid, signal.SIGKILL)
         procs[victim].wait(timeout=60)
         assert procs[victim].returncode == -signal.SIGKILL, f"{victim} ended before the kill"
+        killed = {"victim": victim, **_snapshot(stream, run, logs)}
+        command = procs[victim].args
         if victim == "producer":
-            procs[victim] = _producer(inputs, out, logs[victim], extra=producer_args)
+            procs[victim] = _producer(inputs, out, logs[victim], vllm_python, producer_args)
         else:
             procs[victim] = _consumer(config, logs[victim], recipe)
+        assert procs[victim].args == command, "the restart runs another command than the kill"
     for side, proc in procs.items():
         _wait(proc, logs[side], side)
-    return stream, run, watch.stop()
+    return Streamed(stream, run, watch.stop(), killed)
 
 
-def _assert_equal_drafts(run: Path, reference: dict[str, torch.Tensor]) -> None:
-    draft = load_file(str(run / "draft" / "model.safetensors"))
-    assert sorted(draft) == sorted(reference)
-    for key, value in draft.items():
-        assert torch.equal(value, reference[key]), f"{key} differs from the offline draft"
+def _losses(run: Path) -> dict[int, float]:
+    """The last logged train loss per step (a killed run may have logged steps it redid)."""
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r.get("event") == "train"}
+
+
+def _assert_same_training(run: Path, reference: Path) -> None:
+    """The whole loss series, the deliverable (best validated export) and the last step's
+    export equal the reference run's, bit for bit: the deliverable alone may be an early
+    epoch's, which would hide a later epoch that differs."""
+    assert _losses(run) == _losses(reference), "the loss series differ"
+    last = sorted(p.name for p in (reference / "exports").iterdir())[-1]
+    assert sorted(p.name for p in (run / "exports").iterdir())[-1] == last
+    for export in (Path("draft"), Path("exports") / last):
+        draft = load_file(str(run / export / "model.safetensors"))
+        expected = load_file(str(reference / export / "model.safetensors"))
+        assert sorted(draft) == sorted(expected)
+        for key, value in draft.items():
+            assert torch.equal(value, expected[key]), f"{export}/{key} differs from the reference"
+
+
+def _rounding(done: dict) -> float:
+    """What the done record's rounding (seconds to 3 decimals, the share to 4) allows between
+    its idle share and wait_s / seconds recomputed from the rounded values."""
+    wait, seconds = done["stream_wait_s"], done["seconds"]
+    return 5e-4 / seconds * (1 + wait / seconds) + 5e-5
 
 
 def _assert_all_reclaimed(stream: Path, inputs: dict[str, Any], passes: int = 1) -> None:
@@ -285,41 +365,90 @@ def _assert_all_reclaimed(stream: Path, inputs: dict[str, Any], passes: int = 1)
     assert not list((stream / "shards").iterdir())  # every shard deleted after it
 
 
-def test_streamed_training_under_a_disk_budget_trains_the_offline_draft(inputs, offline_draft):
-    stream, run, peak = _streamed_run(inputs, "together")
+def test_streamed_training_under_a_disk_budget_trains_the_offline_draft(inputs, offline_run):
+    stream, run, peak, _ = _streamed_run(inputs, "together")
     assert 0 < peak <= inputs["budget"], f"peak {peak} bytes on disk, budget {inputs['budget']}"
     _assert_all_reclaimed(stream, inputs)
-    _assert_equal_drafts(run, offline_draft)
-    done = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    _assert_same_training(run, offline_run)
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    done = records[-1]
     assert done["event"] == "done" and done["stream_freed_bytes"] > 0
     assert done["best_step"] is not None  # validated on window 0's held-out samples
-    assert 0 <= done["stream_idle_fraction"] <= 1
+    # The idle share is the trainer's wait for sealed shards over the run's time (a forced
+    # wait is measured in test_stream_refusals.py); the per-log waits add up to no more.
+    assert done["stream_idle_fraction"] == pytest.approx(
+        done["stream_wait_s"] / done["seconds"], abs=_rounding(done)
+    )
+    logged = sum(r["stream_wait_s"] for r in records if r.get("event") == "train")
+    assert 0 <= logged <= done["stream_wait_s"] + 1e-3
 
 
-def test_kill_9_of_the_producer_then_restart_loses_no_sample(inputs, offline_draft):
-    def kill_producer(stream: Path, run: Path) -> str | None:
-        return "producer" if _count(stream / FRAGMENTS) >= 3 else None
+def test_kill_9_of_the_producer_then_restart_loses_no_sample(inputs, offline_run):
+    def kill_producer(stream: Path, run: Path, logs: dict[str, Path]) -> str | None:
+        # mid-shard: shards sealed, the next one being computed (not paused on the budget)
+        busy = not _paused(logs["producer"]) and not (stream / "_work" / "end.json").is_file()
+        return "producer" if _count(stream / FRAGMENTS) >= 3 and busy else None
 
-    stream, run, peak = _streamed_run(inputs, "producer-killed", kill_producer)
+    stream, run, peak, killed = _streamed_run(inputs, "producer-killed", kill_producer)
+    assert killed is not None and killed["victim"] == "producer"
+    sealed = killed["fragments"]
+    assert 3 <= sealed < inputs["shards"] and not killed["ended"], killed
+    assert not killed["producer_paused"], "killed while paused on its budget, not mid-shard"
+    restart = (run.parent / "producer.log").read_text()[killed["producer_log_bytes"] :]
+    left = inputs["shards"] - sealed
+    assert f"{left} of {inputs['shards']} shards to do (resuming)" in restart, restart[-3000:]
     assert peak <= inputs["budget"]
     _assert_all_reclaimed(stream, inputs)
-    _assert_equal_drafts(run, offline_draft)
+    _assert_same_training(run, offline_run)
 
 
-def test_kill_9_of_the_trainer_then_restart_trains_no_sample_twice(inputs, offline_draft):
-    def kill_trainer(stream: Path, run: Path) -> str | None:
-        # after a window was reclaimed, in the middle of the next one
-        metrics = run / "metrics.jsonl"
-        steps = metrics.read_text().count('"event": "train"') if metrics.is_file() else 0
-        return "trainer" if _count(stream / CONSUMED) >= 2 and steps >= 6 else None
+PAST_CHECKPOINT = 3  # steps the trainer has logged past its last checkpoint when killed
 
-    stream, run, _ = _streamed_run(inputs, "trainer-killed", kill_trainer)
+
+def _window_ends(inputs: dict[str, Any]) -> list[int]:
+    """The steps at which the trainer checkpoints a window (one process, epoch 0), from the
+    finished dataset in the test config's packing: where a kill would land on a checkpoint."""
+    from eagle3_train.data import HiddenStateDataset
+    from eagle3_train.order import FinishedWindows, Packing, WindowOrder
+
+    data = yaml.safe_load(_config(inputs, inputs["root"] / "probe", inputs["offline"]).read_text())
+    d = data["data"]
+    packing = Packing(d["validation_fraction"], d["max_tokens_per_batch"], 0, 0, 1, 1)
+    source = FinishedWindows(HiddenStateDataset(inputs["offline"]), WINDOW_SHARDS)
+    return [s.start + len(s.batches) for s in WindowOrder(source, packing).segments(0, 0)]
+
+
+def test_kill_9_of_the_trainer_then_restart_trains_no_sample_twice(inputs, offline_run):
+    ends = _window_ends(inputs)
+
+    def kill_trainer(stream: Path, run: Path, logs: dict[str, Path]) -> str | None:
+        # after a window was reclaimed, several steps into a window long enough that its own
+        # checkpoint is still 2 steps away: work is lost. Read in the order the trainer writes
+        # backwards (receipts, the step logged, the checkpoint), so none is missed meanwhile.
+        if _count(stream / CONSUMED) < 2:
+            return None
+        logged = _last_logged_step(run)
+        saved = _checkpoint_step(run)
+        if saved is None or logged < saved + PAST_CHECKPOINT:
+            return None
+        following = min((e for e in ends if e > saved), default=logged)
+        return "trainer" if following - logged >= 2 else None
+
+    stream, run, _, killed = _streamed_run(inputs, "trainer-killed", kill_trainer)
+    assert killed is not None and killed["victim"] == "trainer"
     _assert_all_reclaimed(stream, inputs)
-    events = [json.loads(x)["event"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    events = [r["event"] for r in records]
     restart = events.index("start", 1)
     assert "done" not in events[:restart], "the trainer finished before it was killed"
     assert "resumed from" in (run.parent / "trainer.log").read_text()
-    _assert_equal_drafts(run, offline_draft)
+    resumed_at = records[restart]["step"]
+    assert resumed_at == killed["checkpoint_step"]
+    assert resumed_at + PAST_CHECKPOINT <= killed["last_logged_step"], killed
+    # the steps lost with the kill were trained again, to the same losses
+    redone = {s: x for s, x in killed["losses"].items() if s > resumed_at}
+    assert redone and redone == {s: _losses(run)[s] for s in redone}
+    _assert_same_training(run, offline_run)
 
 
 def test_two_process_streamed_training_matches_offline_accumulation(inputs):
@@ -332,7 +461,7 @@ def test_two_process_streamed_training_matches_offline_accumulation(inputs):
     config.write_text(yaml.safe_dump(loaded))
     result = run_train_cli(["--config", str(config)])
     assert result.code == 0, result.log[-3000:]
-    stream, run, peak = _streamed_run(inputs, "two-processes", recipe="ddp.yaml")
+    stream, run, peak, _ = _streamed_run(inputs, "two-processes", recipe="ddp.yaml")
     assert peak <= inputs["budget"]
     _assert_all_reclaimed(stream, inputs)
 
@@ -362,10 +491,10 @@ def test_two_passes_without_keeping_the_shards_train_the_offline_draft(inputs, w
         ["--config", str(_config(inputs, reference, inputs["offline"], **settings))]
     )
     assert result.code == 0, result.log[-3000:]
-    stream, run, peak = _streamed_run(inputs, name, producer_args=producer_args, **settings)
+    stream, run, peak, _ = _streamed_run(inputs, name, producer_args=producer_args, **settings)
     assert peak <= inputs["budget"]
     _assert_all_reclaimed(stream, inputs, passes=2 if producer_args else 1)
-    _assert_equal_drafts(run, load_file(str(reference / "draft" / "model.safetensors")))
+    _assert_same_training(run, reference)  # every step's loss, the best and the last export
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in steps) > 60  # two passes of ~45 steps
 
@@ -374,7 +503,7 @@ def test_two_passes_without_keeping_the_shards_train_the_offline_draft(inputs, w
 def test_the_vllm_backend_streams_under_the_budget(inputs, vllm_python: str):
     """The production path: the vLLM engine's connector writes the shards; the producer
     pauses between LLM.generate calls while the trainer reclaims."""
-    stream, run, peak = _streamed_run(inputs, "vllm", vllm_python=vllm_python)
+    stream, run, peak, _ = _streamed_run(inputs, "vllm", vllm_python=vllm_python)
     assert 0 < peak <= inputs["budget"]
     _assert_all_reclaimed(stream, inputs)
     assert "stream paused" in (run.parent / "producer.log").read_text()
@@ -383,11 +512,10 @@ def test_the_vllm_backend_streams_under_the_budget(inputs, vllm_python: str):
 
 @pytest.mark.parametrize("mismatch", ["aux_layer_ids", "target"])
 def test_a_stream_of_another_target_or_layers_is_refused_before_the_first_step(
-    inputs, tmp_path: Path, mismatch: str
+    inputs, shared_stream: Path, tmp_path: Path, mismatch: str
 ):
     out = tmp_path / "hidden_states"
-    result = run_cli(extract_main, [*_extract_args(inputs["tokenized"], out), "--stream"])
-    assert result.code == 0, result.log[-3000:]
+    _copy_stream(shared_stream, out)
     run = tmp_path / "run"
     config = _config(inputs, run, out, stream=True)
     overrides = []
@@ -421,9 +549,9 @@ def _finished_stream(inputs: dict[str, Any], out: Path, *extra: str) -> Path:
     return partial_dir(out)
 
 
-def test_an_altered_sealed_shard_is_refused_naming_it(inputs, tmp_path: Path):
+def test_an_altered_sealed_shard_is_refused_naming_it(inputs, shared_stream: Path, tmp_path: Path):
     out = tmp_path / "hidden_states"
-    stream = _finished_stream(inputs, out)
+    stream = _copy_stream(shared_stream, out)
     shard = sorted((stream / "shards").iterdir())[0]
     with shard.open("r+b") as f:  # one byte of the last sample's stored states
         f.seek(shard.stat().st_size - 100)
@@ -448,9 +576,11 @@ def test_a_producer_that_never_starts_is_reported_not_waited_on_forever(inputs, 
     assert result.code == 2 and "is a finished dataset, not a stream" in result.log
 
 
-def test_reclaimed_shards_are_done_for_the_producer_and_never_published(inputs, tmp_path: Path):
+def test_reclaimed_shards_are_done_for_the_producer_and_never_published(
+    inputs, shared_stream: Path, tmp_path: Path
+):
     out = tmp_path / "hidden_states"
-    stream = _finished_stream(inputs, out)
+    stream = _copy_stream(shared_stream, out)
     first = read_fragment(stream, sorted(p.stem for p in (stream / FRAGMENTS).iterdir())[0])
     assert first is not None and reclaim(stream, first, {"window": 0}) > 0
     again = run_cli(extract_main, [*_extract_args(inputs["tokenized"], out), "--stream"])
