@@ -367,3 +367,26 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
                 torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
     finally:
         compile_kl_chunk(False)
+
+
+def test_under_bf16_autocast_every_ttt_step_reaches_the_flash_kernel_in_bf16(monkeypatch):
+    """After step 0 the fed-back state comes through a float32 residual: without care q and k
+    of steps 1.. are float32, and `auto` would quietly fall back to the float32 reference path
+    for them. Every kernel call must see bf16."""
+    from eagle3_train import attention
+
+    seen = []
+    real = attention._kernel_forward
+
+    def spy(q, k, v, *rest):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, *rest)
+
+    monkeypatch.setattr(attention, "_kernel_forward", spy)
+    batch = _batch()
+    model = _model(attention="flash", norm_before_residual=True)  # the config's default
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = model(*batch, ttt_steps=3)
+    loss.backward()
+    assert seen == [(torch.bfloat16,) * 3] * 3
+    assert bool(torch.isfinite(loss))

@@ -231,7 +231,15 @@ def ttt_attend(
     chunk: int,
     scale: float | None = None,
 ) -> Tensor:
-    """Cache this TTT step's keys/values, then attend over step 0's and this slot's own."""
+    """Cache this TTT step's keys/values, then attend over step 0's and this slot's own.
+
+    Under autocast every step attends in autocast's dtype: after step 0 the fed-back state
+    comes through a float32 residual, which would otherwise upcast q and k (and send
+    ``auto`` to the float32 reference path for all later steps)."""
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if cache.k0 is None:
         cache.k0, cache.v0 = k, v
     else:
@@ -466,11 +474,15 @@ class Eagle3Draft(nn.Module):
         hidden = self.fc(x)
         caches = [LayerCache() for _ in self.layers]
         prev_correct = al.valid[0]
+        device = hidden.device.type  # RoPE in the dtype q and k are computed in
+        rope_dtype = (
+            torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        )
         loss = hidden.new_zeros((), dtype=torch.float32)
         rows: list[Tensor] = []
         for k in range(ttt_steps):
             embeds = F.embedding(al.step_tokens[k], self.embed_tokens).to(hidden.dtype)
-            cos, sin = self.rotary(al.positions + k, hidden.dtype)
+            cos, sin = self.rotary(al.positions + k, rope_dtype)
             x = hidden
             for i, layer in enumerate(self.layers):
                 x = layer(x, embeds if i == 0 else None, cos, sin, caches[i], al)
