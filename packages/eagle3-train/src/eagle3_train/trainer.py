@@ -159,7 +159,8 @@ def speed_up(model: Eagle3Draft, config: Config, accelerator) -> None:
     """What makes the step fast on the device, applied from outside the model: the frozen
     target weights in bf16 under bf16 training, and (train.compile) compiled decoder layers
     and loss chunk body."""
-    if accelerator.mixed_precision == "bf16":
+    # (not when the export copies the embedding: it keeps the target's own values)
+    if accelerator.mixed_precision == "bf16" and not config.export.include_embeddings:
         model.store_frozen_as(torch.bfloat16)
     if compile_enabled(config.train.compile, accelerator.device):
         for layer in model.layers:
