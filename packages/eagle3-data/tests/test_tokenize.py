@@ -147,6 +147,8 @@ def test_run_truncates_keeping_the_prefix_and_rejects_samples_left_without_answe
     assert rejected["source"] == "test:2" and "beyond max_length" in rejected["reason"]
     header = read_header(out)
     assert header.fields["truncation"] == "keep_prefix" and header.fields["vocab_size"] == 151669
+    # whose answers: the conversations' generator, carried on to the dataset and the card
+    assert header.fields["answers"] == {"generator": "original"}
     assert set(header.lineage) == {
         "conversations_fingerprint",
         "tokenizer_fingerprint",

@@ -213,3 +213,57 @@ def test_offline_on_heldout_hidden_states(tmp_path: Path, tiny_assets: Path) -> 
         lengths[name] = f["acceptance_length"]
     assert lengths["random-draft"] < 1.1
     assert lengths["draft"] > 1.6, lengths
+
+
+def test_reference_runs_put_their_table_into_the_drafts_card(tmp_path: Path, tiny_target: Path):
+    """The card of the measured draft gets the report's numbers; a rerun of the same setting
+    replaces its table, another setting adds one; huggingface_hub still reads the card."""
+    from huggingface_hub import ModelCard
+
+    from eagle3_schemas.model_card import TABLES_ANCHOR, front_matter, read_acceptance
+
+    draft = untrained_draft(tiny_target, tmp_path / "draft")
+    card = draft / "README.md"
+    card.write_text(
+        front_matter({"library_name": "vllm", "tags": ["eagle3"]})
+        + f"\n# a draft\n\n## Acceptance\n\n{TABLES_ANCHOR}\n\n## Lineage\n"
+    )
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": p},
+                        {"role": "assistant", "content": "x"},
+                    ],
+                    "source": f"handwritten/{i}.py",
+                    "split": "heldout",
+                }
+            )
+            + "\n"
+            for i, p in enumerate(PROMPTS[:2])
+        )
+    )
+    common = ["reference", "--draft", str(draft), "--target", str(tiny_target)]
+    common += ["--prompts", str(prompts), "--max-new-tokens", "8", "--threads", "1"]
+    common += ["--no-baseline", "--no-figure"]
+
+    reports = []
+    for name, k in (("a", "3"), ("b", "3"), ("c", "2")):
+        assert main([*common, "--k", k, "--out", str(tmp_path / name)]) == 0
+        reports.append(read_report(tmp_path / name).fields)
+        tables = read_acceptance(card.read_text())
+        assert len(tables) == (1 if name != "c" else 2), [t["k"] for t in tables]
+    by_k = {t["k"]: t for t in read_acceptance(ModelCard.load(card).text)}
+    for report in reports[1:]:  # b replaced a; c has its own
+        table = by_k[report["num_speculative_tokens"]]
+        assert table["acceptance_length"] == pytest.approx(report["acceptance_length"], abs=5e-5)
+        assert table["per_position_acceptance"] == pytest.approx(
+            report["per_position_acceptance"], abs=5e-5
+        )
+        assert table["num_drafts"] == report["num_drafts"]
+        assert table["num_prompts"] == report["num_prompts"] == 2
+        assert table["engine"] == "transformers" and table["temperature"] == 0.0
+    text = card.read_text()
+    assert text.index("#### transformers") < text.index(TABLES_ANCHOR) < text.index("## Lineage")

@@ -43,6 +43,8 @@ def _assert_complete(out: Path, tokenized: Path) -> None:
     assert len(ids) == len(set(ids)), "duplicate samples"
     assert sorted(ids) == sorted(s.sample_id for s in read_tokenized(tokenized).samples)
     assert not partial_dir(out).exists()
+    # whose answers the samples hold travels from the tokenized set to the dataset (the card)
+    assert read_header(out).fields["answers"] == read_header(tokenized).fields["answers"]
 
 
 def test_kill_9_at_a_random_point_then_rerun_completes(llama_target: Path, tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ from eagle3_schemas.validate import validate
 from eagle3_train.config import load_config
 from eagle3_train.export import draft_config, export_weights, write_checkpoint
 from eagle3_train.inputs import checkpoint_lineage, load_inputs, resolve_arch
-from eagle3_train.model import DraftArch, Rotary
+from eagle3_train.model import Rotary
 from eagle3_train.synthetic import write_target_model
-from eagle3_train.testing import write_config
+from eagle3_train.testing import YARN, write_config, yarn_arch
 from eagle3_train.trainer import build_model
 
 
@@ -74,46 +74,6 @@ def test_export_refuses_a_lineage_that_does_not_match_its_vocab(exported, tmp_pa
     with pytest.raises(ValueError, match="does not match the d2t/t2d"):
         write_checkpoint(tmp_path / "bad", {}, weights, lineage, run.aux_layer_ids, {})
     assert not (tmp_path / "bad").exists()
-
-
-# Kimi-K2.5's / DeepSeek-V3's RoPE block as their config.json writes it (legacy "type" key).
-YARN = {
-    "type": "yarn",
-    "factor": 32.0,
-    "original_max_position_embeddings": 4096,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-}
-
-
-def yarn_arch(architecture: str = "llama") -> DraftArch:
-    """A draft of a YaRN target, as resolve_arch copies the target's rope_scaling into it."""
-    mla = {
-        "q_lora_rank": 32,
-        "kv_lora_rank": 32,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-    }
-    return DraftArch(
-        hidden_size=64,
-        num_aux=3,
-        target_vocab_size=128,
-        draft_vocab_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2 if architecture == "llama" else 4,
-        head_dim=16 if architecture == "llama" else 24,
-        intermediate_size=128,
-        rms_norm_eps=1e-6,
-        target_rms_norm_eps=1e-6,
-        max_position_embeddings=131072,
-        rope_theta=50000.0,
-        rope_scaling=dict(YARN),
-        architecture=architecture,
-        **(mla if architecture == "mla" else {}),
-    )
 
 
 def test_yarn_target_export_writes_one_consistent_rope_block():

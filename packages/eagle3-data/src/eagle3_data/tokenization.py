@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
-from eagle3_schemas.header import make_header, parquet_stream
+from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 from eagle3_schemas.remote_code import remote_code_record
 from eagle3_schemas.target_config import read_text_config
@@ -238,6 +238,9 @@ def run(config: TokenizeConfig) -> TokenizeSummary:
                 num_truncated=summary.truncated,
                 num_rejected=rejects.count,
                 assistant_closing=renderer.closing,
+                # Whose answers these are (the conversations' generator: "original" or the
+                # regeneration's fingerprint), carried on to the dataset and the draft's card.
+                answers={"generator": read_header(config.conversations).lineage.get("generator")},
             )
     finally:
         if pool is not None:

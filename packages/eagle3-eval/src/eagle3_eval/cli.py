@@ -8,7 +8,9 @@
 
 Acceptance length is 1 + accepted / drafts (vLLM's convention); per-position rates sum to it
 minus one. Several --temperature values write OUT/temperature-<T>/ each. Every report is
-validated against schemas/eval_report before it appears.
+validated against schemas/eval_report before it appears. ``reference`` and ``vllm`` also put
+their acceptance table into the draft's model card (DRAFT/README.md, written by eagle3-train),
+replacing an earlier table of the same setting; ``--no-card`` leaves the card alone.
 
 This module imports only argparse at the top: ``python -m eagle3_eval vllm-engine`` runs in
 vLLM's environment, where the rest of this project's dependencies may be missing.
@@ -46,6 +48,12 @@ def _online_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the run without the draft")
     p.add_argument("--ignore-lineage", action="store_true")
     p.add_argument("--no-figure", action="store_true")
+    p.add_argument(
+        "--no-card",
+        action="store_true",
+        help="leave the draft's model card (DRAFT/README.md) as it is; by default this run's "
+        "acceptance table goes into it, replacing the table of the same setting",
+    )
     p.add_argument(
         "--trust-remote-code",
         action="store_true",
@@ -165,14 +173,31 @@ def _online_config(args: argparse.Namespace):
     )
 
 
-def _publish(results: list, out: Path, temperatures: tuple[float, ...], figure: bool) -> None:
+def _publish(
+    results: list,
+    out: Path,
+    temperatures: tuple[float, ...],
+    figure: bool,
+    card_of: Path | None = None,
+) -> None:
+    """Write each report; with ``card_of`` (online modes) put its acceptance table into that
+    draft's model card (README.md), replacing the table of the same setting."""
     from eagle3_eval.config import output_dirs
     from eagle3_eval.report import format_table as table
     from eagle3_eval.report import read_report, write_report
+    from eagle3_schemas.model_card import update_card
 
     for result, path in zip(results, output_dirs(out, temperatures), strict=True):
         write_report(result, path, figure=figure)
-        print(table(read_report(path)))
+        report = read_report(path)
+        print(table(report))
+        if card_of is not None:
+            card = update_card(card_of, report.fields)
+            print(
+                f"model card: {card} holds this table"
+                if card
+                else f"model card: none at {card_of}/README.md (eagle3-train --card-only writes one)"
+            )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -219,7 +244,8 @@ def _run(args: argparse.Namespace) -> int:
             from eagle3_eval.vllm_mode import run_vllm
 
             results = run_vllm(inputs)
-        _publish(results, config.out, config.temperatures, not args.no_figure)
+        card_of = None if args.no_card else Path(config.draft)
+        _publish(results, config.out, config.temperatures, not args.no_figure, card_of)
         return 0
     if command == "report":
         from eagle3_eval.plot import render

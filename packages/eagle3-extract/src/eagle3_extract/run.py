@@ -197,6 +197,8 @@ def _header(
         shard_index=c.rank,
         num_shards_total=c.world_size,
         rejected_samples=rejected,
+        # The tokenized set's record of whose answers these are (the draft's card says it).
+        **({"answers": answers} if (answers := ctx.tokenized.header.fields.get("answers")) else {}),
         extraction={
             "assigned_samples": sum(len(p.samples) for p in ctx.plans),
             "shards_planned": len(ctx.plans),

@@ -6,7 +6,8 @@ Run it under Accelerate (any of these, from the repository root):
     accelerate launch -m eagle3_train --config recipes/tiny/train.yaml
     accelerate launch --config_file recipes/accelerate/zero2.yaml eagle3-train --config ...
 
-or alone (one process): ``eagle3-train --config ...``. ``--preflight`` runs the checks only.
+or alone (one process): ``eagle3-train --config ...``. ``--preflight`` runs the checks only;
+``--card-only DRAFT`` rewrites an exported draft's model card (README.md) and nothing else.
 Exit status: 0 done, 2 a config or preflight error, 3 a NaN stopped training, 4 the stream
 being trained on failed (stalled producer, torn shard, shard reclaimed too early).
 """
@@ -53,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--reclaim",
         action="store_true",
         help="with data.stream: delete consumed shards once a checkpoint covers them",
+    )
+    p.add_argument(
+        "--card-only",
+        metavar="DRAFT",
+        help="only (re)write DRAFT/README.md, the model card, from this config (keeps "
+        "eagle3-eval's acceptance tables); no training",
     )
     p.add_argument(
         "--set",
@@ -112,10 +119,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_preflight:
             overrides.append({"train": {"preflight": False}})
         config = load_config(args.config, overrides)
-        check_paths(config, "--output-dir" if args.output_dir else "output_dir")
+        if args.card_only:
+            check_input_artifact(args.card_only, "draft_checkpoint", "--card-only")
+        else:
+            check_paths(config, "--output-dir" if args.output_dir else "output_dir")
     except (ConfigError, PathArgumentError) as e:
         print(f"eagle3-train: config error: {e}", file=sys.stderr)
         return 2
+    if args.card_only:
+        from eagle3_train.card import write_model_card
+        from eagle3_train.export import served_as
+
+        draft = Path(args.card_only)
+        card = draft / "README.md"
+        print(f"wrote {write_model_card(draft, config, served_as(config, draft), card)}")
+        return 0
     from eagle3_train.stream import StreamError
     from eagle3_train.trainer import EXIT_NAN, EXIT_STREAM, TrainingStopped, train
 

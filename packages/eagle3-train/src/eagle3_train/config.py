@@ -169,9 +169,27 @@ class TrainLoopConfig:
 
 
 @dataclass
+class CardConfig:
+    """The model card (README.md) written beside the export: what the Hub shows."""
+
+    # Hub id the draft will be published as; the card's `vllm serve` command names it.
+    # null = the draft's local directory.
+    repo_id: str | None = None
+    # Hub id of the target (front matter base_model). null = target.name_or_path.
+    base_model: str | None = None
+    license: str | None = None  # e.g. apache-2.0, other; null = not stated
+    datasets: list[str] = field(default_factory=list)  # Hub ids of the training data
+    language: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # added to eagle3, speculative-decoding, ...
+    # Extra words for the card's `vllm serve` line, e.g. ["--tensor-parallel-size", "8"].
+    serve_args: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ExportConfig:
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     include_embeddings: bool = False
+    card: CardConfig = field(default_factory=CardConfig)
 
 
 @dataclass

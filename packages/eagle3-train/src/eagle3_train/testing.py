@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from eagle3_train.model import DraftArch
 from eagle3_train.synthetic import write_dataset, write_target_config, write_vocab_map
 
 # packages/eagle3-train/src/eagle3_train/testing.py -> repository root
@@ -104,4 +105,44 @@ def run_cli(args: list[str], timeout: float = 300, cwd: Path = REPO) -> subproce
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+# Kimi-K2.5's / DeepSeek-V3's RoPE block as their config.json writes it (legacy "type" key).
+YARN = {
+    "type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+
+def yarn_arch(architecture: str = "llama") -> DraftArch:
+    """A draft of a YaRN target, as resolve_arch copies the target's rope_scaling into it."""
+    mla = {
+        "q_lora_rank": 32,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+    }
+    return DraftArch(
+        hidden_size=64,
+        num_aux=3,
+        target_vocab_size=128,
+        draft_vocab_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2 if architecture == "llama" else 4,
+        head_dim=16 if architecture == "llama" else 24,
+        intermediate_size=128,
+        rms_norm_eps=1e-6,
+        target_rms_norm_eps=1e-6,
+        max_position_embeddings=131072,
+        rope_theta=50000.0,
+        rope_scaling=dict(YARN),
+        architecture=architecture,
+        **(mla if architecture == "mla" else {}),
     )

@@ -86,7 +86,12 @@ def tokenized(path: Path, lengths: tuple[int, ...] = (5, 9, 7)) -> Path:
         "chat_template_fingerprint": fake_fingerprint("template"),
     }
     header = make_header(
-        "tokenized", lineage, vocab_size=V_TARGET, max_length=2048, truncation="keep_prefix"
+        "tokenized",
+        lineage,
+        vocab_size=V_TARGET,
+        max_length=2048,
+        truncation="keep_prefix",
+        answers={"generator": "original"},
     )
     write_parquet(path, table, header)
     return path
