@@ -109,3 +109,35 @@ def test_a_v1_hidden_state_dataset_still_trains_and_trains_alike(tmp_path, in_pr
         assert validate(run / "draft") == []
     assert read_header(v1).schema_version == 1
     assert len(losses["v1"]) == 3 and losses["v1"] == losses["v2"]
+
+
+@pytest.mark.slow
+def test_the_cuda_configuration_rehearsed_on_cpu_trains_resumes_and_exports(tmp_path, in_process):
+    """What eagle3-train runs on CUDA — bf16 autocast, bf16 frozen target weights, the flash
+    attention, compiled layers and loss — here on CPU's kernels: preflight's flash check,
+    checkpoints, a launch resumed from the middle checkpoint that continues the same loss
+    series, the export."""
+    from eagle3_train.loss import compile_kl_chunk
+
+    inputs = make_inputs(tmp_path / "inputs", num_samples=40)
+    draft = {"attention": "flash"}
+    train = {"mixed_precision": "bf16", "compile": "always", "epochs": 3, "log_every": 1}
+    train.update(max_steps=6, save_every=3)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    try:
+        config = write_config(inputs, straight, draft=draft, train=train)
+        assert in_process(["--config", str(config)]) == 0
+        middle = straight / "checkpoints" / f"step-{3:08d}"
+        config = write_config(inputs, resumed, draft=draft, train={**train, "resume": str(middle)})
+        assert in_process(["--config", str(config)]) == 0
+    finally:
+        compile_kl_chunk(False)
+    losses = {
+        run: {r["step"]: r["loss"] for r in _records(run) if r.get("event") == "train"}
+        for run in (straight, resumed)
+    }
+    assert sorted(losses[straight]) == list(range(1, 7))
+    assert losses[resumed] == {s: losses[straight][s] for s in (4, 5, 6)}
+    (start,) = [r for r in _records(resumed) if r.get("event") == "start"]
+    assert start["step"] == 3
+    assert not validate(resumed / "draft")
