@@ -88,6 +88,15 @@ class DraftConfig:
     attention_chunk: int = 512
     # Tokens per chunk of the fused LM-head + KL (draft logits exist one chunk at a time).
     loss_chunk: int = 1024
+    # Start from a published draft (a directory in the speculators eagle3 or vLLM-native MLA
+    # layout, as eagle3-train exports): its weights replace the random start. Its
+    # architecture, hidden size, aux layer ids and target vocabulary must match this run's
+    # (refused before any step otherwise); its fingerprint goes into the new draft's lineage.
+    init_from: str | None = None
+    # With init_from: when the draft's d2t differs from this run's vocabulary map, carry over
+    # the LM-head rows of the target tokens both vocabularies hold (the others start from the
+    # target's rows) instead of refusing.
+    remap_vocab: bool = False
 
 
 @dataclass

@@ -236,4 +236,14 @@ def checkpoint_lineage(inputs: RunInputs) -> dict[str, Any]:
         "vocab_map_fingerprint": inputs.vocab.fingerprint,
         "tokenized_fingerprint": ds.get("tokenized_fingerprint"),
         "aux_layer_ids": inputs.aux_layer_ids,
+        **init_from_lineage(inputs),
     }
+
+
+def init_from_lineage(inputs: RunInputs) -> dict[str, str]:
+    """draft.init_from's fingerprint (config and weight bytes), when the run started from one."""
+    if not inputs.config.draft.init_from:
+        return {}
+    from eagle3_train.init_from import fingerprint_init_draft
+
+    return {"init_from_fingerprint": fingerprint_init_draft(inputs.config.draft.init_from)}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from eagle3_train.attention import flash_self_check, resolve_attention
@@ -640,6 +641,32 @@ def check_attention_kernel(arch: DraftArch, device: torch.device, mixed: str) ->
 # ---------------------------------------------------------------------------------------
 
 
+def check_init_from(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
+    """draft.init_from: the starting draft fits this run (architecture, hidden size, aux layer
+    ids, target vocabulary, draft vocabulary unless remap_vocab), before any step."""
+    d = inputs.config.draft
+    if not d.init_from:
+        return []
+    from eagle3_train.init_from import InitFromError, compatibility_problems, read_init_draft
+
+    try:
+        init = read_init_draft(d.init_from)
+    except (InitFromError, OSError, KeyError, ValueError) as e:
+        return [Finding("error", "init_from", str(e))]
+    where = str(inputs.dataset.header_file)
+    problems = compatibility_problems(
+        init, arch, inputs.aux_layer_ids, inputs.vocab.d2t, d.remap_vocab, where
+    )
+    if problems:
+        return [Finding("error", "init_from", p) for p in problems]
+    shared = len(np.intersect1d(init.target_ids, inputs.vocab.target_ids))
+    return _ok(
+        "init_from",
+        f"{d.init_from}: {init.architecture} draft fits; its LM head holds {shared} of this "
+        f"run's {len(inputs.vocab.target_ids)} draft tokens",
+    )
+
+
 def run_preflight(
     inputs: RunInputs,
     arch: DraftArch,
@@ -664,6 +691,7 @@ def run_preflight(
     report.findings += check_stream(inputs)
     report.findings += check_draft_shape(arch)
     report.findings += check_resume(inputs, arch, resume_from)
+    report.findings += check_init_from(inputs, arch)
     report.findings += check_interfaces(arch, plugin is not None, offload)
     if full and not report.errors:
         device = accelerator.device if accelerator is not None else torch.device("cpu")

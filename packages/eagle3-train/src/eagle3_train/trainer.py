@@ -151,8 +151,39 @@ def build_model(inputs: RunInputs, arch: DraftArch, seed: int) -> Eagle3Draft:
     model = Eagle3Draft(arch)
     head = load_target_head(inputs.dataset.root, inputs.vocab.target_ids)
     model.load_target_head(head["embed_tokens"], head["norm"], head["lm_head_rows"])
+    if inputs.config.draft.init_from:
+        init_from_draft(model, inputs, arch)
     model.lm_head.weight.requires_grad_(inputs.config.draft.train_lm_head)
     return model
+
+
+def init_from_draft(model: Eagle3Draft, inputs: RunInputs, arch: DraftArch) -> None:
+    """draft.init_from: the published draft's weights over the fresh start (checked again here,
+    so a run with preflight off is refused too), with the LM-head rows it carried reported."""
+    from eagle3_train.init_from import (
+        InitFromError,
+        compatibility_problems,
+        load_into,
+        read_init_draft,
+    )
+
+    d = inputs.config.draft
+    init = read_init_draft(d.init_from)
+    where = str(inputs.dataset.header_file)
+    problems = compatibility_problems(
+        init, arch, inputs.aux_layer_ids, inputs.vocab.d2t, d.remap_vocab, where
+    )
+    if problems:
+        raise InitFromError("; ".join(problems))
+    counts = load_into(model, init, inputs.vocab.d2t)
+    log.info(
+        "draft.init_from %s: %d tensors loaded; LM head: %d rows carried over, %d from the "
+        "target's rows",
+        d.init_from,
+        counts["tensors"],
+        counts["lm_head_rows_carried"],
+        counts["lm_head_rows_from_target"],
+    )
 
 
 def speed_up(model: Eagle3Draft, config: Config, accelerator) -> None:
