@@ -9,7 +9,13 @@ from typing import Any
 
 from eagle3_eval.acceptance import SampleCounts, summarize
 from eagle3_eval.config import OnlineConfig
-from eagle3_eval.preflight import DraftInfo, check_lineage, check_target_shape, inspect_draft
+from eagle3_eval.preflight import (
+    DraftInfo,
+    check_cuda_driver,
+    check_lineage,
+    check_target_shape,
+    inspect_draft,
+)
 from eagle3_eval.prompts import PromptSet, build_prompt_set
 from eagle3_eval.report import Baseline, EvalResult
 from eagle3_schemas.lineage import fingerprint_model_dir
@@ -52,6 +58,7 @@ def prepare(config: OnlineConfig) -> OnlineInputs:
     """Preflight (draft format + lineage, target shape) and the held-out prompt set."""
     from transformers import AutoTokenizer
 
+    driver_notes = check_cuda_driver()
     draft = inspect_draft(config.draft, strict=not config.ignore_lineage)
     target_config_path = config.target / "config.json"
     if not target_config_path.is_file():
@@ -59,7 +66,7 @@ def prepare(config: OnlineConfig) -> OnlineInputs:
     target_config = json.loads(target_config_path.read_text(encoding="utf-8"))
     check_target_shape(draft.spec, target_config, f"target {config.target}")
     target_fp = fingerprint_model_dir(config.target)
-    notes = list(draft.notes)
+    notes = list(draft.notes) + driver_notes
     notes += check_lineage(
         draft, {"target_fingerprint": target_fp}, f"target {config.target}", config.ignore_lineage
     )

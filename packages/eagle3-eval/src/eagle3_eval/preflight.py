@@ -22,6 +22,20 @@ class PreflightError(ValueError):
     """The inputs do not belong together."""
 
 
+def check_cuda_driver() -> list[str]:
+    """On a host with an NVIDIA driver: refuse one too old for the CUDA release torch was
+    built for (torch would report no GPU); a note otherwise. Nothing on a machine without."""
+    from eagle3_schemas.cuda_driver import check_this_host
+
+    verdict = check_this_host()
+    if verdict is None:
+        return []
+    level, message = verdict
+    if level == "error":
+        raise PreflightError(f"cuda_driver: {message}")
+    return [f"cuda_driver: {message}"]
+
+
 @dataclass
 class DraftInfo:
     path: Path

@@ -306,6 +306,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from eagle3_extract.config import check_layer_ids, default_aux_layer_ids
+    from eagle3_extract.preflight import check_cuda_driver
     from eagle3_extract.sizing import PlanInputs, make_plan
     from eagle3_extract.target import read_target
     from eagle3_schemas.paths import check_input_dir
@@ -337,6 +338,8 @@ def _plan(args: argparse.Namespace) -> int:
         out=args.out,
     )
     plan = make_plan(inputs, target)
+    # This host's NVIDIA driver against the CUDA release torch/vLLM need (none: not a GPU host).
+    plan.findings += check_cuda_driver("torch (and vLLM, built on it)")
     for finding in plan.findings:
         print(finding)
     figures = {"aux_layer_ids": aux, **plan.figures, "ok": plan.ok}

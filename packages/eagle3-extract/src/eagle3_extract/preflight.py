@@ -159,6 +159,15 @@ def check_disk(out: Path, need: int, num_tokens: int) -> list[Finding]:
     return [Finding("ok", "disk", text)]
 
 
+def check_cuda_driver(who: str = "torch") -> list[Finding]:
+    """On a host with an NVIDIA driver: does it support the CUDA release torch (and vLLM,
+    built on the same torch) needs? Nothing on a machine without one."""
+    from eagle3_schemas.cuda_driver import check_this_host
+
+    verdict = check_this_host(who)
+    return [] if verdict is None else [Finding(verdict[0], "cuda_driver", verdict[1])]
+
+
 def static_checks(
     config: ExtractConfig,
     target: TargetInfo,
@@ -178,6 +187,7 @@ def static_checks(
         *check_vocab(target, tokenized),
         *check_tokenizer_lineage(config.tokenizer_dir, tokenized),
         *check_disk(config.out, need, pending_tokens),
+        *check_cuda_driver(),
     ]
 
 

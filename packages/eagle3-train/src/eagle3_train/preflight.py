@@ -641,6 +641,15 @@ def check_attention_kernel(arch: DraftArch, device: torch.device, mixed: str) ->
 # ---------------------------------------------------------------------------------------
 
 
+def check_cuda_driver() -> list[Finding]:
+    """On a host with an NVIDIA driver: does it support the CUDA release torch was built for?
+    (Too old, and torch reports no GPU: the run would go on on the CPU.) Nothing elsewhere."""
+    from eagle3_schemas.cuda_driver import check_this_host
+
+    verdict = check_this_host()
+    return [] if verdict is None else [Finding(verdict[0], "cuda_driver", verdict[1])]
+
+
 def check_init_from(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     """draft.init_from: the starting draft fits this run (architecture, hidden size, aux layer
     ids, target vocabulary, draft vocabulary unless remap_vocab), before any step."""
@@ -692,6 +701,7 @@ def run_preflight(
     report.findings += check_draft_shape(arch)
     report.findings += check_resume(inputs, arch, resume_from)
     report.findings += check_init_from(inputs, arch)
+    report.findings += check_cuda_driver()
     report.findings += check_interfaces(arch, plugin is not None, offload)
     if full and not report.errors:
         device = accelerator.device if accelerator is not None else torch.device("cpu")
