@@ -130,21 +130,6 @@ def _model(seed=0, **kw):
     return model
 
 
-def test_sdpa_and_chunked_paths_give_the_same_loss_and_gradients():
-    batch = _batch()
-    results = []
-    for impl in ("chunked", "sdpa"):
-        model = _model(attention=impl, attention_chunk=16)
-        loss, stats = model(*batch, ttt_steps=3)
-        loss.backward()
-        results.append((loss, stats, {n: p.grad for n, p in model.named_parameters()}))
-    (l1, s1, g1), (l2, s2, g2) = results
-    torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-6)
-    for name in g1:
-        torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
-
-
 def test_shapes_and_parameter_names_are_the_checkpoint_schema():
     model = _model(num_layers=2, norm_before_fc=True)
     schema = load_schema("draft_checkpoint")["files"]["weights"]["tensors"]
@@ -298,22 +283,25 @@ def test_flash_attention_in_bf16_is_within_bf16_round_off_and_a_moved_diagonal_k
         assert bool(((wrong[name] - values[name]).abs() > bounds[name]).any()), name
 
 
-def test_flash_and_chunked_paths_give_the_same_loss_and_gradients():
-    """The whole draft (GQA Llama and MLA) on each path, float32 on CPU: the flash path's
-    wiring (document boundaries, lengths, MLA's value padding) is the chunked path's."""
+@pytest.mark.parametrize(
+    ("impl", "architecture"), [("sdpa", "llama"), ("flash", "llama"), ("flash", "mla")]
+)
+def test_each_attention_path_gives_the_chunked_loss_and_gradients(impl, architecture):
+    """The whole draft on each path, float32 on CPU: sdpa's dense mask and the flash path's
+    wiring (document boundaries, lengths, GQA, MLA's value padding) against the reference."""
     batch = _batch()
-    for extra in ({}, {"architecture": "mla", **MLA_SHAPE}):
-        results = []
-        for impl in ("chunked", "flash"):
-            model = _model(attention=impl, attention_chunk=16, **extra)
-            loss, stats = model(*batch, ttt_steps=3)
-            loss.backward()
-            results.append((loss, stats, {n: p.grad for n, p in model.named_parameters()}))
-        (l1, s1, g1), (l2, s2, g2) = results
-        torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-6)
-        for name in g1:
-            torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
+    extra = {"architecture": "mla", **MLA_SHAPE} if architecture == "mla" else {}
+    results = []
+    for path in ("chunked", impl):
+        model = _model(attention=path, attention_chunk=16, **extra)
+        loss, stats = model(*batch, ttt_steps=3)
+        loss.backward()
+        results.append((loss, stats, {n: p.grad for n, p in model.named_parameters()}))
+    (l1, s1, g1), (l2, s2, g2) = results
+    torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-6)
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
 
 
 def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_lse_layout(
