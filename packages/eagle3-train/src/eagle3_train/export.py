@@ -23,7 +23,7 @@ from eagle3_schemas.atomic import atomic_directory, write_json_atomic
 from eagle3_schemas.header import make_header, write_json_header, write_safetensors
 from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_train.card import write_model_card
-from eagle3_train.config import Config, load_config
+from eagle3_train.config import Config
 from eagle3_train.model import DraftArch
 
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -183,10 +183,8 @@ def write_checkpoint(
 ) -> Path:
     """Write the three files (and the model card) atomically; ``directory`` must not exist.
 
-    The card (card.py) needs the run's config: ``run_config``, else the ``run.yaml`` of the
-    trainer's layout (``OUTPUT/exports/step-N`` beside ``OUTPUT/run.yaml``, written before the
-    first step); without either the checkpoint has no card (``eagle3-train --card-only``
-    writes one later).
+    The card (card.py) is written from the run's config; without ``run_config`` the checkpoint
+    has no card (``eagle3-train --card-only`` writes one later).
     """
     directory = Path(directory)
     expected_fp = fingerprint_vocab_map(weights["d2t"].numpy(), weights["t2d"].numpy())
@@ -207,19 +205,9 @@ def write_checkpoint(
             architecture=architecture,
         )
         write_json_header(tmp / "eagle3.json", header)
-        if run_config is None:
-            run_config = run_config_of(directory)
         if run_config is not None:
             write_model_card(tmp, run_config, served_as(run_config))
     return directory
-
-
-def run_config_of(export_dir: Path) -> Config | None:
-    """The config of the run an export under ``OUTPUT/exports/`` belongs to, if any."""
-    run_yaml = export_dir.parent.parent / "run.yaml"
-    if export_dir.parent.name != "exports" or not run_yaml.is_file():
-        return None
-    return load_config(run_yaml)
 
 
 def served_as(config: Config, draft_dir: Path | None = None) -> str:

@@ -355,7 +355,7 @@ def export_draft(
         "epoch": state.epoch,
         "metrics": metrics,
     }
-    write_checkpoint(out, config_json, weights, lineage, inputs.aux_layer_ids, training)
+    write_checkpoint(out, config_json, weights, lineage, inputs.aux_layer_ids, training, cfg)
     problems = validate(out)
     if problems:
         raise RuntimeError(
