@@ -160,6 +160,16 @@ class TrainLoopConfig:
     # short runs).
     compile: Literal["auto", "always", "never"] = "auto"
     seed: int = 0
+    # A non-finite loss or gradient norm. "stop" (exit 3): nothing of the bad step is kept, the
+    # last checkpoint stands. "skip": that optimizer step leaves weights and optimizer state
+    # untouched (the batch is consumed, the LR schedule advances), a "skip" event with the
+    # batch's sample ids goes to metrics.jsonl, and the run stops (exit 3) only after
+    # `max_skips_in_row` skipped steps in a row. On CUDA the verdict reaches the fused AdamW
+    # on the device (its found_inf, as GradScaler uses it): no host sync; elsewhere it is read
+    # on the host before the step (free on CPU). Not under DeepSpeed, whose engine steps inside
+    # backward (refused at start).
+    on_non_finite: Literal["stop", "skip"] = "stop"
+    max_skips_in_row: int = 10
     log_every: int = 10
     save_every: int = 500  # optimizer steps between resumable checkpoints; 0 = epoch ends only
     keep_checkpoints: int = 2
@@ -380,6 +390,8 @@ def check_config(config: Config) -> list[str]:
         p.append(f"train.epochs: {t.epochs} < 1")
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps: {t.max_steps} < 1")
+    if t.max_skips_in_row < 1:
+        p.append(f"train.max_skips_in_row: {t.max_skips_in_row} < 1")
     if t.log_every < 1:
         p.append(f"train.log_every: {t.log_every} < 1")
     if t.save_every < 0:

@@ -25,6 +25,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -389,22 +390,25 @@ class MetricWindow:
     """Sums of per-step counts over micro-batches, kept on the model's device (no host sync
     per batch); reduced across ranks when logged."""
 
-    def __init__(self, ttt_steps: int) -> None:
+    def __init__(self, ttt_steps: int, finite_only: bool = False) -> None:
         self.ttt_steps = ttt_steps
-        self.sums: torch.Tensor | None = None  # [ttt_steps·5 stats, loss], float64
-        self.batches = 0
+        # skip mode: a batch with a non-finite loss is left out of the sums (on the device)
+        self.finite_only = finite_only
+        self.sums: torch.Tensor | None = None  # [ttt_steps·5 stats, loss, batches], float64
         self.tokens = 0
 
     def add(self, loss: torch.Tensor, stats: torch.Tensor, tokens: int) -> None:
-        row = torch.cat([stats.detach().flatten(), loss.detach().double().reshape(1)])
+        loss = loss.detach().double().reshape(1)
+        row = torch.cat([stats.detach().flatten(), loss, torch.ones_like(loss)])
+        if self.finite_only:
+            row = torch.where(torch.isfinite(loss), row, torch.zeros_like(row))
         self.sums = row if self.sums is None else self.sums + row
-        self.batches += 1
         self.tokens += tokens
 
     def reduce(self, accelerator) -> tuple[dict[str, float], int]:
         k = self.ttt_steps
-        sums = self.sums if self.sums is not None else torch.zeros(5 * k + 1, dtype=torch.float64)
-        counts = torch.tensor([self.batches, self.tokens], dtype=torch.float64)
+        sums = self.sums if self.sums is not None else torch.zeros(5 * k + 2, dtype=torch.float64)
+        counts = torch.tensor([self.tokens], dtype=torch.float64)
         packed = torch.cat([sums.to(accelerator.device), counts.to(accelerator.device)])
         packed = accelerator.reduce(packed, reduction="sum").cpu()
         stats, (loss, batches, tokens) = packed[: 5 * k].view(k, 5), packed[5 * k :].tolist()
@@ -464,6 +468,159 @@ class NonFiniteWatch:
                 event.synchronize()
             if float(host[0]) > 0:
                 _stop_nan(self.accelerator, where, last_checkpoint, metrics_path)
+
+    def step_optimizer(self, optimizer) -> None:
+        optimizer.step()
+
+    def end_step(self, metrics_path: Path, last_checkpoint: str | None) -> None:
+        """(stop mode: every verdict was queued by ``record``)"""
+
+
+def _host_copy(flags: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """``flags`` copied to the host without waiting (CUDA: pinned buffer + event)."""
+    if not flags.is_cuda:
+        return flags.clone(), None
+    host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+    host.copy_(flags, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+def fused_found_inf(optimizer) -> bool:
+    """True when ``optimizer`` (or the one Accelerate wraps) is torch's fused Adam/AdamW, whose
+    kernel reads an ``found_inf`` tensor attribute on the device and, when it is non-zero,
+    leaves parameters, moments and step counts untouched (torch/optim/adam.py
+    ``_fused_adam``; GradScaler sets it the same way)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return isinstance(inner, torch.optim.Adam) and all(g.get("fused") for g in inner.param_groups)
+
+
+class NonFiniteSkip:
+    """train.on_non_finite: skip. An optimizer step with a non-finite loss (any micro-batch,
+    any rank) or gradient norm changes nothing; the run stops after ``max_in_row`` such steps
+    in a row.
+
+    Per optimizer step the verdicts sum into one small device tensor ``[this rank's bad
+    losses, all ranks' bad losses, bad gradient norm]``. The skip itself needs no host: with
+    torch's fused AdamW the verdict is handed to the kernel as ``found_inf``; with any other
+    optimizer it is read on the host before the step (CPU: free, the value is there; CUDA:
+    one sync per step). The record — a "skip" event with the sample ids, the count in a row,
+    the stop — is read ``lag`` steps later, as NonFiniteWatch reads its verdicts.
+    """
+
+    def __init__(self, accelerator, lag: int, max_in_row: int) -> None:
+        self.accelerator = accelerator
+        self.lag = lag
+        self.max_in_row = max_in_row
+        self.flags: torch.Tensor | None = None
+        self.where: list[BadStep] = []
+        self.pending: list[tuple[torch.Tensor, Any, list[BadStep]]] = []
+        self.in_row = 0
+        self.skipped = 0
+
+    def record(
+        self, value: torch.Tensor, where: BadStep, metrics_path: Path, last: str | None
+    ) -> None:
+        bad = (~torch.isfinite(value.detach().float())).float().reshape(1)
+        zero = torch.zeros_like(bad)
+        if where.what == "loss":
+            every = bad
+            if self.accelerator.num_processes > 1:
+                every = self.accelerator.reduce(bad.clone(), reduction="sum")
+            row = torch.cat([bad, every, zero])
+            self.where.append(where)
+        else:  # the gradient norm is the same on every rank
+            row = torch.cat([zero, zero, bad])
+        self.flags = row if self.flags is None else self.flags + row
+
+    def found_inf(self) -> torch.Tensor:
+        """1.0 when this optimizer step must be skipped, as a float32 scalar on the device."""
+        assert self.flags is not None, "no verdict recorded for this step"
+        return (self.flags[1:].sum() > 0).float()
+
+    def step_optimizer(self, optimizer) -> None:
+        if fused_found_inf(optimizer):
+            inner = getattr(optimizer, "optimizer", optimizer)
+            inner.found_inf = self.found_inf()
+            try:
+                optimizer.step()
+            finally:
+                del inner.found_inf
+        elif float(self.found_inf()) == 0:  # host read (CPU: the value is already here)
+            optimizer.step()
+
+    def end_step(self, metrics_path: Path, last_checkpoint: str | None) -> None:
+        """The optimizer step is done: queue its verdict, read those ``lag`` steps old."""
+        if self.flags is None:
+            return
+        host, event = _host_copy(self.flags)
+        self.pending.append((host, event, self.where))
+        self.flags, self.where = None, []
+        self.drain(metrics_path, last_checkpoint, keep=self.lag)
+
+    def drain(self, metrics_path: Path, last_checkpoint: str | None, keep: int = 0) -> None:
+        while len(self.pending) > keep:
+            host, event, wheres = self.pending.pop(0)
+            if event is not None:
+                event.synchronize()
+            mine, ranks, grad = (float(x) for x in host.tolist())
+            if ranks == 0 and grad == 0:
+                self.in_row = 0
+                continue
+            self.in_row += 1
+            self.skipped += 1
+            self._report(wheres, mine > 0, int(ranks), grad > 0, metrics_path)
+            if self.in_row >= self.max_in_row:
+                self._stop(wheres, last_checkpoint, metrics_path)
+
+    def _report(
+        self, wheres: list[BadStep], mine: bool, ranks: int, grad: bool, metrics_path: Path
+    ) -> None:
+        acc = self.accelerator
+        first = wheres[0]
+        ids = [i for w in wheres for i in w.sample_ids]
+        bad_ids = [i for w in wheres if not math.isfinite(float(w.value)) for i in w.sample_ids]
+        what = "loss" if ranks else "gradient norm"
+        message = (
+            f"step {first.step} skipped: {what} is not finite (epoch {first.epoch}, batches "
+            f"from {first.batch} of rank {acc.process_index}; "
+            + (f"this rank's samples {bad_ids}" if mine else f"{ranks} rank(s) with a bad loss")
+            + f"); {self.in_row} in a row, {self.skipped} in all; the run stops at "
+            f"{self.max_in_row} in a row"
+        )
+        log.warning("%s", message)
+        if mine or acc.is_main_process:  # every rank with a bad sample names its own ids
+            record = {
+                "event": "skip",
+                "step": first.step,
+                "epoch": first.epoch,
+                "batch": first.batch,
+                "rank": acc.process_index,
+                "what": what,
+                "ranks_with_bad_loss": ranks,
+                "gradient_norm_bad": grad,
+                "sample_ids": bad_ids if mine else ids,
+                "in_row": self.in_row,
+                "skipped_total": self.skipped,
+            }
+            _write_metrics(metrics_path, record)
+
+    def _stop(self, wheres: list[BadStep], last: str | None, metrics_path: Path) -> None:
+        message = (
+            f"{self.in_row} optimizer steps in a row had a non-finite loss or gradient norm "
+            f"(train.max_skips_in_row = {self.max_in_row}; the last at step {wheres[0].step}, "
+            f"samples {[i for w in wheres for i in w.sample_ids][:5]}). Stopping without "
+            f"saving; skipped steps changed no weight, the last checkpoint is good: "
+            f"{last or 'none yet'}. Check the inputs (eagle3-schemas validate) or lower "
+            "train.lr, then resume from it."
+        )
+        if self.accelerator.is_main_process:
+            _write_metrics(
+                metrics_path, {"event": "nan", "step": wheres[0].step, "message": message}
+            )
+        log.error("%s", message)
+        raise TrainingStopped(message)
 
 
 def _write_metrics(path: Path, record: dict[str, Any]) -> None:
@@ -554,6 +711,12 @@ def train(config: Config, preflight_only: bool = False) -> int:
     """Run (or only preflight) training; returns the process exit code."""
     run_started = time.perf_counter()
     t = config.train
+    if t.on_non_finite == "skip" and _is_deepspeed():
+        log.error(
+            "train.on_non_finite: skip is not available under DeepSpeed (its engine steps the "
+            "optimizer inside backward, before the step's verdict is known); use stop"
+        )
+        return EXIT_PREFLIGHT
     accelerator = make_accelerator(config, with_trackers=not preflight_only)
     torch.set_num_threads(_cpu_threads(t.torch_threads, accelerator))
     if accelerator.device.type == "cuda":
@@ -658,8 +821,14 @@ def train(config: Config, preflight_only: bool = False) -> int:
 
         progress = tqdm(total=total_steps, initial=state.step, desc="train", dynamic_ncols=True)
     params = [p for p in model.parameters() if p.requires_grad]
-    window = MetricWindow(t.ttt_steps)
-    watch = NonFiniteWatch(accelerator, lag=2 if accelerator.device.type == "cuda" else 0)
+    skip_mode = t.on_non_finite == "skip"
+    window = MetricWindow(t.ttt_steps, finite_only=skip_mode)
+    lag = 2 if accelerator.device.type == "cuda" else 0
+    watch: NonFiniteWatch | NonFiniteSkip = (
+        NonFiniteSkip(accelerator, lag, t.max_skips_in_row)
+        if skip_mode
+        else NonFiniteWatch(accelerator, lag)
+    )
 
     def safe_to_keep() -> None:
         """Every pending non-finite verdict is read before anything is saved."""
@@ -709,13 +878,23 @@ def train(config: Config, preflight_only: bool = False) -> int:
                                 where, what="gradient norm", value=grad_norm
                             )
                             watch.record(grad_norm, where, metrics_path, state.last_checkpoint)
-                    optimizer.step()
+                    if accelerator.sync_gradients:
+                        watch.step_optimizer(optimizer)
+                    else:
+                        optimizer.step()  # (a no-op inside accumulation)
                     optimizer.zero_grad(set_to_none=True)
+                if accelerator.sync_gradients:
+                    watch.end_step(metrics_path, state.last_checkpoint)
                 state.batches_done += 1
                 window.add(loss, stats, int(batch["input_ids"].shape[0]))
                 if not accelerator.sync_gradients:
                     continue
-                scheduler.step()
+                if skip_mode:  # the schedule advances over a skipped first step too
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+                        scheduler.step()
+                else:
+                    scheduler.step()
                 state.step += 1
                 if state.step % t.log_every == 0 or state.step == total_steps:
                     metrics, tokens = window.reduce(accelerator)
@@ -735,7 +914,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
                         waited = stream.wait_seconds
                     started = time.perf_counter()
                     last_metrics = metrics
-                    window = MetricWindow(t.ttt_steps)
+                    window = MetricWindow(t.ttt_steps, finite_only=skip_mode)
                     accelerator.log({f"train/{k}": v for k, v in metrics.items()}, step=state.step)
                     if main:
                         _write_metrics(

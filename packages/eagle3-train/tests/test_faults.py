@@ -1,0 +1,153 @@
+"""The faults a long run meets, each a named behaviour (issue 25): a non-finite step skipped
+(train.on_non_finite: skip), a damaged shard row (checked as it is read; data.on_corrupt),
+preemption by a signal (checkpoint at the step boundary, exit 5, exact resume)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
+
+from eagle3_schemas.header import write_safetensors
+from eagle3_train.cli import main
+from eagle3_train.testing import make_inputs, write_config
+from eagle3_train.trainer import NonFiniteSkip, fused_found_inf
+
+
+@pytest.fixture
+def in_process():
+    """Run the CLI in this process, then undo its global state (threads, Accelerate)."""
+    threads = torch.get_num_threads()
+    yield main
+    torch.set_num_threads(threads)
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _poison(dataset: Path, sample_ids: set[str] | None) -> list[str]:
+    """Set the stored final states of ``sample_ids`` (None: every sample) to inf in place."""
+    manifest = pq.read_table(dataset / "manifest.parquet").to_pylist()
+    rows = [r for r in manifest if sample_ids is None or r["sample_id"] in sample_ids]
+    for shard in sorted({r["shard"] for r in rows}):
+        tensors = load_file(str(dataset / shard))
+        for r in rows:
+            if r["shard"] == shard:
+                start, n = r["row_start"], r["num_tokens"]
+                tensors["last_hidden_state"][start : start + n] = float("inf")
+        write_safetensors(dataset / shard, tensors)
+    return [r["sample_id"] for r in rows]
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
+
+
+# ---------------------------------------------------------------------------------------
+# A NaN: skip mode
+
+
+def test_skip_mode_skips_the_bad_steps_names_their_samples_and_changes_no_weight(
+    tmp_path, in_process
+):
+    inputs = make_inputs(tmp_path / "inputs", num_samples=24, samples_per_shard=8)
+    (bad,) = _poison(inputs.hidden_states, {"synthetic-000005"})
+    run = tmp_path / "run"
+    config = write_config(
+        inputs,
+        run,
+        data={"validation_fraction": 0.0},
+        train={
+            "max_steps": None,
+            "epochs": 2,
+            "save_every": 1,
+            "keep_checkpoints": 100,
+            "on_non_finite": "skip",
+            "max_skips_in_row": 2,
+        },
+    )
+    assert in_process(["--config", str(config), "--no-preflight"]) == 0
+    records = _records(run)
+    skips = [r for r in records if r["event"] == "skip"]
+    assert len(skips) == 2 and all(bad in r["sample_ids"] for r in skips)  # once per epoch
+    assert all(r["what"] == "loss" and r["in_row"] == 1 for r in skips)
+    losses = [r["loss"] for r in records if r["event"] == "train"]
+    assert losses and all(math.isfinite(x) for x in losses)
+    assert records[-1]["event"] == "done"
+    for skip in skips:  # the skipped step changed no weight; the next one did
+        before, at = _weights(run, skip["step"] - 1), _weights(run, skip["step"])
+        assert all(torch.equal(before[k], at[k]) for k in before)
+    at, after = _weights(run, skips[0]["step"]), _weights(run, skips[0]["step"] + 1)
+    assert any(not torch.equal(at[k], after[k]) for k in at)
+
+
+def test_skip_mode_stops_after_n_bad_steps_in_a_row(tmp_path, in_process):
+    inputs = make_inputs(tmp_path / "inputs", num_samples=24, samples_per_shard=8)
+    _poison(inputs.hidden_states, None)
+    run = tmp_path / "run"
+    config = write_config(
+        inputs,
+        run,
+        data={"validation_fraction": 0.0},
+        train={"on_non_finite": "skip", "max_skips_in_row": 3, "save_every": 2},
+    )
+    assert in_process(["--config", str(config), "--no-preflight"]) == 3
+    records = _records(run)
+    assert [r["in_row"] for r in records if r["event"] == "skip"] == [1, 2, 3]
+    (stop,) = [r for r in records if r["event"] == "nan"]
+    assert stop["step"] == 3
+    assert "3 optimizer steps in a row" in stop["message"]
+    assert "train.max_skips_in_row = 3" in stop["message"]
+    # step 2's checkpoint was written (a skipped step keeps the weights as they were)
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 2
+    assert not (run / "draft").exists()
+
+
+class _OneProcess:
+    num_processes, process_index, is_main_process = 1, 0, True
+
+
+def test_the_fused_adamw_takes_the_verdict_on_the_device(tmp_path):
+    """With torch's fused AdamW the skip is the kernel's own found_inf (no host read of the
+    verdict: CUDA's path, exercised here by the CPU fused kernel)."""
+    param = torch.nn.Parameter(torch.ones(8))
+    optimizer = torch.optim.AdamW([param], lr=0.1, fused=True)
+    assert fused_found_inf(optimizer)
+    assert not fused_found_inf(torch.optim.AdamW([param], lr=0.1))
+    skip = NonFiniteSkip(_OneProcess(), lag=2, max_in_row=5)
+    metrics = tmp_path / "metrics.jsonl"
+    from eagle3_train.trainer import BadStep
+
+    for step, value in enumerate([1.0, float("nan"), 2.0], start=1):
+        param.grad = torch.full((8,), value)
+        where = BadStep("loss", torch.tensor(value), step, 0, step - 1, [f"s{step}"])
+        skip.record(torch.tensor(value), where, metrics, None)
+        before = param.detach().clone()
+        skip.step_optimizer(optimizer)
+        assert not hasattr(optimizer, "found_inf")
+        changed = not torch.equal(before, param.detach())
+        assert changed == math.isfinite(value)
+        skip.end_step(metrics, None)
+    assert int(optimizer.state[param]["step"]) == 2  # the skipped step is not counted
+    assert len(skip.pending) == 2 and not metrics.exists()  # read two steps late
+    skip.drain(metrics, None)
+    (record,) = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert record["step"] == 2 and record["sample_ids"] == ["s2"]
+
+
+def test_skip_mode_is_refused_under_deepspeed(tmp_path, in_process, monkeypatch, caplog):
+    """DeepSpeed's engine steps inside backward, before the verdict: refused at start."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=8)
+    config = write_config(inputs, tmp_path / "run", train={"on_non_finite": "skip"})
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as `accelerate launch` sets it
+    assert in_process(["--config", str(config)]) == 2
+    assert "not available under DeepSpeed" in caplog.text
+    assert not (tmp_path / "run").exists()
