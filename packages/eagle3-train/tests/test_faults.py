@@ -15,7 +15,11 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from eagle3_schemas.header import write_safetensors
+from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.testing.edits import rewrite_checksums
 from eagle3_train.cli import main
+from eagle3_train.data import CorruptSample, HiddenStateDataset, ShardReader
+from eagle3_train.synthetic import write_dataset
 from eagle3_train.testing import make_inputs, write_config
 from eagle3_train.trainer import NonFiniteSkip, fused_found_inf
 
@@ -34,7 +38,8 @@ def _records(run: Path) -> list[dict]:
 
 
 def _poison(dataset: Path, sample_ids: set[str] | None) -> list[str]:
-    """Set the stored final states of ``sample_ids`` (None: every sample) to inf in place."""
+    """Set the stored final states of ``sample_ids`` (None: every sample) to inf in place, as
+    a target that produced them would have (checksummed as written)."""
     manifest = pq.read_table(dataset / "manifest.parquet").to_pylist()
     rows = [r for r in manifest if sample_ids is None or r["sample_id"] in sample_ids]
     for shard in sorted({r["shard"] for r in rows}):
@@ -44,6 +49,7 @@ def _poison(dataset: Path, sample_ids: set[str] | None) -> list[str]:
                 start, n = r["row_start"], r["num_tokens"]
                 tensors["last_hidden_state"][start : start + n] = float("inf")
         write_safetensors(dataset / shard, tensors)
+    rewrite_checksums(dataset)
     return [r["sample_id"] for r in rows]
 
 
@@ -151,3 +157,92 @@ def test_skip_mode_is_refused_under_deepspeed(tmp_path, in_process, monkeypatch,
     assert in_process(["--config", str(config)]) == 2
     assert "not available under DeepSpeed" in caplog.text
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# A damaged shard: rows checked as they are read
+
+
+def _flip(dataset: Path, sample_id: str, tensor: str, row: int) -> tuple[Path, dict]:
+    """Flip one bit of ``tensor``'s row ``row`` (counted within the sample) in place."""
+    (entry,) = [
+        r
+        for r in pq.read_table(dataset / "manifest.parquet").to_pylist()
+        if r["sample_id"] == sample_id
+    ]
+    path = dataset / entry["shard"]
+    info = read_safetensors(path).tensors[tensor]
+    row_bytes = (info.end - info.start) // info.shape[0]
+    offset = info.start + (entry["row_start"] + row) * row_bytes + row_bytes // 2
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x10]))
+    return path, entry
+
+
+def test_the_loader_checks_whole_rows_even_of_a_sample_cut_to_the_batch(tmp_path):
+    root = write_dataset(
+        tmp_path / "hs", num_samples=6, min_len=30, max_len=40, storage_dtype="bfloat16"
+    )
+    ds = HiddenStateDataset(root)
+    plan = [(i, 20) for i in range(len(ds))]  # every sample longer than what the batch takes
+    ShardReader(ds, verify="stop").read(plan)  # sound rows pass, prefix and rest hashed
+    path, entry = _flip(root, ds.sample_ids[3], "aux_hidden_states", 25)  # past the cut
+    with pytest.raises(CorruptSample) as stop:
+        ShardReader(ds, verify="stop").read(plan)
+    message = str(stop.value)
+    rows = f"rows {entry['row_start']}..{entry['row_start'] + entry['num_tokens'] - 1}"
+    assert str(path) in message and repr(ds.sample_ids[3]) in message and rows in message
+    assert "data.on_corrupt: skip" in message
+    ShardReader(ds).read(plan)  # (unchecked, the damage passes unseen)
+    batch = ShardReader(ds, verify="skip").read(plan)
+    (problem,) = batch["corrupt"]
+    assert problem["sample_id"] == ds.sample_ids[3]
+    cut = slice(3 * 20, 4 * 20)  # the skipped sample has no loss token and zero states
+    assert not batch["loss_mask"][cut].any() and not batch["aux_hidden_states"][cut].any()
+    assert batch["loss_mask"][: 3 * 20].any()
+
+
+def test_a_flipped_byte_stops_the_run_naming_shard_sample_and_rows(tmp_path, in_process, caplog):
+    inputs = make_inputs(tmp_path / "inputs", num_samples=24, samples_per_shard=8)
+    path, entry = _flip(inputs.hidden_states, "synthetic-000013", "last_hidden_state", 2)
+    run = tmp_path / "run"
+    # a dataset too large to re-hash before each run: the loader is the only check
+    train = {"validate_inputs": False, "max_steps": None, "save_every": 2}
+    config = write_config(inputs, run, data={"validation_fraction": 0.0}, train=train)
+    assert in_process(["--config", str(config)]) == 6
+    assert str(path) in caplog.text and "'synthetic-000013'" in caplog.text
+    assert f"rows {entry['row_start']}.." in caplog.text
+    assert not (run / "draft").exists()
+    logged = [r["step"] for r in _records(run) if r["event"] == "train"]
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
+    assert 0 < latest <= max(logged)
+    # mended (the bit flipped back): the rerun resumes from the last checkpoint and finishes
+    _flip(inputs.hidden_states, "synthetic-000013", "last_hidden_state", 2)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert in_process(["--config", str(config)]) == 0
+    starts = [r for r in _records(run) if r["event"] == "start"]
+    assert starts[-1]["step"] == latest and _records(run)[-1]["event"] == "done"
+
+
+def test_on_corrupt_skip_trains_without_the_sample_and_counts_it(tmp_path, in_process):
+    inputs = make_inputs(tmp_path / "inputs", num_samples=24, samples_per_shard=8)
+    _flip(inputs.hidden_states, "synthetic-000013", "input_ids", 0)
+    run = tmp_path / "run"
+    train = {"validate_inputs": False, "max_steps": None, "epochs": 2, "save_every": 0}
+    data = {"validation_fraction": 0.0, "on_corrupt": "skip"}
+    config = write_config(inputs, run, data=data, train=train)
+    assert in_process(["--config", str(config)]) == 0
+    records = _records(run)
+    corrupt = [r for r in records if r["event"] == "corrupt"]
+    assert [r["sample_id"] for r in corrupt] == ["synthetic-000013"] * 2  # once per epoch
+    assert corrupt[0]["expected"] != corrupt[0]["found"]
+    logged = [
+        r["corrupt_samples"] for r in records if "corrupt_samples" in r and r["event"] == "train"
+    ]
+    assert sum(logged) == 2
+    assert records[-1]["event"] == "done" and records[-1]["corrupt_samples"] == 2
+    losses = [r["loss"] for r in records if r["event"] == "train"]
+    assert all(math.isfinite(x) for x in losses)

@@ -9,7 +9,8 @@ Run it under Accelerate (any of these, from the repository root):
 or alone (one process): ``eagle3-train --config ...``. ``--preflight`` runs the checks only;
 ``--card-only DRAFT`` rewrites an exported draft's model card (README.md) and nothing else.
 Exit status: 0 done, 2 a config or preflight error, 3 a NaN stopped training, 4 the stream
-being trained on failed (stalled producer, torn shard, shard reclaimed too early).
+being trained on failed (stalled producer, torn shard, shard reclaimed too early), 6 a
+sample's stored rows do not match their checksum (data.on_corrupt: stop).
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         card = draft / "README.md"
         print(f"wrote {write_model_card(draft, config, served_as(config, draft), card)}")
         return 0
+    from eagle3_train.data import CorruptSample
     from eagle3_train.stream import StreamError
-    from eagle3_train.trainer import EXIT_NAN, EXIT_STREAM, TrainingStopped, train
+    from eagle3_train.trainer import EXIT_CORRUPT, EXIT_NAN, EXIT_STREAM, TrainingStopped, train
 
     try:
         return train(config, preflight_only=args.preflight)
@@ -144,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except StreamError as e:  # the last checkpoint stands; rerun to resume once it is mended
         logging.getLogger("eagle3_train").error("stream: %s", e)
         return EXIT_STREAM
+    except CorruptSample as e:  # data.on_corrupt: stop; the last checkpoint stands
+        logging.getLogger("eagle3_train").error("damaged shard: %s", e)
+        return EXIT_CORRUPT
 
 
 if __name__ == "__main__":

@@ -14,6 +14,12 @@
   ``num_workers × prefetch + 2`` batches.
 - **Resume**: the data position is (epoch, batches consumed); the plan is recomputed and
   the consumed batches are skipped without being read.
+- **Verify** (``verify``, the trainer's data.verify_rows): each sample's rows are hashed as
+  read, by the dataset's schema-version rule (eagle3_schemas.hidden_states), and compared with
+  the manifest's checksum. A mismatch raises CorruptSample naming shard, sample and rows, or
+  (``verify="skip"``) zeroes the sample's rows in the batch — no loss token, so it adds nothing
+  to the loss or the gradient, and the batch keeps its shape on every rank — and lists it
+  under the batch's ``corrupt`` key.
 """
 
 from __future__ import annotations
@@ -33,17 +39,27 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from eagle3_schemas.hidden_states import resolve_shard_path
+from eagle3_schemas.hidden_states import (
+    CHECKSUM_ALGORITHMS,
+    PER_TOKEN_TENSORS,
+    resolve_shard_path,
+)
 from eagle3_schemas.safetensors_format import NUMPY_VIEWS, read_safetensors
 
-ROW_COLUMNS = ("sample_id", "row_start", "num_tokens", "num_loss_tokens")
+ROW_COLUMNS = ("sample_id", "row_start", "num_tokens", "num_loss_tokens", "checksum")
 PER_TOKEN = ("aux_hidden_states", "last_hidden_state", "input_ids", "loss_mask")
 SCALES = ("aux_hidden_states_scale", "last_hidden_state_scale")
+# the loader reads exactly the tensors a row checksum covers
+assert set(PER_TOKEN + SCALES) == set(PER_TOKEN_TENSORS)
 TORCH_VIEWS = {"BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn}
 
 Batch = dict[str, Any]
 # One planned batch: (sample index, tokens taken from the start of the sample)
 BatchPlan = list[tuple[int, int]]
+
+
+class CorruptSample(ValueError):
+    """A sample's stored rows do not hash to the manifest's checksum (data.on_corrupt: stop)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +83,7 @@ class HiddenStateDataset:
         self._start(root, json.loads(header_file.read_text(encoding="utf-8")), header_file)
         table = pq.read_table(
             self.root / "manifest.parquet",
-            columns=["sample_id", "shard", "row_start", "num_tokens", "num_loss_tokens"],
+            columns=["shard", *ROW_COLUMNS],
         )
         columns = {name: table.column(name).to_pylist() for name in table.column_names}
         first = 0
@@ -98,16 +114,19 @@ class HiddenStateDataset:
         self.row_start_list: list[int] = []
         self._lengths: list[int] = []
         self._loss_tokens: list[int] = []
+        self.checksum_list: list[str] = []
         self._arrays: dict[str, np.ndarray] = {}
         target = header["target"]
         self.hidden_size: int = int(target["hidden_size"])
         self.vocab_size: int = int(target["vocab_size"])
         self.aux_layer_ids: list[int] = list(header["aux_layer_ids"])
         self.storage_dtype: str = header["storage_dtype"]
+        self.schema_version: int = int(header["schema_version"])
 
-    def add_shard(self, shard: str, rows: Iterable[tuple[str, int, int, int]]) -> range:
+    def add_shard(self, shard: str, rows: Iterable[tuple[str, int, int, int, str]]) -> range:
         """Register a shard file and its manifest rows (sample_id, row_start, num_tokens,
-        num_loss_tokens); reads only its safetensors header. Returns the new sample indices."""
+        num_loss_tokens, checksum); reads only its safetensors header. Returns the new sample
+        indices."""
         path = resolve_shard_path(self.root, shard)
         st = read_safetensors(path)
         index = len(self.shard_paths)
@@ -116,8 +135,9 @@ class HiddenStateDataset:
             {n: ShardTensor(t.dtype, t.shape, t.start) for n, t in st.tensors.items()}
         )
         first = len(self.sample_ids)
-        for sample_id, row_start, num_tokens, num_loss_tokens in rows:
+        for sample_id, row_start, num_tokens, num_loss_tokens, checksum in rows:
             self.sample_ids.append(sample_id)
+            self.checksum_list.append(checksum)
             self.shard_list.append(index)
             self.row_start_list.append(int(row_start))
             self._lengths.append(int(num_tokens))
@@ -253,8 +273,12 @@ class ShardReader:
         ring: int = 0,
         capacity: int = 0,
         pin_memory: bool = False,
+        verify: str | None = None,
     ) -> None:
+        if verify not in (None, "stop", "skip"):
+            raise ValueError(f"verify: {verify!r} is not one of None, 'stop', 'skip'")
         self.dataset = dataset
+        self.verify = verify
         self.max_open = max_open
         self.capacity = capacity  # rows allocated per recycled buffer (the largest batch)
         self.pin_memory = pin_memory
@@ -318,6 +342,7 @@ class ShardReader:
         buffers, targets = self._buffers_for(first, total, slot)
         cu = [0]
         pos = 0
+        corrupt: list[dict[str, Any]] = []
         for idx, n in plan:
             shard = ds.shard_list[idx]
             fd = self._fd(shard)
@@ -330,6 +355,15 @@ class ShardReader:
                     view[pos * row_bytes : (pos + n) * row_bytes],
                     infos[name].offset + r * row_bytes,
                 )
+            if self.verify is not None:
+                found = self._checksum(idx, n, pos, fd, infos, targets)
+                if found != ds.checksum_list[idx]:
+                    problem = self._corrupt(idx, found)
+                    if self.verify == "stop":
+                        raise CorruptSample(problem["message"])
+                    for _, view, row_bytes in targets:  # no loss token: adds nothing
+                        view[pos * row_bytes : (pos + n) * row_bytes] = bytes(n * row_bytes)
+                    corrupt.append(problem)
             pos += n
             cu.append(pos)
         out: Batch = {
@@ -340,7 +374,52 @@ class ShardReader:
         }
         out["cu_seqlens"] = torch.tensor(cu, dtype=torch.int64)
         out["sample_ids"] = [ds.sample_ids[idx] for idx, _ in plan]
+        if corrupt:
+            out["corrupt"] = corrupt
         return out
+
+    def _checksum(
+        self,
+        idx: int,
+        n: int,
+        pos: int,
+        fd: int,
+        infos: dict[str, ShardTensor],
+        targets: list[tuple[str, memoryview, int]],
+    ) -> str:
+        """The sample's stored rows hashed by its dataset's rule: the rows just read into the
+        batch, plus (a sample longer than the batch keeps its prefix) the rest, read aside."""
+        ds = self.dataset
+        name, new_hasher = CHECKSUM_ALGORITHMS[ds.schema_version]
+        h = new_hasher()
+        full, r = ds._lengths[idx], ds.row_start_list[idx]
+        for tensor, view, row_bytes in sorted(targets, key=lambda t: t[0]):
+            h.update(view[pos * row_bytes : (pos + n) * row_bytes])
+            if full > n:
+                rest = bytearray((full - n) * row_bytes)
+                _pread_into(fd, memoryview(rest), infos[tensor].offset + (r + n) * row_bytes)
+                h.update(rest)
+        return f"{name}:{h.hexdigest()}"
+
+    def _corrupt(self, idx: int, found: str) -> dict[str, Any]:
+        ds = self.dataset
+        path = ds.shard_paths[ds.shard_list[idx]]
+        r, full = ds.row_start_list[idx], ds._lengths[idx]
+        message = (
+            f"{path}: sample {ds.sample_ids[idx]!r} (rows {r}..{r + full - 1} of the shard, "
+            f"sample {idx} of the manifest) does not match its checksum: the manifest has "
+            f"{ds.checksum_list[idx]}, the stored rows hash to {found}. The shard changed after "
+            "extraction (disk, copy, or a write that was cut): re-extract it, or set "
+            "data.on_corrupt: skip to train without this sample"
+        )
+        return {
+            "sample_id": ds.sample_ids[idx],
+            "shard": str(path),
+            "rows": [r, r + full],
+            "expected": ds.checksum_list[idx],
+            "found": found,
+            "message": message,
+        }
 
 
 def _with_views(
@@ -385,8 +464,10 @@ class BatchStream:
         prefetch: int = 2,
         recycle: bool = False,
         pin_memory: bool = False,
+        verify: str | None = None,
     ) -> None:
         self.dataset = dataset
+        self.verify = verify
         self.plan = plan
         self.num_workers = num_workers
         self.ahead = num_workers * prefetch  # batches being read while one is in use
@@ -399,7 +480,13 @@ class BatchStream:
     def __iter__(self) -> Iterator[Batch]:
         ring = self.ahead + 2 if self.recycle else 0
         capacity = max((sum(n for _, n in b) for b in self.plan), default=0)
-        reader = ShardReader(self.dataset, ring=ring, capacity=capacity, pin_memory=self.pin_memory)
+        reader = ShardReader(
+            self.dataset,
+            ring=ring,
+            capacity=capacity,
+            pin_memory=self.pin_memory,
+            verify=self.verify,
+        )
 
         def slot(i: int) -> int | None:
             return i % ring if ring else None
@@ -433,9 +520,11 @@ def make_loader(
     prefetch: int = 2,
     pin_memory: bool = False,
     recycle: bool = False,
+    verify: str | None = None,
 ) -> BatchStream:
-    """Batches of ``plan`` in order (see BatchStream for the worker threads and ``recycle``)."""
-    return BatchStream(dataset, plan, num_workers, prefetch, recycle, pin_memory)
+    """Batches of ``plan`` in order (see BatchStream for the worker threads and ``recycle``;
+    ShardReader for ``verify``: None, "stop" or "skip")."""
+    return BatchStream(dataset, plan, num_workers, prefetch, recycle, pin_memory, verify)
 
 
 def to_device(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:

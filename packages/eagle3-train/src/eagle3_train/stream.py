@@ -152,7 +152,7 @@ class StreamWindows:
             self.dataset.add_shard(
                 fragment.shard,
                 [
-                    (r.sample_id, r.row_start, r.num_tokens, r.num_loss_tokens)
+                    (r.sample_id, r.row_start, r.num_tokens, r.num_loss_tokens, r.checksum)
                     for r in fragment.rows
                 ],
             )

@@ -55,6 +55,7 @@ log = logging.getLogger("eagle3_train")
 EXIT_PREFLIGHT = 2
 EXIT_NAN = 3
 EXIT_STREAM = 4
+EXIT_CORRUPT = 6
 
 
 class TrainingStopped(RuntimeError):
@@ -396,6 +397,7 @@ class MetricWindow:
         self.finite_only = finite_only
         self.sums: torch.Tensor | None = None  # [ttt_steps·5 stats, loss, batches], float64
         self.tokens = 0
+        self.corrupt = 0  # samples the loader left out (data.on_corrupt: skip)
 
     def add(self, loss: torch.Tensor, stats: torch.Tensor, tokens: int) -> None:
         loss = loss.detach().double().reshape(1)
@@ -408,12 +410,15 @@ class MetricWindow:
     def reduce(self, accelerator) -> tuple[dict[str, float], int]:
         k = self.ttt_steps
         sums = self.sums if self.sums is not None else torch.zeros(5 * k + 2, dtype=torch.float64)
-        counts = torch.tensor([self.tokens], dtype=torch.float64)
+        counts = torch.tensor([self.tokens, self.corrupt], dtype=torch.float64)
         packed = torch.cat([sums.to(accelerator.device), counts.to(accelerator.device)])
         packed = accelerator.reduce(packed, reduction="sum").cpu()
-        stats, (loss, batches, tokens) = packed[: 5 * k].view(k, 5), packed[5 * k :].tolist()
+        stats = packed[: 5 * k].view(k, 5)
+        loss, batches, tokens, corrupt = packed[5 * k :].tolist()
         out = summarize(unpack_stats(stats), batches)
         out["loss"] = loss / max(batches, 1.0)
+        if corrupt:
+            out["corrupt_samples"] = corrupt
         return out, int(tokens)
 
 
@@ -629,6 +634,22 @@ def _write_metrics(path: Path, record: dict[str, Any]) -> None:
         f.flush()
 
 
+def note_corrupt(batch: dict[str, Any], step: int, rank: int, metrics_path: Path | None) -> int:
+    """Record the samples the loader left out of ``batch`` (data.on_corrupt: skip): a warning
+    and, during training, a "corrupt" event per sample from the rank that read it."""
+    corrupt = batch.get("corrupt", [])
+    for problem in corrupt:
+        log.warning("skipped (data.on_corrupt: skip): %s", problem["message"])
+        if metrics_path is not None:
+            record = {k: v for k, v in problem.items() if k != "message"}
+            _write_metrics(metrics_path, {"event": "corrupt", "step": step, "rank": rank, **record})
+    return len(corrupt)
+
+
+def _verify(config: Config) -> str | None:
+    return config.data.on_corrupt if config.data.verify_rows else None
+
+
 def evaluate(
     accelerator, model, inputs: RunInputs, val_idx, config: Config
 ) -> dict[str, float] | None:
@@ -642,9 +663,10 @@ def evaluate(
     window = MetricWindow(config.train.ttt_steps)
     model.eval()
     with torch.no_grad():
-        for batch in make_loader(ds, plan, 0, recycle=True):
+        for batch in make_loader(ds, plan, 0, recycle=True, verify=_verify(config)):
             loss, stats = forward(model, batch, accelerator, config)
             window.add(loss, stats, int(batch["input_ids"].shape[0]))
+            window.corrupt += note_corrupt(batch, -1, accelerator.process_index, None)
     model.train()
     metrics, _ = window.reduce(accelerator)
     return {f"val/{k}": v for k, v in metrics.items()}
@@ -836,6 +858,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
 
     done = state.step >= total_steps
     started = time.perf_counter()
+    corrupt_total = 0  # samples this rank's loader left out (data.on_corrupt: skip)
     last_metrics: dict[str, float] = {}
 
     # stream windows before this one may be released at the end (None: all of them)
@@ -855,8 +878,13 @@ def train(config: Config, preflight_only: bool = False) -> int:
                 config.data.prefetch_batches,
                 pin_memory=torch.cuda.is_available(),
                 recycle=True,  # each batch is done with before the next is fetched
+                verify=_verify(config),
             )
             for batch in loader:
+                if "corrupt" in batch:
+                    found = note_corrupt(batch, state.step + 1, rank, metrics_path)
+                    window.corrupt += found
+                    corrupt_total += found
                 with accelerator.accumulate(model):
                     loss, stats = forward(model, batch, accelerator, config)
                     where = BadStep(
@@ -988,6 +1016,10 @@ def train(config: Config, preflight_only: bool = False) -> int:
         stream.finish(released_through)
     safe_to_keep()
     final_export = export_draft(accelerator, model, inputs, arch, state, last_metrics)
+    corrupt_all = corrupt_total
+    if config.data.verify_rows and config.data.on_corrupt == "skip" and world > 1:
+        total = torch.tensor([float(corrupt_total)], device=accelerator.device)
+        corrupt_all = int(accelerator.reduce(total, reduction="sum").item())
     if main:
         chosen = Path(state.best_export) if state.best_export else final_export
         assert chosen is not None
@@ -999,6 +1031,7 @@ def train(config: Config, preflight_only: bool = False) -> int:
                 "step": state.step,
                 "draft": str(published),
                 "best_step": state.best_step,
+                **({"corrupt_samples": corrupt_all} if corrupt_all else {}),
                 **(_stream_totals(stream, run_started) if stream is not None else {}),
             },
         )
