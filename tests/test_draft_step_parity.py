@@ -236,8 +236,9 @@ def trainer_step_logits(run: Path, doc_ids: list[int]):
     """The training forward's per-step draft logits on a packed batch of ``doc_ids``.
 
     The weights come from the run's last resumable checkpoint (Accelerate's save_state),
-    not from the export. The logits are read where the trainer forms them: the rows its
-    fused LM-head + KL receives at each step (``normed[:T-1-k]``) times the draft lm_head.
+    not from the export. The logits are formed from what the trainer's fused LM-head + KL
+    reads at each step — the final norm's output, of which it takes the scored rows — times
+    the draft lm_head, for every row.
     """
     config = load_config(run / "run.yaml")
     inputs = load_inputs(config)
@@ -249,7 +250,7 @@ def trainer_step_logits(run: Path, doc_ids: list[int]):
     ds = inputs.dataset
     batch = ShardReader(ds).read([(i, int(ds.num_tokens[i])) for i in doc_ids])
     captured: list[torch.Tensor] = []
-    hook = model.lm_head.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    hook = model.norm.register_forward_hook(lambda _m, _args, out: captured.append(out))
     with torch.no_grad():
         model(
             batch["aux_hidden_states"],
