@@ -21,12 +21,16 @@
 
    (a matmul's backward costs twice its forward; attention counts the causal keys' average
    plus the diagonal keys). The same formula for both sides: MFU compares tokens/s.
+   ``--verify-rows``: the loader also with the trainer's row checks (data.verify_rows: each
+   sample's rows hashed as read and compared with the manifest's XXH3-128), interleaved with
+   the unchecked runs; ``--loader-only`` skips the training step.
 4. ``--sync-check`` (CUDA): one more step of ours under torch.cuda.set_sync_debug_mode
    ("error"), the host-side alignment, gradient clipping and the optimizer included: any op
    that waits for the GPU inside a step raises, and the report names it.
 
     uv run --frozen python tools/bench_train.py                 # H=256 (tiny target), T=2048
     uv run --frozen python tools/bench_train.py --hidden 128 --json out.json
+    uv run --frozen python tools/bench_train.py --loader-only --verify-rows   # checksum cost
 """
 
 from __future__ import annotations
@@ -391,12 +395,13 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
                         offset += got
             return time.perf_counter() - start
 
-        def load(workers: int) -> float:
+        def load(workers: int, verify: str | None = None) -> float:
             """Seconds per epoch in steady state: the plan twice over, the second pass
             timed (the ring's buffers are faulted in and the workers started by then, as
             they are a few batches into a real epoch of thousands)."""
             seen, start = 0, 0.0
-            stream = make_loader(ds, plan * 2, workers, recycle=True)  # as the trainer reads
+            # as the trainer reads
+            stream = make_loader(ds, plan * 2, workers, recycle=True, verify=verify)
             for i, batch in enumerate(stream):
                 if i == len(plan):
                     start = time.perf_counter()
@@ -407,13 +412,17 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
 
         raw_read()  # warm the page cache for both sides
         load(0)
-        raw_s, w0_s, w2_s = [], [], []
+        raw_s, w0_s, w2_s, w0v_s, w2v_s = [], [], [], [], []
         for _ in range(args.repeats):  # interleaved, so load changes hit both sides alike
             raw_s.append(raw_read())
             w0_s.append(load(0))
+            if args.verify_rows:
+                w0v_s.append(load(0, "stop"))
         for _ in range(max(2, args.repeats // 3)):
             w2_s.append(load(2))
-        return {
+            if args.verify_rows:
+                w2v_s.append(load(2, "stop"))
+        out = {
             "hidden": hidden,
             "tokens": tokens,
             "shard_mib": shard_bytes / 2**20,
@@ -421,6 +430,32 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
             "loader_tokens_per_s_w0": tokens / min(w0_s),
             "loader_tokens_per_s_w2": tokens / min(w2_s),
         }
+        if args.verify_rows:
+            out["loader_verified_tokens_per_s_w0"] = tokens / min(w0v_s)
+            out["loader_verified_tokens_per_s_w2"] = tokens / min(w2v_s)
+        return out
+
+
+def loader_only(args, results: dict[str, object]) -> int:
+    """--loader-only: the loader at the train config's H and at Kimi-K2.5's, with (when
+    --verify-rows) the cost of the row checks."""
+    shapes = {"loader": (args.hidden, args.loader_samples), "loader_kimi": (7168, 32)}
+    for key, (hidden, samples) in shapes.items():
+        loader = results[key] = bench_loader(args, hidden, samples)
+        line = (
+            f"{key}: H={hidden}, {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB; raw "
+            f"read {loader['raw_tokens_per_s']:.0f} tok/s"
+        )
+        for w in ("w0", "w2"):
+            plain = loader[f"loader_tokens_per_s_{w}"]
+            line += f"; {w}: {plain:.0f} tok/s"
+            checked = loader.get(f"loader_verified_tokens_per_s_{w}")
+            if checked is not None:
+                line += f", checked {checked:.0f} tok/s ({checked / plain:.2f}x)"
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
 
 
 def main() -> int:
@@ -438,6 +473,12 @@ def main() -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--heads", type=int, help="attention heads (default: hidden // 64)")
     p.add_argument("--skip-loader", action="store_true")
+    p.add_argument(
+        "--verify-rows",
+        action="store_true",
+        help="loader: also time it with the trainer's row checksum checks (data.verify_rows)",
+    )
+    p.add_argument("--loader-only", action="store_true", help="only the loader benchmark")
     p.add_argument(
         "--attention",
         default="auto",
@@ -469,11 +510,14 @@ def main() -> int:
     forwarded = [
         f"--{k.replace('_', '-')}={v}"
         for k, v in vars(args).items()
-        if k not in ("side", "json", "rounds", "skip_loader") and v is not None
+        if k not in ("side", "json", "rounds", "skip_loader", "verify_rows", "loader_only")
+        and v is not None
     ]
     results: dict[str, object] = {
         "config": {k: v for k, v in vars(args).items() if k not in ("side", "json")}
     }
+    if args.loader_only:
+        return loader_only(args, results)
     # Sides alternate over rounds (load on a shared machine hits both alike); the best round
     # of each side is kept.
     for _ in range(args.rounds):

@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,7 +26,7 @@ from eagle3_schemas.testing.edits import rewrite_checksums
 from eagle3_train.cli import main
 from eagle3_train.data import CorruptSample, HiddenStateDataset, ShardReader
 from eagle3_train.synthetic import write_dataset
-from eagle3_train.testing import make_inputs, write_config
+from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 from eagle3_train.trainer import NonFiniteSkip, fused_found_inf
 
 
@@ -246,3 +252,145 @@ def test_on_corrupt_skip_trains_without_the_sample_and_counts_it(tmp_path, in_pr
     assert records[-1]["event"] == "done" and records[-1]["corrupt_samples"] == 2
     losses = [r["loss"] for r in records if r["event"] == "train"]
     assert all(math.isfinite(x) for x in losses)
+
+
+# ---------------------------------------------------------------------------------------
+# Preemption: a signal, a checkpoint at the step boundary, exit 5, an exact resume
+
+
+def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"ended early ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        metrics = run / "metrics.jsonl"
+        if metrics.is_file() and any(
+            r["event"] == "train" and r["step"] >= step for r in _records(run)
+        ):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} not logged within 120 s:\n{log.read_text()[-3000:]}")
+
+
+def _series(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in _records(run) if r["event"] == "train"}
+
+
+def _same_draft(a: Path, b: Path) -> None:
+    wa, wb = (
+        load_file(str(a / "draft" / "model.safetensors")),
+        load_file(str(b / "draft" / "model.safetensors")),
+    )
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_sigterm_checkpoints_at_the_step_and_the_rerun_resumes_bit_equal(tmp_path):
+    inputs = make_inputs(tmp_path / "inputs", num_samples=48)
+    train = {"max_steps": 40, "epochs": 10, "save_every": 0, "log_every": 1}
+    straight, preempted = tmp_path / "straight", tmp_path / "preempted"
+    result = run_cli(["--config", str(write_config(inputs, straight, train=train))])
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = write_config(inputs, preempted, train=train)
+    log = tmp_path / "preempted.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eagle3_train", "--config", str(config)],
+            cwd=REPO,
+            env=env_for_subprocess(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            _wait_for_step(preempted, 3, proc, log)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 5, log.read_text()[-3000:]
+        finally:
+            proc.kill()
+    (stop,) = [r for r in _records(preempted) if r["event"] == "preempted"]
+    assert 3 <= stop["step"] < 40 and "SIGTERM" in stop["message"]
+    assert max(_series(preempted)) == stop["step"]  # the step in flight was finished
+    latest = json.loads((preempted / "checkpoints" / "latest.json").read_text())
+    assert latest["step"] == stop["step"]
+    assert not (preempted / "draft").exists()
+    result = run_cli(["--config", str(config)])  # the same command resumes
+    assert result.returncode == 0, result.stderr[-3000:]
+    starts = [r for r in _records(preempted) if r["event"] == "start"]
+    assert starts[-1]["step"] == stop["step"]
+    assert _series(preempted) == _series(straight)  # every step once, bit-equal
+    _same_draft(preempted, straight)
+
+
+def _descendant_with_rank(root_pid: int, rank: int) -> int | None:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    todo = [root_pid]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in env and b"eagle3_train" in cmd:
+                return child
+            todo.append(child)
+    return None
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_signal_to_one_rank_of_two_stops_both_at_one_step_and_resumes_bit_equal(tmp_path):
+    """2-process DDP launch, train.preempt_signals [SIGUSR1] (Slurm's --signal=USR1@lead);
+    the signal goes to rank 1 only."""
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    inputs = make_inputs(tmp_path / "inputs", num_samples=64, min_len=24, max_len=96)
+    train = {"max_steps": 40, "epochs": 10, "save_every": 0, "log_every": 1}
+    train["preempt_signals"] = ["SIGUSR1"]
+
+    def launch(run: Path, log: Path) -> subprocess.Popen:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [accelerate, "launch", "--config_file", "recipes/accelerate/ddp.yaml"]
+        cmd += ["--main_process_port", str(port), "-m", "eagle3_train"]
+        cmd += ["--config", str(write_config(inputs, run, train=train))]
+        with log.open("a") as err:
+            return subprocess.Popen(
+                cmd, cwd=REPO, env=env_for_subprocess(), stdout=subprocess.DEVNULL, stderr=err
+            )
+
+    straight, preempted = tmp_path / "straight", tmp_path / "preempted"
+    logs = {name: tmp_path / f"{name}.log" for name in ("straight", "preempted")}
+    proc = launch(straight, logs["straight"])
+    assert proc.wait(timeout=400) == 0, logs["straight"].read_text()[-4000:]
+    proc = launch(preempted, logs["preempted"])
+    try:
+        _wait_for_step(preempted, 3, proc, logs["preempted"])
+        rank1 = _descendant_with_rank(proc.pid, 1)
+        assert rank1 is not None, "rank 1's process not found"
+        os.kill(rank1, signal.SIGUSR1)
+        code = proc.wait(timeout=400)
+    finally:
+        proc.kill()
+    text = logs["preempted"].read_text()
+    # torchrun (under accelerate launch) ends with 1 when a rank ends non-zero and reports
+    # each rank's status: 5, or for the later one SIGTERM from torchrun itself when the first
+    # had already left — both after the barrier that follows the complete checkpoint
+    assert code == 1 and "exitcode  : 5" in text, text[-4000:]
+    assert text.count("exitcode  : 5") + text.count("exitcode  : -15") == 2, text[-4000:]
+    (stop,) = [r for r in _records(preempted) if r["event"] == "preempted"]
+    assert "another rank" in stop["message"]  # rank 0 was not signalled, and stopped too
+    assert "preempted by SIGUSR1 (rank 1)" in text
+    assert (
+        json.loads((preempted / "checkpoints" / "latest.json").read_text())["step"] == stop["step"]
+    )
+    proc = launch(preempted, logs["preempted"])
+    assert proc.wait(timeout=400) == 0, logs["preempted"].read_text()[-4000:]
+    assert _series(preempted) == _series(straight)
+    _same_draft(preempted, straight)

@@ -9,7 +9,9 @@ Run it under Accelerate (any of these, from the repository root):
 or alone (one process): ``eagle3-train --config ...``. ``--preflight`` runs the checks only;
 ``--card-only DRAFT`` rewrites an exported draft's model card (README.md) and nothing else.
 Exit status: 0 done, 2 a config or preflight error, 3 a NaN stopped training, 4 the stream
-being trained on failed (stalled producer, torn shard, shard reclaimed too early), 6 a
+being trained on failed (stalled producer, torn shard, shard reclaimed too early), 5 a
+preemption signal (train.preempt_signals, SIGTERM by default) stopped it with a checkpoint
+at a step boundary (rerun to resume), 6 a
 sample's stored rows do not match their checksum (data.on_corrupt: stop).
 """
 

@@ -177,6 +177,11 @@ class TrainLoopConfig:
     # backward (refused at start).
     on_non_finite: Literal["stop", "skip"] = "stop"
     max_skips_in_row: int = 10
+    # Signals that ask the run to stop at the next optimizer step with a checkpoint (exit 5;
+    # rerun to resume exactly): SIGTERM is what Slurm and Kubernetes send before killing; add
+    # e.g. SIGUSR1 for Slurm's `--signal=USR1@120`. Under several processes the signal
+    # reaching any one rank stops all of them at the same step. [] = the default actions.
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM"])
     log_every: int = 10
     save_every: int = 500  # optimizer steps between resumable checkpoints; 0 = epoch ends only
     keep_checkpoints: int = 2
@@ -397,6 +402,12 @@ def check_config(config: Config) -> list[str]:
         p.append(f"train.epochs: {t.epochs} < 1")
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps: {t.max_steps} < 1")
+    try:
+        from eagle3_train.preempt import parse_signals
+
+        parse_signals(t.preempt_signals)
+    except ValueError as e:
+        p.append(str(e))
     if t.max_skips_in_row < 1:
         p.append(f"train.max_skips_in_row: {t.max_skips_in_row} < 1")
     if t.log_every < 1:

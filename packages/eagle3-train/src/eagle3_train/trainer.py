@@ -48,6 +48,7 @@ from eagle3_train.inputs import (
 from eagle3_train.loss import align, compile_kl_chunk, summarize, unpack_stats
 from eagle3_train.model import DraftArch, Eagle3Draft
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
+from eagle3_train.preempt import Preemption, parse_signals
 from eagle3_train.stream import StreamWindows
 
 log = logging.getLogger("eagle3_train")
@@ -55,6 +56,7 @@ log = logging.getLogger("eagle3_train")
 EXIT_PREFLIGHT = 2
 EXIT_NAN = 3
 EXIT_STREAM = 4
+EXIT_PREEMPTED = 5
 EXIT_CORRUPT = 6
 
 
@@ -731,6 +733,15 @@ def make_order(
 
 def train(config: Config, preflight_only: bool = False) -> int:
     """Run (or only preflight) training; returns the process exit code."""
+    preemption: list[Preemption] = []  # installed when the loop starts
+    try:
+        return _train(config, preflight_only, preemption)
+    finally:
+        for p in preemption:
+            p.uninstall()
+
+
+def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -> int:
     run_started = time.perf_counter()
     t = config.train
     if t.on_non_finite == "skip" and _is_deepspeed():
@@ -857,6 +868,10 @@ def train(config: Config, preflight_only: bool = False) -> int:
         watch.drain(metrics_path, state.last_checkpoint)
 
     done = state.step >= total_steps
+    preempt = Preemption(parse_signals(t.preempt_signals), accelerator, lag)
+    preempt.install()
+    preemption.append(preempt)
+    preempted = False
     started = time.perf_counter()
     corrupt_total = 0  # samples this rank's loader left out (data.on_corrupt: skip)
     last_metrics: dict[str, float] = {}
@@ -978,6 +993,9 @@ def train(config: Config, preflight_only: bool = False) -> int:
                 if state.step >= total_steps:
                     done = True
                     break
+                if preempt.poll():  # the same step on every rank
+                    preempted = done = True
+                    break
             finished = state.batches_done == segment.start + len(segment.batches)
             epoch_complete = finished and segment.last
             if done:  # (the loader ends only when the segment is consumed or on done)
@@ -1004,6 +1022,8 @@ def train(config: Config, preflight_only: bool = False) -> int:
 
     if progress is not None:
         progress.close()
+    if preempted:
+        return _leave_preempted(accelerator, state, scheduler, config, safe_to_keep, preempt)
     if state.validated_step != state.step:  # stopped mid-epoch (max_steps): judge the end too
         safe_to_keep()
         _validate_and_export(
@@ -1043,6 +1063,27 @@ def train(config: Config, preflight_only: bool = False) -> int:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return 0
+
+
+def _leave_preempted(accelerator, state, scheduler, config, safe_to_keep, preempt) -> int:
+    """A preemption signal: checkpoint at this step boundary (unless one is there), leave
+    together with exit 5. The rerun resumes from it exactly."""
+    safe_to_keep()
+    if state.last_checkpoint != _checkpoint_path(config, state.step):
+        save_checkpoint(accelerator, state, scheduler, config)
+    message = (
+        f"preempted by {preempt.describe()} (rank {accelerator.process_index}): stopped at "
+        f"step {state.step} with checkpoint {state.last_checkpoint}; rerun the same command "
+        "to resume"
+    )
+    if accelerator.is_main_process:
+        path = Path(config.output_dir) / "metrics.jsonl"
+        _write_metrics(path, {"event": "preempted", "step": state.step, "message": message})
+    log.warning("%s", message)
+    accelerator.free_memory()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return EXIT_PREEMPTED
 
 
 def _stream_totals(stream: StreamWindows, started: float) -> dict[str, float]:
