@@ -32,6 +32,7 @@ from eagle3_extract.config import (
 )
 from eagle3_schemas.paths import PathArgumentError, check_output
 from eagle3_schemas.remote_code import RemoteCodeRefused
+from eagle3_schemas.signals import EXIT_PREEMPTED
 
 log = logging.getLogger("eagle3_extract")
 
@@ -130,6 +131,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         help="with --stream: extract everything once per training epoch, so a reclaiming "
         "trainer can train that many epochs (costs that many extractions)",
     )
+    p.add_argument(
+        "--preempt-signals",
+        default="SIGTERM",
+        help="comma-separated signals that stop the run after the shard in flight is sealed, "
+        "exit 5, rerun resumes (default SIGTERM; e.g. SIGTERM,SIGUSR1 for Slurm --signal)",
+    )
     v = p.add_argument_group("vLLM (passed through)")
     v.add_argument("--tensor-parallel-size", type=int, default=1)
     v.add_argument("--pipeline-parallel-size", type=int, default=1)
@@ -179,6 +186,7 @@ def _config(args: argparse.Namespace, preflight: bool = True) -> ExtractConfig:
         stream=args.stream,
         disk_budget=args.disk_budget,
         stream_epochs=args.stream_epochs,
+        preempt_signals=tuple(s for s in args.preempt_signals.split(",") if s.strip()),
     )
 
 
@@ -261,7 +269,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             log.error("%s", e)
             return 1
         print(json.dumps(summary))
-        return 0
+        return EXIT_PREEMPTED if summary["status"] == "preempted" else 0
     if args.command == "preflight":
         from eagle3_extract.run import preflight_only
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_schemas.signals import parse_signals
+
 BACKENDS = ("hf", "vllm")
 STORAGE_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -98,9 +100,16 @@ class ExtractConfig:
     # Stream the plan this many times, once per training epoch (re-extraction), so a trainer
     # that reclaims shards can still train several epochs.
     stream_epochs: int = 1
+    # Signals that stop the run after the shard in flight is sealed (exit 5; rerun resumes):
+    # SIGTERM is what Slurm and Kubernetes send before killing; SIGUSR1 for Slurm's --signal.
+    preempt_signals: tuple[str, ...] = ("SIGTERM",)
 
     def __post_init__(self) -> None:
         problems = []
+        try:
+            parse_signals(self.preempt_signals, "preempt_signals")
+        except ValueError as e:
+            problems.append(str(e))
         if self.backend not in BACKENDS:
             problems.append(f"backend {self.backend!r}: expected one of {BACKENDS}")
         if self.storage_dtype not in STORAGE_DTYPES:

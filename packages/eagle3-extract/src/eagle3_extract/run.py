@@ -39,6 +39,7 @@ from eagle3_schemas.paths import (
     refuse,
 )
 from eagle3_schemas.remote_code import check_trust, remote_code_record
+from eagle3_schemas.signals import StopSignals
 from eagle3_schemas.stream import Fragment, stream_section
 from eagle3_schemas.validate import validate
 
@@ -62,6 +63,8 @@ class RunContext:
     lineage: dict[str, Any]
     # Called by the backends before capturing each group of shards (a stream's disk budget).
     make_room: Callable[[Sequence[ShardPlan]], None] = lambda group: None
+    # Checked by the backends after each sealed shard (group): True = leave now (preempted).
+    should_stop: Callable[[], bool] = lambda: False
 
     @property
     def layer_ids(self) -> list[int]:
@@ -259,16 +262,37 @@ def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str,
         ctx.make_room = gate.wait_for_room
         work.open_stream(stream_header(ctx), read_target_head(ctx.target))
     tokens_done = 0
-    if pending:
-        if config.backend == "hf":
-            from eagle3_extract.backends.hf import run_shards_hf
+    with StopSignals(config.preempt_signals, "preempt_signals") as stop:
+        ctx.should_stop = lambda: stop.requested
+        if pending:
+            if config.backend == "hf":
+                from eagle3_extract.backends.hf import run_shards_hf
 
-            tokens_done = run_shards_hf(ctx, work, pending, hf_backend)
-        else:
-            from eagle3_extract.backends.vllm_backend import run_shards_vllm
+                tokens_done = run_shards_hf(ctx, work, pending, hf_backend)
+            else:
+                from eagle3_extract.backends.vllm_backend import run_shards_vllm
 
-            tokens_done = run_shards_vllm(ctx, work, pending)
+                tokens_done = run_shards_vllm(ctx, work, pending)
     capture_seconds = time.perf_counter() - start
+    sealed = len(work.completed(ctx.plans)) if stop.received is not None else 0
+    if stop.received is not None and sealed < len(ctx.plans):
+        summary = {
+            "out": str(work.root),
+            "status": "preempted",
+            "signal": stop.received.name,
+            "shards_sealed": sealed,
+            "shards": len(ctx.plans),
+            "tokens_this_attempt": tokens_done,
+            "seconds": round(capture_seconds, 3),
+        }
+        log.warning(
+            "preempted by %s: %d of %d shards sealed, none in flight; rerun the same command "
+            "to resume",
+            stop.received.name,
+            sealed,
+            len(ctx.plans),
+        )
+        return summary
     if gate is not None:
         summary = {
             "out": str(work.root),

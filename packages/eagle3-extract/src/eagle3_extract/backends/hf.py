@@ -311,4 +311,6 @@ def run_shards_hf(
                 len(fragment.rejected),
                 tokens / max(elapsed, 1e-9),
             )
+            if ctx.should_stop() and number < len(pending):  # sealed; the rest on rerun
+                break
     return tokens

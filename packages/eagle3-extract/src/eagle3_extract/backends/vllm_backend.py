@@ -333,6 +333,8 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
                 len(pending),
                 tokens / max(time.perf_counter() - started, 1e-9),
             )
+            if ctx.should_stop() and first + len(group) < len(pending):  # sealed; rest on rerun
+                break
     return tokens
 
 
