@@ -303,3 +303,39 @@ def test_a_conversation_longer_than_the_served_context_is_rejected_not_retried_f
         json.loads(line) for line in (tmp_path / "regen.rejects.jsonl").read_text().splitlines()
     ]
     assert [r["reason"].split(":")[0] for r in rejected] == ["too_long"]
+
+
+def test_sigterm_keeps_every_answer_received_and_the_rerun_asks_nothing_twice(
+    endpoint, tmp_path: Path, write_conversations
+) -> None:
+    """Preemption: the answers in flight are awaited and journaled, nothing new is asked, exit
+    5; the rerun resumes and no conversation is asked twice (kill -9 may repeat those in
+    flight)."""
+    url, script = endpoint
+    source = write_conversations(tmp_path / "c.parquet", _conversations(24))
+    script.delay = 0.15
+    out = tmp_path / "regen.parquet"
+    command = [sys.executable, "-m", "eagle3_data", "regenerate", str(source), "--out", str(out)]
+    command += ["--model", "tiny", "--endpoint", url, "--concurrency", "3", "--backoff", "0.01"]
+    journal = tmp_path / "regen.parquet.journal.jsonl"
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        deadline = time.monotonic() + 60
+        while (
+            not journal.exists() or journal.read_text().count("\n") < 6
+        ) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 5, stderr.decode()[-2000:]
+    assert "preempted by SIGTERM" in stderr.decode()
+    answered = journal.read_text().count("\n")
+    assert 6 <= answered < 24 and not out.exists()
+    assert sum(script.requests.values()) == answered  # every answer received was kept
+    script.delay = 0.0
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [r["id"] for r in pq.read_table(out).to_pylist()] == pq.read_table(source).column(
+        "id"
+    ).to_pylist()
+    assert validate(out) == []
+    assert max(script.requests.values()) == 1  # nothing asked twice

@@ -26,6 +26,7 @@ from eagle3_data.config import (
     TokenizeConfig,
     VocabConfig,
 )
+from eagle3_schemas.signals import EXIT_PREEMPTED
 from eagle3_schemas.validate import validate
 
 
@@ -66,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument(
+        "--preempt-signals",
+        default="SIGTERM",
+        help="comma-separated signals that stop the run once the answers in flight are in, "
+        "exit 5, rerun resumes (default SIGTERM; e.g. SIGTERM,SIGUSR1 for Slurm --signal)",
+    )
     p.add_argument("--retries", type=int, default=4)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument(
@@ -178,8 +185,17 @@ def main(argv: list[str] | None = None) -> int:
                 | ({"trust_remote_code": True} if args.trust_remote_code else {}),
                 args.sample_seed,
                 dict(_engine_arg(a, "--chat-template-kwarg") for a in args.chat_template_kwarg),
+                tuple(s for s in args.preempt_signals.split(",") if s.strip()),
             )
             summary = asdict(regenerate.run(config))
+            if summary["preempted"]:
+                print(json.dumps(summary), file=sys.stderr)
+                print(
+                    f"eagle3-data: preempted by {summary['preempted']}; every answer received "
+                    f"is kept in {config.journal}; rerun the same command to resume",
+                    file=sys.stderr,
+                )
+                return EXIT_PREEMPTED
             if not summary["published"]:
                 print(json.dumps(summary), file=sys.stderr)
                 print(

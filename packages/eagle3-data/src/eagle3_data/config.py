@@ -14,6 +14,7 @@ from eagle3_schemas.paths import (
     refuse,
 )
 from eagle3_schemas.remote_code import check_trust
+from eagle3_schemas.signals import parse_signals
 
 # Raw chat data ingest reads, besides a ``datasets`` directory saved with ``save_to_disk``.
 RAW_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -84,6 +85,9 @@ class RegenerateConfig:
     sample_seed: int | None = None  # with limit: N conversations drawn at random by id
     # Rendered into every request's prompt (e.g. Kimi's thinking=false: instant-mode answers).
     chat_template_kwargs: dict[str, object] = field(default_factory=dict)
+    # Signals that stop the run once the answers in flight are in (journaled), exit 5, rerun
+    # resumes: SIGTERM is what Slurm and Kubernetes send; SIGUSR1 for Slurm's --signal.
+    preempt_signals: tuple[str, ...] = ("SIGTERM",)
 
     @property
     def journal(self) -> Path:
@@ -98,6 +102,10 @@ class RegenerateConfig:
             )
         if self.engine not in ("endpoint", "vllm"):
             raise ConfigError(f"--engine {self.engine!r}: expected 'endpoint' or 'vllm'")
+        try:
+            parse_signals(self.preempt_signals, "--preempt-signals")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.concurrency < 1 or self.retries < 0:
             raise ConfigError("--concurrency must be >= 1 and --retries >= 0")
         if self.limit is not None and self.limit < 1:

@@ -31,6 +31,7 @@ from eagle3_data.rejects import RejectsFile
 from eagle3_schemas.conversations import describe_selection, select_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_json
+from eagle3_schemas.signals import StopSignals
 
 Messages = list[dict[str, str]]
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -52,6 +53,7 @@ class RegenerateSummary:
     rejected: int = 0
     failed: int = 0
     published: bool = False
+    preempted: str | None = None  # the signal that stopped the run (answers in flight kept)
 
 
 # ---- journal: what makes a run resumable ---------------------------------------------------
@@ -153,6 +155,7 @@ async def _run_endpoint(
     rejects: RejectsFile,
     bar: tqdm,
     summary: RegenerateSummary,
+    stop: StopSignals,
 ) -> None:
     queue: asyncio.Queue[tuple[str, Messages] | None] = asyncio.Queue(
         maxsize=2 * config.concurrency
@@ -164,6 +167,8 @@ async def _run_endpoint(
 
         async def worker() -> None:
             while (item := await queue.get()) is not None:
+                if stop.requested:  # preempted: only the conversations already asked finish
+                    continue
                 sample_id, messages = item
                 try:
                     _journal_done(
@@ -180,6 +185,8 @@ async def _run_endpoint(
 
         workers = [asyncio.create_task(worker()) for _ in range(config.concurrency)]
         for item in todo:
+            if stop.requested:
+                break
             await queue.put(item)
         for _ in workers:
             await queue.put(None)
@@ -196,6 +203,7 @@ def _run_vllm(
     rejects: RejectsFile,
     bar: tqdm,
     summary: RegenerateSummary,
+    stop: StopSignals,
 ) -> None:
     from vllm import LLM, SamplingParams  # the `vllm` extra
 
@@ -203,6 +211,8 @@ def _run_vllm(
     params = SamplingParams(**asdict(config.sampling))
     batch: list[tuple[str, Messages]] = []
     for item in [*todo, None]:
+        if stop.requested:  # preempted: the batch in flight was journaled, no new one starts
+            break
         if item is not None:
             batch.append(item)
             if len(batch) < 256:
@@ -302,11 +312,16 @@ def run(config: RegenerateConfig) -> RegenerateSummary:
         RejectsFile(attempt_rejects) as rejects,
         open(config.journal, "a", encoding="utf-8") as journal,
         tqdm(total=total, initial=len(done), desc="regenerate", unit="conv") as bar,
+        StopSignals(config.preempt_signals, "--preempt-signals") as stop,
     ):
         if config.engine == "vllm":
-            _run_vllm(config, todo, journal, rejects, bar, summary)
+            _run_vllm(config, todo, journal, rejects, bar, summary, stop)
         else:
-            asyncio.run(_run_endpoint(config, todo, journal, rejects, bar, summary))
+            asyncio.run(_run_endpoint(config, todo, journal, rejects, bar, summary, stop))
+    finished = summary.already_done + summary.regenerated + summary.rejected + summary.failed
+    if stop.received is not None and finished < summary.total:
+        summary.preempted = stop.received.name
+        return summary  # not published: rerun to resume (every answer received is journaled)
     if summary.failed:
         return summary  # not published: rerun to retry the failed samples
     _publish(config, source.lineage["source_fingerprint"], summary)
