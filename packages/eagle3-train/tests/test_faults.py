@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from eagle3_schemas.header import write_safetensors
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.testing.edits import rewrite_checksums
+from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
 from eagle3_train.cli import main
 from eagle3_train.data import CorruptSample, HiddenStateDataset, ShardReader
 from eagle3_train.synthetic import write_dataset
@@ -394,3 +395,78 @@ def test_a_signal_to_one_rank_of_two_stops_both_at_one_step_and_resumes_bit_equa
     assert proc.wait(timeout=400) == 0, logs["preempted"].read_text()[-4000:]
     assert _series(preempted) == _series(straight)
     _same_draft(preempted, straight)
+
+
+# ---------------------------------------------------------------------------------------
+# A full disk: a real small tmpfs under the run's output
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@pytest.fixture
+def reference(tmp_path, in_process):
+    """A run on the ordinary disk: its loss series and the sizes of what it writes."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=48)
+    train = {"max_steps": 4, "save_every": 2, "keep_checkpoints": 1}
+    run = tmp_path / "reference"
+    assert in_process(["--config", str(write_config(inputs, run, train=train))]) == 0
+    AcceleratorState._reset_state(reset_partial_state=True)
+    sizes = {
+        "checkpoint": _size(run / "checkpoints" / f"step-{4:08d}"),
+        "export": _size(run / "draft"),
+        "other": (run / "metrics.jsonl").stat().st_size + (run / "run.yaml").stat().st_size,
+    }
+    return inputs, train, _series(run), sizes
+
+
+def test_no_room_for_the_next_checkpoint_stops_before_writing_it(
+    tmp_path, in_process, reference, caplog
+):
+    inputs, train, series, sizes = reference
+    with small_tmpfs(tmp_path / "small") as disk:
+        run = disk / "run"
+        # room for one checkpoint and a half: the second does not fit
+        filler = leave_free(disk, sizes["checkpoint"] * 3 // 2 + sizes["other"] + (16 << 10))
+        config = write_config(inputs, run, train=train)
+        assert in_process(["--config", str(config)]) == 7
+        text = caplog.text
+        assert f"{run / 'checkpoints'}: no room for checkpoint step-{4:08d}" in text
+        assert "needs about" in text and "free on that filesystem" in text
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+            "latest.json",
+            f"step-{2:08d}",
+        ]  # no temporary directory left, the last good checkpoint intact
+        filler.unlink()  # space freed: the same command resumes from step 2
+        AcceleratorState._reset_state(reset_partial_state=True)
+        assert in_process(["--config", str(config)]) == 0
+        starts = [r for r in _records(run) if r["event"] == "start"]
+        assert starts[-1]["step"] == 2
+        assert _series(run) == series
+
+
+def test_a_full_disk_during_the_export_keeps_nothing_half_written(
+    tmp_path, in_process, reference, caplog
+):
+    inputs, train, series, sizes = reference
+    train = {**train, "save_every": 4}  # one checkpoint (step 4), then the export
+    with small_tmpfs(tmp_path / "small") as disk:
+        run = disk / "run"
+        filler = leave_free(
+            disk, sizes["checkpoint"] + sizes["other"] + sizes["export"] // 2 + (16 << 10)
+        )
+        config = write_config(inputs, run, train=train)
+        assert in_process(["--config", str(config)]) == 7
+        text = caplog.text
+        assert f"{run / 'exports' / f'step-{4:08d}'}: no room for export step-{4:08d}" in text
+        assert "No space left on device" in text and "needs about" in text
+        assert not (run / "draft").exists()
+        exports = run / "exports"
+        assert not exports.exists() or not list(exports.iterdir())  # no half export
+        assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 4
+        filler.unlink()
+        AcceleratorState._reset_state(reset_partial_state=True)
+        assert in_process(["--config", str(config)]) == 0
+        assert _series(run) == series
+        assert _records(run)[-1]["event"] == "done"

@@ -12,7 +12,8 @@ Exit status: 0 done, 2 a config or preflight error, 3 a NaN stopped training, 4 
 being trained on failed (stalled producer, torn shard, shard reclaimed too early), 5 a
 preemption signal (train.preempt_signals, SIGTERM by default) stopped it with a checkpoint
 at a step boundary (rerun to resume), 6 a
-sample's stored rows do not match their checksum (data.on_corrupt: stop).
+sample's stored rows do not match their checksum (data.on_corrupt: stop), 7 a full disk
+(the checkpoint, export or published draft did not fit; nothing half-written is kept).
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         card = draft / "README.md"
         print(f"wrote {write_model_card(draft, config, served_as(config, draft), card)}")
         return 0
+    from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
     from eagle3_train.data import CorruptSample
     from eagle3_train.stream import StreamError
     from eagle3_train.trainer import EXIT_CORRUPT, EXIT_NAN, EXIT_STREAM, TrainingStopped, train
@@ -151,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     except CorruptSample as e:  # data.on_corrupt: stop; the last checkpoint stands
         logging.getLogger("eagle3_train").error("damaged shard: %s", e)
         return EXIT_CORRUPT
+    except DiskFull as e:  # nothing half-written; the last checkpoint stands
+        logging.getLogger("eagle3_train").error("disk full: %s", e)
+        return EXIT_DISK_FULL
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from eagle3_schemas.atomic import write_json_atomic
+from eagle3_schemas.diskspace import DiskFull, check_free, disk_full, is_disk_full
 from eagle3_schemas.stream import CONSUMER_STOPPED
 from eagle3_schemas.validate import validate
 from eagle3_train.config import Config, dump_config
@@ -274,21 +275,60 @@ def find_checkpoint(config: Config) -> Path | None:
     return path if (path / "trainer_state.json").is_file() else None
 
 
-def save_checkpoint(accelerator, state: TrainerState, scheduler, config: Config) -> Path:
-    """Resumable state, written under a temporary name and renamed when every rank is done."""
+def checkpoint_bytes(model, last: str | None) -> int:
+    """What the next checkpoint needs: the last one's size, else the weights and AdamW's two
+    moments in float32 (plus 32 KiB for RNG, scheduler and state files)."""
+    if last and Path(last).is_dir():
+        return sum(f.stat().st_size for f in Path(last).rglob("*") if f.is_file())
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    moments = sum(p.numel() * 8 for p in model.parameters() if p.requires_grad)
+    return weights + moments + (32 << 10)
+
+
+def save_checkpoint(
+    accelerator, state: TrainerState, scheduler, config: Config, model=None
+) -> Path:
+    """Resumable state, written under a temporary name and renamed when every rank is done.
+    Free space for it is checked first (DiskFull, nothing written); a write that still hits
+    a full disk removes the temporary directory and raises DiskFull naming path and sizes."""
     final = Path(_checkpoint_path(config, state.step))
     root, name = final.parent, final.name
     tmp = root / f".tmp-{name}"
-    state.last_checkpoint = str(final)  # on every rank: later decisions must agree
+    needed = checkpoint_bytes(model, state.last_checkpoint) if model is not None else 0
+    problem = None
     if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            check_free(root, f"checkpoint {name}", needed)
+        except DiskFull as e:
+            problem = e
+    if _agree_on_failure(accelerator, problem is not None):
+        raise problem or DiskFull(f"{root}: rank 0 found no room for checkpoint {name}")
+    previous = state.last_checkpoint
+    state.last_checkpoint = str(final)  # on every rank: later decisions must agree
+    try:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp))
+    except Exception as e:  # OSError, or safetensors' SafetensorError
+        if not is_disk_full(e):
+            raise
+        state.last_checkpoint = previous
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+        raise disk_full(tmp, f"checkpoint {name}", needed or None, e) from e
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         state.scheduler = scheduler.state_dict()
-        write_json_atomic(tmp / "trainer_state.json", state.to_json())
+        try:
+            write_json_atomic(tmp / "trainer_state.json", state.to_json())
+        except OSError as e:  # (without trainer_state.json the directory is no checkpoint)
+            if not is_disk_full(e):
+                raise
+            state.last_checkpoint = previous
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise disk_full(tmp, f"checkpoint {name}", needed or None, e) from e
         if final.exists():  # the same step saved twice (epoch end == save step)
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -359,7 +399,13 @@ def export_draft(
         "epoch": state.epoch,
         "metrics": metrics,
     }
-    write_checkpoint(out, config_json, weights, lineage, inputs.aux_layer_ids, training, cfg)
+    try:
+        write_checkpoint(out, config_json, weights, lineage, inputs.aux_layer_ids, training, cfg)
+    except Exception as e:  # (its temporary directory is gone: atomic_directory)
+        if not is_disk_full(e):
+            raise
+        needed = sum(t.numel() * t.element_size() for t in weights.values())
+        raise disk_full(out, f"export {out.name}", needed, e) from e
     problems = validate(out)
     if problems:
         raise RuntimeError(
@@ -373,7 +419,14 @@ def publish(export: Path, output_dir: Path) -> Path:
     final = output_dir / "draft"
     tmp = output_dir / ".tmp-draft"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(export, tmp)
+    try:
+        shutil.copytree(export, tmp)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not is_disk_full(e):
+            raise
+        needed = sum(f.stat().st_size for f in export.rglob("*") if f.is_file())
+        raise disk_full(final, "the published draft", needed, e) from e
     if final.exists():
         old = output_dir / ".old-draft"
         shutil.rmtree(old, ignore_errors=True)
@@ -989,7 +1042,7 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
                     )
                 if t.save_every and state.step % t.save_every == 0:
                     safe_to_keep()
-                    save_checkpoint(accelerator, state, scheduler, config)
+                    save_checkpoint(accelerator, state, scheduler, config, model)
                 if state.step >= total_steps:
                     done = True
                     break
@@ -1006,7 +1059,7 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
                 # the window's shards may go once a checkpoint covers it (then receipts, deletes)
                 if state.last_checkpoint != _checkpoint_path(config, state.step):
                     safe_to_keep()
-                    save_checkpoint(accelerator, state, scheduler, config)
+                    save_checkpoint(accelerator, state, scheduler, config, model)
                 stream.release(segment.window)
                 released_through = segment.window + 1
         if epoch_complete:
@@ -1017,13 +1070,13 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
             )
             state.epoch, state.batches_done = epoch + 1, 0
             safe_to_keep()
-            save_checkpoint(accelerator, state, scheduler, config)
+            save_checkpoint(accelerator, state, scheduler, config, model)
             released_through = None
 
     if progress is not None:
         progress.close()
     if preempted:
-        return _leave_preempted(accelerator, state, scheduler, config, safe_to_keep, preempt)
+        return _leave_preempted(accelerator, model, state, scheduler, config, safe_to_keep, preempt)
     if state.validated_step != state.step:  # stopped mid-epoch (max_steps): judge the end too
         safe_to_keep()
         _validate_and_export(
@@ -1031,7 +1084,7 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
         )
     if state.last_checkpoint != _checkpoint_path(config, state.step):
         safe_to_keep()
-        save_checkpoint(accelerator, state, scheduler, config)
+        save_checkpoint(accelerator, state, scheduler, config, model)
     if stream is not None and main:  # after the last checkpoint: what it covers may go
         stream.finish(released_through)
     safe_to_keep()
@@ -1065,12 +1118,12 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
     return 0
 
 
-def _leave_preempted(accelerator, state, scheduler, config, safe_to_keep, preempt) -> int:
+def _leave_preempted(accelerator, model, state, scheduler, config, safe_to_keep, preempt) -> int:
     """A preemption signal: checkpoint at this step boundary (unless one is there), leave
     together with exit 5. The rerun resumes from it exactly."""
     safe_to_keep()
     if state.last_checkpoint != _checkpoint_path(config, state.step):
-        save_checkpoint(accelerator, state, scheduler, config)
+        save_checkpoint(accelerator, state, scheduler, config, model)
     message = (
         f"preempted by {preempt.describe()} (rank {accelerator.process_index}): stopped at "
         f"step {state.step} with checkpoint {state.last_checkpoint}; rerun the same command "
