@@ -1,5 +1,6 @@
 """Preemption: SIGTERM (or a configured signal) seals the shard in flight and stops with exit 5;
-nothing torn is left, nothing sealed is redone, the rerun completes."""
+a disk that fills up stops with exit 7 naming the shard, its size and what is free. Either
+way nothing torn is left, nothing sealed is redone, the rerun completes."""
 
 from __future__ import annotations
 
@@ -70,3 +71,45 @@ def test_an_unknown_preempt_signal_is_refused(llama_target: Path, tmp_path: Path
         ExtractConfig(
             model=llama_target, tokenized=tmp_path, out=tmp_path / "o", preempt_signals=("SIGNOPE",)
         )
+
+
+def test_a_disk_that_fills_up_stops_naming_the_shard_and_the_rerun_resumes(
+    llama_target: Path, tmp_path: Path
+) -> None:
+    """On a real 8 MiB tmpfs that something else fills while the run goes (preflight saw room):
+    the run stops (exit 7) with what the next shard needs and what is free, every sealed shard
+    kept, no temporary file; once space is freed the same command finishes without redoing a
+    sealed shard."""
+    from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
+
+    tokenized = fixtures.tokenized(tmp_path / "t.parquet", lengths=LENGTHS)
+    with small_tmpfs(tmp_path / "small") as disk:
+        out = disk / "ds"
+        work = WorkDir(out)
+        command = [sys.executable, "-m", "eagle3_extract", "run", "--model", str(llama_target)]
+        command += ["--tokenized", str(tokenized), "--out", str(out), "--shard-mb", "1e-6"]
+        log = tmp_path / "run.log"
+        with open(log, "wb") as stderr:
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            deadline = time.monotonic() + 120
+            while not work.fragments_dir.exists() or len(list(work.fragments_dir.iterdir())) < 3:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "extraction did not start"
+                time.sleep(0.001)
+            filler = leave_free(disk, 64 << 10)  # another job fills the disk
+            code = proc.wait(timeout=120)
+        finally:
+            proc.kill()
+        text = log.read_text()
+        assert code == 7, text[-3000:]
+        assert f"{work.root / 'shards'}: no room for shard" in text
+        assert "needs about" in text and "free on that filesystem" in text
+        shards = [p.name for p in (work.root / "shards").iterdir()]
+        assert not [s for s in shards if TEMP_MARKER in s]
+        sealed = len(list(work.fragments_dir.glob("*.json")))
+        assert 3 <= sealed == len(shards) < len(LENGTHS) and not out.exists()
+        filler.unlink()
+        again = run(ExtractConfig(model=llama_target, tokenized=tokenized, out=out, shard_mb=1e-6))
+        assert again["status"] == "complete" and validate(out) == []
+        assert again["tokens_this_attempt"] < sum(LENGTHS)

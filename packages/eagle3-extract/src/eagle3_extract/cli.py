@@ -30,6 +30,7 @@ from eagle3_extract.config import (
     ConfigError,
     ExtractConfig,
 )
+from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
 from eagle3_schemas.paths import PathArgumentError, check_output
 from eagle3_schemas.remote_code import RemoteCodeRefused
 from eagle3_schemas.signals import EXIT_PREEMPTED
@@ -268,6 +269,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         except (PreflightError, ResumeError, DiskBudgetError) as e:
             log.error("%s", e)
             return 1
+        except DiskFull as e:  # every sealed shard kept; rerun resumes once space is freed
+            log.error("disk full: %s", e)
+            return EXIT_DISK_FULL
         print(json.dumps(summary))
         return EXIT_PREEMPTED if summary["status"] == "preempted" else 0
     if args.command == "preflight":

@@ -28,6 +28,7 @@ from eagle3_extract.streaming import DiskGate
 from eagle3_extract.target import TargetInfo, read_target, read_target_head
 from eagle3_extract.workdir import WorkDir, cleanup_finished, is_complete, partial_dir
 from eagle3_schemas.conversations import describe_selection
+from eagle3_schemas.diskspace import disk_full, is_disk_full
 from eagle3_schemas.header import Header, make_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
 from eagle3_schemas.paths import (
@@ -309,7 +310,12 @@ def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str,
         return summary
     fragments = work.completed(ctx.plans)
     header = build_header(ctx, fragments, capture_seconds)
-    finished = work.finish(ctx.plans, fragments, header, read_target_head(ctx.target))
+    try:
+        finished = work.finish(ctx.plans, fragments, header, read_target_head(ctx.target))
+    except Exception as e:  # (atomic writes: the shards stay, the rerun finishes again)
+        if not is_disk_full(e):
+            raise
+        raise disk_full(work.root, "the manifest, header and target head", None, e) from e
     if config.validate_output:  # before publishing: an invalid dataset never gets the final name
         violations = validate(finished)
         if violations:
