@@ -26,7 +26,17 @@ def parse_serve(line: str) -> dict:
     args = parser.parse_args(words[1:])
     serve.validate(args)
     args.model = args.model_tag or args.model
-    engine = AsyncEngineArgs.from_cli_args(args)
+    # Under HF_HUB_OFFLINE (CI sets it) vLLM resolves a hub id to a local snapshot while it
+    # builds the engine arguments; no snapshot exists here and none is wanted: the id is read
+    # as the card names it. Online mode defers that lookup to loading, which this never does.
+    import huggingface_hub.constants
+
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE
+    huggingface_hub.constants.HF_HUB_OFFLINE = False
+    try:
+        engine = AsyncEngineArgs.from_cli_args(args)
+    finally:
+        huggingface_hub.constants.HF_HUB_OFFLINE = offline
     assert isinstance(args, argparse.Namespace)
     return {
         "model": engine.model,
