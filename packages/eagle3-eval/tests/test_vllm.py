@@ -95,6 +95,10 @@ def test_vllm_reports_validate_and_render(vllm_out: Path, temperature: str) -> N
     assert validate(out) == []
     f = read_report(out).fields
     assert f["mode"] == "vllm" and f["engine"]["versions"]["vllm"]
+    # each engine ran in a process of its own (no teardown and restart inside one process)
+    processes = f["engine"]["process_ids"]
+    assert set(processes) == {"draft", "baseline"} and processes["draft"] != processes["baseline"]
+    assert set(f["engine"]["startup_seconds"]) == {"draft", "baseline"}
     assert f["num_prompts"] == LIMIT
     # Per-request metrics add up to vLLM's global spec-decode counters.
     assert f["counter_check"]["agree"]

@@ -11,14 +11,17 @@ verification step. The global Prometheus counters (``vllm:spec_decode_*`` via
 ``LLM.get_metrics()``) are read before and after each run; their deltas must equal the sums
 of the per-request numbers, which the parent checks.
 
-One process holds at most one engine at a time: the draft engine serves every temperature,
-then it is shut down and the baseline engine (no draft) runs the same prompts.
+One process holds one engine: the job names it (``"engine": "draft"`` serves every
+temperature with the draft, ``"baseline"`` the same prompts without). The parent starts one
+process per engine, so no engine is torn down and another started in the same process (at
+tensor parallel 8, eight workers' teardown and restart in one process is the fragile part).
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -222,19 +225,20 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         result["versions"]["transformers"] = transformers.__version__
     except ImportError:
         pass
-    engines = [("draft", True)] + ([("baseline", False)] if job["baseline"] else [])
-    for name, with_draft in engines:
-        report_progress(f"starting the {name} engine")
-        began = time.perf_counter()
-        llm = make_engine(job, with_draft)
-        result["startup_seconds"][name] = time.perf_counter() - began
-        warm_up(llm, job)
-        for temperature in job["temperatures"]:
-            phase = f"{name} engine, temperature {temperature}"
-            run_result = run_prompts(llm, job, temperature, job["k"] if with_draft else 0, phase)
-            run_result["engine"] = name
-            result["runs"].append(run_result)
-        shutdown(llm)
+    name = job["engine"]
+    with_draft = name == "draft"
+    result["process_ids"] = {name: os.getpid()}
+    report_progress(f"starting the {name} engine")
+    began = time.perf_counter()
+    llm = make_engine(job, with_draft)
+    result["startup_seconds"][name] = time.perf_counter() - began
+    warm_up(llm, job)
+    for temperature in job["temperatures"]:
+        phase = f"{name} engine, temperature {temperature}"
+        run_result = run_prompts(llm, job, temperature, job["k"] if with_draft else 0, phase)
+        run_result["engine"] = name
+        result["runs"].append(run_result)
+    shutdown(llm)
     return result
 
 

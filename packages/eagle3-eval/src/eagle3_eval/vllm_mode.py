@@ -75,8 +75,25 @@ def make_job(inputs: OnlineInputs) -> dict[str, Any]:
     }
 
 
+def run_engines(job: dict[str, Any], python: str) -> dict[str, Any]:
+    """The draft engine, then (``baseline``) the target alone, each in a process of its own;
+    their results merged. On failure the failed engine's folder stays, named in the error."""
+    merged: dict[str, Any] = {}
+    for name in ["draft"] + (["baseline"] if job["baseline"] else []):
+        workdir = Path(tempfile.mkdtemp(prefix=f"eagle3-eval-vllm-{name}-"))
+        result = run_engine({**job, "engine": name}, python, workdir)
+        shutil.rmtree(workdir)
+        if not merged:
+            merged = result
+            continue
+        merged["runs"] += result["runs"]
+        merged["startup_seconds"].update(result["startup_seconds"])
+        merged["process_ids"].update(result["process_ids"])
+    return merged
+
+
 def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any]:
-    """Run the engine child; returns its result JSON. Fails with the tail of its log."""
+    """Run one engine's child; returns its result JSON. Fails with the tail of its log."""
     package = Path(__file__).resolve().parent
     shutil.copytree(
         package, workdir / "pkg" / package.name, ignore=shutil.ignore_patterns("__pycache__")
@@ -93,10 +110,10 @@ def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any
     env.pop("VIRTUAL_ENV", None)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = [python, "-m", "eagle3_eval", "vllm-engine", str(job_path), str(result_path)]
-    runs = len(job["temperatures"]) * (2 if job["baseline"] else 1)
+    runs = len(job["temperatures"])
     with (
         log_path.open("w", encoding="utf-8") as log,
-        tqdm(total=runs * len(job["prompts"]), desc="vllm eval", unit="prompt") as bar,
+        tqdm(total=runs * len(job["prompts"]), desc=f"vllm {job['engine']}", unit="prompt") as bar,
         subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         ) as child,
@@ -167,9 +184,7 @@ def run_vllm(inputs: OnlineInputs) -> list[EvalResult]:
     config = inputs.config
     python = vllm_python(config.vllm_python)
     job = make_job(inputs)
-    workdir = Path(tempfile.mkdtemp(prefix="eagle3-eval-vllm-"))
-    result = run_engine(job, python, workdir)  # on failure the folder stays, named in the error
-    shutil.rmtree(workdir)
+    result = run_engines(job, python)
     engine = {
         "name": "vllm",
         "versions": {**result["versions"], **versions("eagle3-eval")},
@@ -178,6 +193,7 @@ def run_vllm(inputs: OnlineInputs) -> list[EvalResult]:
         "engine_args": job["engine_args"],
         "concurrency": config.concurrency,
         "startup_seconds": result["startup_seconds"],
+        "process_ids": result["process_ids"],  # one process per engine
     }
     runs = {(r["engine"], r["temperature"]): r for r in result["runs"]}
     prompt_lengths = {p["id"]: len(p["token_ids"]) for p in job["prompts"]}
