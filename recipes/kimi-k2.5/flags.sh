@@ -62,8 +62,8 @@ VERIFY_ARGS=()
 VERIFY_SKIPPED="Kimi-K2.5's INT4 experts do not run in transformers; vLLM's capture of this wrapper is checked against transformers on the Kimi-shaped stand-in in CI"
 
 # ---- train: accelerate launch, DeepSpeed ZeRO-2 over the node ----
-# A Llama-style draft at hidden 7168: ~0.9B parameters with the 32k head; fp32 weights + Adam
-# = 16 B/param, 14 GB — sharded 8 ways by ZeRO-2 (RESOURCES.md).
+# A Llama-style draft at hidden 7168: 1,058.8M trainable parameters with the 32k head; fp32
+# weights + gradients + Adam = 16 B/param, ~17 GB before ZeRO-2 shards it 8 ways (RESOURCES.md).
 TRAIN_CONFIG="recipes/$RECIPE_NAME/train.yaml"
 ACCELERATE_ARGS=(--config_file recipes/accelerate/zero2.yaml --num_processes "$NGPU")
 
