@@ -44,13 +44,13 @@ import torch
 import torch.nn.functional as F
 
 from eagle3_eval.draft import (
-    DraftSpec,
     Eagle3Draft,
     chain_logits,
     random_draft,
     save_draft,
     speculators_config,
 )
+from eagle3_eval.draft_spec import DraftSpec
 from eagle3_eval.target import capture_aux, load_target
 from eagle3_schemas.atomic import atomic_directory, write_json_atomic
 from eagle3_schemas.conversations import conversation_id

@@ -8,16 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_eval.draft import (
-    KV,
-    DraftFormatError,
-    DraftSpec,
-    Eagle3Draft,
-    chain_logits,
-    random_draft,
-    read_spec,
-    save_draft,
-)
+from eagle3_eval.draft import KV, Eagle3Draft, chain_logits, random_draft, save_draft
+from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_schemas.header import make_header
 from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_schemas.testing import fixtures

@@ -26,17 +26,8 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from eagle3_eval.config import OfflineConfig
-from eagle3_eval.draft import (
-    KV,
-    DraftFormatError,
-    DraftSpec,
-    Eagle3Draft,
-    chain_logits,
-    random_draft,
-    read_spec,
-    save_draft,
-    vocab_t2d,
-)
+from eagle3_eval.draft import KV, Eagle3Draft, chain_logits, random_draft, save_draft, vocab_t2d
+from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_eval.offline import run_offline
 from eagle3_eval.preflight import PreflightError, check_target_shape, inspect_draft
 from eagle3_schemas.header import make_header

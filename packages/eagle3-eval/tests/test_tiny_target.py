@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from eagle3_eval.cli import main
-from eagle3_eval.draft import DraftSpec, random_draft, save_draft, speculators_config
+from eagle3_eval.draft import random_draft, save_draft, speculators_config
+from eagle3_eval.draft_spec import DraftSpec
 from eagle3_eval.report import read_report
 from eagle3_schemas.header import make_header
 from eagle3_schemas.lineage import (

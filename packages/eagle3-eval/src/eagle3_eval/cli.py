@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "vllm-engine":
         return _run(args)  # errors go to the parent with the full traceback
     from eagle3_eval.config import ConfigError
-    from eagle3_eval.draft import DraftFormatError
+    from eagle3_eval.draft_spec import DraftFormatError
     from eagle3_eval.preflight import PreflightError
     from eagle3_eval.prompts import PromptError
     from eagle3_eval.report import ReportError

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_eval.draft import CONFIG_FILE, LINEAGE_FILE, WEIGHTS_FILE, DraftSpec, read_spec
+from eagle3_eval.draft_spec import CONFIG_FILE, LINEAGE_FILE, WEIGHTS_FILE, DraftSpec, read_spec
 from eagle3_schemas.lineage import fingerprint_files, lineage_mismatches
 from eagle3_schemas.target_config import text_config
 from eagle3_schemas.validate import validate
