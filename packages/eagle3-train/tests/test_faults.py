@@ -4,6 +4,7 @@ preemption by a signal (checkpoint at the step boundary, exit 5, exact resume)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -470,3 +471,105 @@ def test_a_full_disk_during_the_export_keeps_nothing_half_written(
         assert in_process(["--config", str(config)]) == 0
         assert _series(run) == series
         assert _records(run)[-1]["event"] == "done"
+
+
+# ---------------------------------------------------------------------------------------
+# A dead rank: 2-process ZeRO-2 on two "machines" (one launcher each, as MULTINODE.md)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_a_dead_or_frozen_rank_stops_the_survivor_in_bounded_time_and_the_rerun_resumes(
+    tmp_path, fault
+):
+    """kill -9 of rank 1 (its connections close) or SIGSTOP (alive, silent: only the collective
+    timeout can tell): rank 0 stops within train.collective_timeout_s (5 s here) plus a margin,
+    exit 8, naming what happened and the last checkpoint; relaunched, the run resumes there."""
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    inputs = make_inputs(tmp_path / "inputs", num_samples=64, min_len=24, max_len=96)
+    train = {"max_steps": 60, "epochs": 20, "save_every": 2, "log_every": 1}
+    train["collective_timeout_s"] = 5
+    run = tmp_path / "run"
+    config = write_config(inputs, run, train=train)
+    env = {**env_for_subprocess(), "DS_ACCELERATOR": "cpu"}
+
+    def launch() -> tuple[list[subprocess.Popen], list[Path]]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [accelerate, "launch", "--config_file", "recipes/accelerate/zero2_multinode.yaml"]
+        cmd += ["--num_machines", "2", "--num_processes", "2"]
+        cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+        logs = [tmp_path / f"machine{r}.log" for r in (0, 1)]
+        procs = []
+        for r in (0, 1):
+            with logs[r].open("a") as err:
+                command = [*cmd, "--machine_rank", str(r), "-m", "eagle3_train"]
+                command += ["--config", str(config)]
+                procs.append(
+                    subprocess.Popen(
+                        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err
+                    )
+                )
+        return procs, logs
+
+    procs, logs = launch()
+    victim = None
+    try:
+        _wait_for_step(run, 5, procs[0], logs[0])
+        victim = _descendant_with_rank(procs[1].pid, 1)
+        assert victim is not None, "rank 1's process not found"
+        os.kill(victim, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        hit = time.monotonic()
+        procs[0].wait(timeout=120)
+        took = time.monotonic() - hit
+    finally:
+        if victim is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+        if procs[0].poll() is None:
+            procs[0].kill()
+        procs[1].wait(timeout=120)
+    text = logs[0].read_text()
+    assert took < 5 + 25, f"rank 0 took {took:.0f} s to stop"
+    assert "exitcode  : 8" in text, text[-4000:]
+    # a collective on the default group fails (a killed peer's connections close; a frozen
+    # one times out), or rank 0 waits inside DeepSpeed's own groups and the watchdog ends it
+    assert (
+        "rank 0: a collective with the other ranks failed" in text
+        or "rank 0: no training step finished for" in text
+    ), text[-4000:]
+    assert "train.collective_timeout_s=5 s" in text
+    last = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
+    assert f"last checkpoint: {run / 'checkpoints' / f'step-{last:08d}'}" in text
+    procs, logs = launch()  # the same command on both machines resumes
+    for r, p in enumerate(procs):
+        assert p.wait(timeout=400) == 0, logs[r].read_text()[-4000:]
+    starts = [r for r in _records(run) if r["event"] == "start"]
+    assert starts[-1]["step"] == last and _records(run)[-1]["event"] == "done"
+
+
+def test_the_watchdog_ends_a_process_stuck_past_the_timeout_and_not_a_paused_one():
+    """A process whose main thread is stuck (here: sleeping) after its first micro-batch ends
+    with the watchdog's status and message; time spent paused (a checkpoint) does not count."""
+    script = (
+        "import logging, time\n"
+        "from eagle3_train.watchdog import StepWatchdog\n"
+        "logging.basicConfig()\n"
+        "dog = StepWatchdog(1.0, lambda idle: f'stuck for {idle:.1f} s', 8)\n"
+        "dog.start()\n"
+        "dog.kick()\n"
+        "with dog.paused():\n"
+        "    time.sleep(2.5)\n"
+        "print('survived the pause', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 8, result.stderr
+    assert "survived the pause" in result.stdout and "stuck for" in result.stderr
+    assert took < 15

@@ -13,7 +13,9 @@ being trained on failed (stalled producer, torn shard, shard reclaimed too early
 preemption signal (train.preempt_signals, SIGTERM by default) stopped it with a checkpoint
 at a step boundary (rerun to resume), 6 a
 sample's stored rows do not match their checksum (data.on_corrupt: stop), 7 a full disk
-(the checkpoint, export or published draft did not fit; nothing half-written is kept).
+(the checkpoint, export or published draft did not fit; nothing half-written is kept), 8 a
+collective with the other ranks failed (a rank died, or answered nothing for
+train.collective_timeout_s).
 """
 
 from __future__ import annotations
@@ -141,7 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
     from eagle3_train.data import CorruptSample
     from eagle3_train.stream import StreamError
-    from eagle3_train.trainer import EXIT_CORRUPT, EXIT_NAN, EXIT_STREAM, TrainingStopped, train
+    from eagle3_train.trainer import (
+        EXIT_CORRUPT,
+        EXIT_NAN,
+        EXIT_PEER,
+        EXIT_STREAM,
+        TrainingStopped,
+        collective_failure_message,
+        is_collective_failure,
+        train,
+    )
 
     try:
         return train(config, preflight_only=args.preflight)
@@ -156,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     except DiskFull as e:  # nothing half-written; the last checkpoint stands
         logging.getLogger("eagle3_train").error("disk full: %s", e)
         return EXIT_DISK_FULL
+    except RuntimeError as e:
+        if not is_collective_failure(e):
+            raise
+        logging.getLogger("eagle3_train").error("%s", collective_failure_message(e, config))
+        return EXIT_PEER
 
 
 if __name__ == "__main__":

@@ -182,6 +182,12 @@ class TrainLoopConfig:
     # e.g. SIGUSR1 for Slurm's `--signal=USR1@120`. Under several processes the signal
     # reaching any one rank stops all of them at the same step. [] = the default actions.
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM"])
+    # Several processes: a collective that waits longer than this for another rank fails, and
+    # the run stops (exit 8) naming it and the last checkpoint, instead of hanging (a dead or
+    # frozen rank, a lost node). Must exceed the longest time one rank works alone while the
+    # others wait (rank 0 writing an export or checkpoint). A rank killed outright is usually
+    # noticed at once (its connections close).
+    collective_timeout_s: float = 600.0
     log_every: int = 10
     save_every: int = 500  # optimizer steps between resumable checkpoints; 0 = epoch ends only
     keep_checkpoints: int = 2
@@ -408,6 +414,8 @@ def check_config(config: Config) -> list[str]:
         parse_signals(t.preempt_signals)
     except ValueError as e:
         p.append(str(e))
+    if t.collective_timeout_s <= 0:
+        p.append(f"train.collective_timeout_s: {t.collective_timeout_s} must be > 0")
     if t.max_skips_in_row < 1:
         p.append(f"train.max_skips_in_row: {t.max_skips_in_row} < 1")
     if t.log_every < 1:

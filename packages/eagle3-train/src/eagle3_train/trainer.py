@@ -18,6 +18,7 @@ Files under ``output_dir``:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -26,7 +27,9 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,7 @@ from eagle3_train.model import DraftArch, Eagle3Draft
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
 from eagle3_train.preempt import Preemption, parse_signals
 from eagle3_train.stream import StreamWindows
+from eagle3_train.watchdog import StepWatchdog
 
 log = logging.getLogger("eagle3_train")
 
@@ -59,6 +63,44 @@ EXIT_NAN = 3
 EXIT_STREAM = 4
 EXIT_PREEMPTED = 5
 EXIT_CORRUPT = 6
+EXIT_PEER = 8
+
+# how gloo / NCCL / torch.distributed word a peer that is gone or silent
+_PEER_FAILURES = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Timed out",
+    "timed out",
+    "Timeout",
+    "NCCL",
+    "ProcessGroup",
+)
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """A torch.distributed collective failed: another rank died or stopped answering."""
+    import torch.distributed as dist
+
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error)
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(s in text for s in _PEER_FAILURES)
+
+
+def collective_failure_message(error: BaseException, config: Config) -> str:
+    rank = os.environ.get("RANK", "?")
+    pointer = Path(config.output_dir) / "checkpoints" / "latest.json"
+    last = "none yet"
+    if pointer.is_file():
+        last = str(pointer.parent / json.loads(pointer.read_text(encoding="utf-8"))["path"])
+    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    return (
+        f"rank {rank}: a collective with the other ranks failed ({first}): another rank died "
+        f"or answered nothing for train.collective_timeout_s={config.train.collective_timeout_s:g}"
+        f" s. Stopped; last checkpoint: {last}. Look at the other ranks' logs, then relaunch the "
+        "same command on every node to resume from it"
+    )
 
 
 class TrainingStopped(RuntimeError):
@@ -120,11 +162,17 @@ def make_accelerator(config: Config, with_trackers: bool = True):
     deepspeed = _is_deepspeed()
     # The frozen target buffers never change: do not re-broadcast them every forward.
     handlers: list[Any] = [DistributedDataParallelKwargs(broadcast_buffers=False)]
-    if not cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Without CUDA, DeepSpeed under Accelerate 1.x reports one process per rank and
         # gather crashes unless the process group is gloo (ENVIRONMENT.md). In a single
         # process a backend must not be named at all (Accelerate would ask for a group).
-        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+        # The timeout bounds every collective (DeepSpeed's init_distributed takes it too).
+        handlers.append(
+            InitProcessGroupKwargs(
+                backend=None if cuda else "gloo",
+                timeout=timedelta(seconds=t.collective_timeout_s),
+            )
+        )
     precision = t.mixed_precision
     if precision == "auto":
         precision = "bf16" if cuda else "no"
@@ -786,15 +834,15 @@ def make_order(
 
 def train(config: Config, preflight_only: bool = False) -> int:
     """Run (or only preflight) training; returns the process exit code."""
-    preemption: list[Preemption] = []  # installed when the loop starts
+    cleanup: list[Callable[[], None]] = []  # signal handlers and the watchdog, when started
     try:
-        return _train(config, preflight_only, preemption)
+        return _train(config, preflight_only, cleanup)
     finally:
-        for p in preemption:
-            p.uninstall()
+        for undo in cleanup:
+            undo()
 
 
-def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -> int:
+def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None]]) -> int:
     run_started = time.perf_counter()
     t = config.train
     if t.on_non_finite == "skip" and _is_deepspeed():
@@ -923,8 +971,28 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
     done = state.step >= total_steps
     preempt = Preemption(parse_signals(t.preempt_signals), accelerator, lag)
     preempt.install()
-    preemption.append(preempt)
+    cleanup.append(preempt.uninstall)
     preempted = False
+    dog = None
+    if world > 1 and stream is None:  # (a stream's waits for the producer are not hangs)
+
+        def hang_message(idle: float) -> str:
+            return (
+                f"rank {rank}: no training step finished for {idle:.0f} s (over "
+                f"train.collective_timeout_s={t.collective_timeout_s:g} s): another rank died "
+                "or stopped answering inside a collective. Stopped; last checkpoint: "
+                f"{state.last_checkpoint or 'none yet'}. Look at the other ranks' logs, then "
+                "relaunch the same command on every node to resume from it"
+            )
+
+        dog = StepWatchdog(t.collective_timeout_s, hang_message, EXIT_PEER)
+        dog.start()
+        cleanup.append(dog.stop)
+
+    def alone():
+        """Checkpoints, validation, exports: bounded by the process group's own timeout."""
+        return dog.paused() if dog is not None else contextlib.nullcontext()
+
     started = time.perf_counter()
     corrupt_total = 0  # samples this rank's loader left out (data.on_corrupt: skip)
     last_metrics: dict[str, float] = {}
@@ -982,6 +1050,8 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
                 if accelerator.sync_gradients:
                     watch.end_step(metrics_path, state.last_checkpoint)
                 state.batches_done += 1
+                if dog is not None:
+                    dog.kick()
                 window.add(loss, stats, int(batch["input_ids"].shape[0]))
                 if not accelerator.sync_gradients:
                     continue
@@ -1029,20 +1099,22 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
                     progress.update(1)
                 if t.eval_every and state.step % t.eval_every == 0:
                     safe_to_keep()
-                    _validate_and_export(
-                        accelerator,
-                        model,
-                        inputs,
-                        arch,
-                        val_idx,
-                        state,
-                        config,
-                        metrics_path,
-                        last_metrics,
-                    )
+                    with alone():
+                        _validate_and_export(
+                            accelerator,
+                            model,
+                            inputs,
+                            arch,
+                            val_idx,
+                            state,
+                            config,
+                            metrics_path,
+                            last_metrics,
+                        )
                 if t.save_every and state.step % t.save_every == 0:
                     safe_to_keep()
-                    save_checkpoint(accelerator, state, scheduler, config, model)
+                    with alone():
+                        save_checkpoint(accelerator, state, scheduler, config, model)
                 if state.step >= total_steps:
                     done = True
                     break
@@ -1059,22 +1131,35 @@ def _train(config: Config, preflight_only: bool, preemption: list[Preemption]) -
                 # the window's shards may go once a checkpoint covers it (then receipts, deletes)
                 if state.last_checkpoint != _checkpoint_path(config, state.step):
                     safe_to_keep()
-                    save_checkpoint(accelerator, state, scheduler, config, model)
+                    with alone():
+                        save_checkpoint(accelerator, state, scheduler, config, model)
                 stream.release(segment.window)
                 released_through = segment.window + 1
         if epoch_complete:
             # epoch finished: validate, then record the position as the next epoch's start
             safe_to_keep()
-            _validate_and_export(
-                accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
-            )
+            with alone():
+                _validate_and_export(
+                    accelerator,
+                    model,
+                    inputs,
+                    arch,
+                    val_idx,
+                    state,
+                    config,
+                    metrics_path,
+                    last_metrics,
+                )
             state.epoch, state.batches_done = epoch + 1, 0
             safe_to_keep()
-            save_checkpoint(accelerator, state, scheduler, config, model)
+            with alone():
+                save_checkpoint(accelerator, state, scheduler, config, model)
             released_through = None
 
     if progress is not None:
         progress.close()
+    if dog is not None:
+        dog.stop()  # what follows: checkpoint, validation, export (the group's timeout)
     if preempted:
         return _leave_preempted(accelerator, model, state, scheduler, config, safe_to_keep, preempt)
     if state.validated_step != state.step:  # stopped mid-epoch (max_steps): judge the end too
