@@ -361,3 +361,25 @@ def test_llama31_answers_with_surrounding_whitespace_are_trained(tmp_path: Path)
     for row, messages in zip(rows, padded, strict=True):
         trained = [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
         assert messages[1]["content"].strip() in tokenizer.decode(trained)
+
+
+def test_the_kimi_sheet_counts_what_tensor_parallelism_leaves_whole_from_the_config() -> None:
+    """RESOURCES.md's figures beside the plan's, derived here from target_config.json: MLA's
+    fused q_a/kv_a projection and the routers are on every GPU, and each scheduled token's
+    captured states (4 ids in bf16) sit on the GPU during extraction; flags.sh and the sheet
+    name the same draft size."""
+    folder = ROOT / "recipes" / "kimi-k2.5"
+    sheet = (folder / "RESOURCES.md").read_text(encoding="utf-8")
+    t = json.loads((folder / "target_config.json").read_text(encoding="utf-8"))["text_config"]
+    hidden, layers = t["hidden_size"], t["num_hidden_layers"]
+    fused = hidden * (t["q_lora_rank"] + t["kv_lora_rank"] + t["qk_rope_head_dim"]) * 2
+    assert (
+        f"= {fused / 1e6:.1f} MB per layer, {layers} layers: {fused * layers / 1e9:.2f} GB" in sheet
+    )
+    moe_layers = layers - t["first_k_dense_replace"]
+    routers = t["n_routed_experts"] * hidden * 2 * moe_layers
+    assert f"routers ({routers / 1e9:.1f} GB)" in sheet
+    assert f"4 ids × {hidden} × 2 B = **{4 * hidden * 2:,} B per token per GPU**" in sheet
+    trainable = re.search(r"= \*\*([\d,.]+M)\*\*", sheet.split("## Training memory")[1])
+    assert trainable and f"{trainable.group(1)} trainable" in (folder / "flags.sh").read_text()
+    assert "not built yet" not in sheet
