@@ -113,7 +113,7 @@ def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any
     runs = len(job["temperatures"])
     with (
         log_path.open("w", encoding="utf-8") as log,
-        tqdm(total=runs * len(job["prompts"]), desc=f"vllm {job['engine']}", unit="prompt") as bar,
+        tqdm(total=runs * len(job["prompts"]), desc="vllm eval", unit="prompt") as bar,
         subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         ) as child,
