@@ -993,6 +993,20 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
         """Checkpoints, validation, exports: bounded by the process group's own timeout."""
         return dog.paused() if dog is not None else contextlib.nullcontext()
 
+    def checkpoint() -> None:
+        """A checkpoint of this step, once every pending verdict is read (watchdog paused)."""
+        safe_to_keep()
+        with alone():
+            save_checkpoint(accelerator, state, scheduler, config, model)
+
+    def validate() -> None:
+        """Validation (and the best draft's export), likewise."""
+        safe_to_keep()
+        with alone():
+            _validate_and_export(
+                accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
+            )
+
     started = time.perf_counter()
     corrupt_total = 0  # samples this rank's loader left out (data.on_corrupt: skip)
     last_metrics: dict[str, float] = {}
@@ -1098,23 +1112,9 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
                 if progress is not None:
                     progress.update(1)
                 if t.eval_every and state.step % t.eval_every == 0:
-                    safe_to_keep()
-                    with alone():
-                        _validate_and_export(
-                            accelerator,
-                            model,
-                            inputs,
-                            arch,
-                            val_idx,
-                            state,
-                            config,
-                            metrics_path,
-                            last_metrics,
-                        )
+                    validate()
                 if t.save_every and state.step % t.save_every == 0:
-                    safe_to_keep()
-                    with alone():
-                        save_checkpoint(accelerator, state, scheduler, config, model)
+                    checkpoint()
                 if state.step >= total_steps:
                     done = True
                     break
@@ -1130,30 +1130,14 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
             if stream is not None and config.data.reclaim and segment.window is not None:
                 # the window's shards may go once a checkpoint covers it (then receipts, deletes)
                 if state.last_checkpoint != _checkpoint_path(config, state.step):
-                    safe_to_keep()
-                    with alone():
-                        save_checkpoint(accelerator, state, scheduler, config, model)
+                    checkpoint()
                 stream.release(segment.window)
                 released_through = segment.window + 1
         if epoch_complete:
             # epoch finished: validate, then record the position as the next epoch's start
-            safe_to_keep()
-            with alone():
-                _validate_and_export(
-                    accelerator,
-                    model,
-                    inputs,
-                    arch,
-                    val_idx,
-                    state,
-                    config,
-                    metrics_path,
-                    last_metrics,
-                )
+            validate()
             state.epoch, state.batches_done = epoch + 1, 0
-            safe_to_keep()
-            with alone():
-                save_checkpoint(accelerator, state, scheduler, config, model)
+            checkpoint()
             released_through = None
 
     if progress is not None:
