@@ -8,14 +8,11 @@ import json
 import shlex
 
 import pytest
-import torch
-from accelerate.state import AcceleratorState
 from huggingface_hub import ModelCard
 
 from eagle3_schemas.model_card import put_acceptance, read_acceptance
 from eagle3_schemas.validate import validate
 from eagle3_train.card import parameter_counts
-from eagle3_train.cli import main
 from eagle3_train.testing import make_inputs, write_config
 
 CARD = {
@@ -25,14 +22,6 @@ CARD = {
     "datasets": ["acme/chats"],
     "serve_args": ["--tensor-parallel-size", "8"],
 }
-
-
-@pytest.fixture
-def in_process():
-    threads = torch.get_num_threads()
-    yield main
-    torch.set_num_threads(threads)
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture

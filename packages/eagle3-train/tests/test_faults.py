@@ -25,20 +25,10 @@ from eagle3_schemas.header import write_safetensors
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.testing.edits import rewrite_checksums
 from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
-from eagle3_train.cli import main
 from eagle3_train.data import CorruptSample, HiddenStateDataset, ShardReader
 from eagle3_train.synthetic import write_dataset
 from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 from eagle3_train.trainer import NonFiniteSkip, fused_found_inf
-
-
-@pytest.fixture
-def in_process():
-    """Run the CLI in this process, then undo its global state (threads, Accelerate)."""
-    threads = torch.get_num_threads()
-    yield main
-    torch.set_num_threads(threads)
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _records(run: Path) -> list[dict]:

@@ -13,21 +13,12 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_train.cli import main
 from eagle3_train.config import load_config
 from eagle3_train.init_from import fingerprint_init_draft
 from eagle3_train.inputs import load_inputs, resolve_arch
 from eagle3_train.synthetic import write_vocab_map
 from eagle3_train.testing import make_inputs, write_config
 from eagle3_train.trainer import build_model, evaluate, make_accelerator, make_order
-
-
-@pytest.fixture
-def in_process():
-    threads = torch.get_num_threads()
-    yield main
-    torch.set_num_threads(threads)
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture

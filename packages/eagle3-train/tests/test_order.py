@@ -19,10 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_train.cli import main
 from eagle3_train.data import HiddenStateDataset, is_validation
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
 from eagle3_train.testing import make_inputs, write_config
@@ -190,15 +188,6 @@ def test_a_resume_at_any_position_yields_the_rest_of_the_uninterrupted_epoch(pas
         assert not set(resumed.source.opened) & set(done)
         inside += skip not in {0, *ends.values()}
     assert inside > len(ends)  # mid-window positions were among those tried
-
-
-@pytest.fixture
-def in_process():
-    """Run the CLI in this process, then undo its global state (threads, Accelerate)."""
-    threads = torch.get_num_threads()
-    yield main
-    torch.set_num_threads(threads)
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _losses(run: Path) -> dict[int, float]:

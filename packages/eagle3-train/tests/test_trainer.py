@@ -9,24 +9,13 @@ import logging
 import shutil
 
 import pytest
-import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from eagle3_schemas.header import read_header, write_safetensors
 from eagle3_schemas.testing.edits import as_hidden_states_v1, rewrite_checksums
 from eagle3_schemas.validate import validate
-from eagle3_train.cli import main
 from eagle3_train.testing import make_inputs, write_config
-
-
-@pytest.fixture
-def in_process():
-    """Run the CLI in this process, then undo its global state (threads, Accelerate)."""
-    threads = torch.get_num_threads()
-    yield main
-    torch.set_num_threads(threads)
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _records(run):
