@@ -14,7 +14,7 @@ from eagle3_train.attention import (
     flash_ttt_attention,
     ttt_mask,
 )
-from eagle3_train.loss import document_bounds, fused_linear_kl, reference_linear_kl
+from eagle3_train.loss import NUM_STATS, document_bounds, fused_linear_kl, reference_linear_kl
 from eagle3_train.model import DraftArch, Eagle3Draft
 
 
@@ -146,7 +146,7 @@ def test_shapes_and_parameter_names_are_the_checkpoint_schema():
     # frozen target pieces are buffers outside the state: never trained, never checkpointed
     assert not {"embed_tokens", "verifier_norm", "verifier_lm_head"} & set(state)
     loss, stats = model(*_batch(), ttt_steps=2)
-    assert loss.shape == () and stats.shape == (2, 5)
+    assert loss.shape == () and stats.shape == (2, NUM_STATS)
 
 
 def test_lm_head_frozen_by_default_gets_no_gradient_but_rest_does():

@@ -142,9 +142,29 @@ class DataConfig:
 
 
 @dataclass
+class ObjectiveConfig:
+    """What the TTT loss rewards beyond plain EAGLE-3 (each measured by vLLM; issue 22)."""
+
+    # Token-alignable training (GRIFFIN): TTT step k >= 1 scores a slot only while the draft's
+    # argmax matched the target's at steps 0..k-1. At serving, step k is reached only after
+    # the earlier draft tokens were accepted; the other slots are fed tokens the draft would
+    # not have proposed, a state serving never shows it.
+    mask_after_miss: bool = False
+    # Harmonized objective distillation (HASS): add topk_weight * the cross-entropy of the
+    # draft against the target's top-k tokens (-sum_{i in top-k(p)} p_i log q_i) to each
+    # slot's KL, focusing the draft on the tokens the target would actually choose. 0 = off.
+    topk: int = 10
+    topk_weight: float = 0.0
+    # Gaussian noise (std, relative to each row's RMS) on the input aux hidden states during
+    # training (EAGLE-1's remedy for the error the draft's own features accumulate). 0 = off.
+    input_noise: float = 0.0
+
+
+@dataclass
 class TrainLoopConfig:
     ttt_steps: int = 3
     ttt_step_loss_decay: float = 1.0
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     epochs: int = 1
     max_steps: int | None = None  # optimizer steps; stops early when reached
     lr: float = 1e-4
@@ -396,6 +416,13 @@ def check_config(config: Config) -> list[str]:
         p.append(f"train.ttt_steps: {t.ttt_steps} < 1")
     if not 0 < t.ttt_step_loss_decay <= 1:
         p.append(f"train.ttt_step_loss_decay: {t.ttt_step_loss_decay} not in (0, 1]")
+    o = t.objective
+    if o.topk < 1:
+        p.append(f"train.objective.topk: {o.topk} < 1")
+    if o.topk_weight < 0:
+        p.append(f"train.objective.topk_weight: {o.topk_weight} must be >= 0")
+    if o.input_noise < 0:
+        p.append(f"train.objective.input_noise: {o.input_noise} must be >= 0")
     if t.gradient_accumulation_steps < 1:
         p.append(f"train.gradient_accumulation_steps: {t.gradient_accumulation_steps} < 1")
     if t.lr <= 0:

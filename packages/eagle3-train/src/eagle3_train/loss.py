@@ -137,16 +137,31 @@ def mm_f32(a: Tensor, b: Tensor, accumulate: Tensor | None = None) -> Tensor:
     return a @ b if accumulate is None else torch.addmm(accumulate, a, b)
 
 
-def kl_chunk(logits: Tensor, target_logp: Tensor, row_weights: Tensor) -> tuple[Tensor, ...]:
-    """One chunk's (sum_t w_t·KL(p_t || softmax(z_t)), d/dz of it, argmax z), float32.
+def kl_chunk(
+    logits: Tensor,
+    target_logp: Tensor,
+    row_weights: Tensor,
+    topk: int = 0,
+    topk_weight: float = 0.0,
+) -> tuple[Tensor, ...]:
+    """One chunk's (sum_t w_t·L_t, d/dz of it, argmax z), float32, where
+    L_t = KL(p_t || softmax(z_t)) + topk_weight · (-sum_{i in top-k(p_t)} p_ti log q_ti).
 
-    d KL / d z = softmax(z) - p (p sums to one over the draft vocabulary). Plain torch, so
-    ``compile_kl_chunk`` can fuse its elementwise passes into a few kernels."""
+    d KL / d z = q - p (p sums to one over the draft vocabulary); d top-k CE / d z =
+    P_k·q - p·1_k with P_k the target's top-k mass. Plain torch, so ``compile_kl_chunk`` can
+    fuse its elementwise passes into a few kernels."""
     logq = torch.log_softmax(logits, dim=-1)
     p = target_logp.exp()
-    kl = (p * (target_logp - logq)).sum(-1)
-    grad = (logq.exp() - p) * row_weights.unsqueeze(-1)
-    return (kl * row_weights).sum(), grad, logits.argmax(-1)
+    q = logq.exp()
+    loss = (p * (target_logp - logq)).sum(-1)
+    grad = q - p
+    if topk_weight:
+        top_logp, top_ids = target_logp.topk(topk, dim=-1)
+        top_p = top_logp.exp()
+        loss = loss - topk_weight * (top_p * logq.gather(-1, top_ids)).sum(-1)
+        grad = grad + topk_weight * top_p.sum(-1, keepdim=True) * q
+        grad = grad.scatter_add(-1, top_ids, -topk_weight * top_p)
+    return (loss * row_weights).sum(), grad * row_weights.unsqueeze(-1), logits.argmax(-1)
 
 
 _kl_chunk_impl = kl_chunk
@@ -176,10 +191,11 @@ class _FusedLinearKL(torch.autograd.Function):
         row_weights: Tensor,
         chunk: int,
         mm_dtype: torch.dtype,
+        topk: tuple[int, float],
     ) -> tuple[Tensor, Tensor]:
         with torch.autocast(h.device.type, enabled=False):  # the dtypes here are explicit
             return _FusedLinearKL._forward(
-                ctx, h, weight, target_logp, row_weights, chunk, mm_dtype
+                ctx, h, weight, target_logp, row_weights, chunk, mm_dtype, topk
             )
 
     @staticmethod
@@ -191,6 +207,7 @@ class _FusedLinearKL(torch.autograd.Function):
         row_weights: Tensor,
         chunk: int,
         mm_dtype: torch.dtype,
+        topk: tuple[int, float],
     ) -> tuple[Tensor, Tensor]:
         n = h.shape[0]
         need_h = ctx.needs_input_grad[0]  # type: ignore[attr-defined]
@@ -206,7 +223,7 @@ class _FusedLinearKL(torch.autograd.Function):
             c1 = min(n, c0 + chunk)
             hc = h[c0:c1].to(mm_dtype)
             part, g, preds[c0:c1] = _kl_chunk_impl(
-                mm_f32(hc, w_mm_t), target_logp[c0:c1].to(acc), row_weights[c0:c1].to(acc)
+                mm_f32(hc, w_mm_t), target_logp[c0:c1].to(acc), row_weights[c0:c1].to(acc), *topk
             )
             total += part
             if need_h or need_w:
@@ -228,7 +245,7 @@ class _FusedLinearKL(torch.autograd.Function):
         h_dtype, w_dtype = ctx.dtypes  # type: ignore[attr-defined]
         grad_h = (saved.pop(0) * grad_total).to(h_dtype) if has_h else None
         grad_w = (saved.pop(0) * grad_total).to(w_dtype) if has_w else None
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def fused_linear_kl(
@@ -238,8 +255,12 @@ def fused_linear_kl(
     row_weights: Tensor,
     chunk: int = 1024,
     mm_dtype: torch.dtype | None = None,
+    topk: int = 0,
+    topk_weight: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
-    """(sum_t row_weights[t]·KL(target_t || draft_t), argmax draft ids) for h [n, H], weight [V, H].
+    """(sum_t row_weights[t]·L_t, argmax draft ids) for h [n, H], weight [V, H]; L_t is the
+    KL(target_t || draft_t) plus ``topk_weight`` times the top-``topk`` cross-entropy
+    (``kl_chunk``).
 
     ``mm_dtype``: the GEMMs' input dtype; default: autocast's dtype where autocast is on
     (bf16 on CUDA), else float32 (float64 for float64 inputs)."""
@@ -249,17 +270,26 @@ def fused_linear_kl(
             mm_dtype = torch.get_autocast_dtype(device)
         else:
             mm_dtype = torch.float64 if h.dtype == torch.float64 else torch.float32
-    return _FusedLinearKL.apply(h, weight, target_logp, row_weights, chunk, mm_dtype)
+    topk_term = (topk, topk_weight) if topk_weight else (0, 0.0)
+    return _FusedLinearKL.apply(h, weight, target_logp, row_weights, chunk, mm_dtype, topk_term)
 
 
 def reference_linear_kl(
-    h: Tensor, weight: Tensor, target_logp: Tensor, row_weights: Tensor
+    h: Tensor,
+    weight: Tensor,
+    target_logp: Tensor,
+    row_weights: Tensor,
+    topk: int = 0,
+    topk_weight: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Plain-autograd twin of ``fused_linear_kl`` (tests compare the two)."""
     logits = h.float() @ weight.float().T
     logq = torch.log_softmax(logits, dim=-1)
-    kl = (target_logp.exp() * (target_logp - logq)).sum(-1)
-    return (kl * row_weights).sum(), logits.argmax(-1)
+    loss = (target_logp.exp() * (target_logp - logq)).sum(-1)
+    if topk_weight:
+        top_logp, top_ids = target_logp.topk(topk, dim=-1)
+        loss = loss - topk_weight * (top_logp.exp() * logq.gather(-1, top_ids)).sum(-1)
+    return (loss * row_weights).sum(), logits.argmax(-1)
 
 
 @dataclass
@@ -267,10 +297,14 @@ class StepCounts:
     """Raw counts of one TTT step, summable across batches and ranks before dividing."""
 
     loss: Tensor  # decayed, normalised step loss (what is optimised)
-    kl_sum: Tensor  # sum of KL over scored slots
+    kl_sum: Tensor  # sum of the per-slot loss (KL, + the top-k term if on) over loss_slots
     scored: Tensor  # number of scored slots
     full_correct: Tensor  # scored slots whose steps 0..k all matched the target's argmax
     cond_total: Tensor  # slots whose steps 0..k-1 all matched (the condition)
+    loss_slots: Tensor  # slots the step's loss averages over (scored, or fewer: mask_after_miss)
+
+
+NUM_STATS = len(StepCounts.__dataclass_fields__)  # columns of the model's stats tensor
 
 
 def step_accuracy(
@@ -292,7 +326,7 @@ def step_accuracy(
 
 
 def unpack_stats(stats: Tensor) -> list[StepCounts]:
-    """The rows of the model's stats tensor [ttt_steps, 5] (summed over batches/ranks)."""
+    """The rows of the model's stats tensor [ttt_steps, NUM_STATS] (summed over batches/ranks)."""
     return [StepCounts(*row.unbind(0)) for row in stats.detach().cpu()]
 
 
@@ -306,7 +340,8 @@ def summarize(steps: list[StepCounts], num_batches: float = 1.0) -> dict[str, fl
     for k, s in enumerate(steps):
         scored = float(s.scored)
         out[f"loss_{k}"] = float(s.loss) / max(num_batches, 1.0)
-        out[f"kl_{k}"] = float(s.kl_sum) / scored if scored else float("nan")
+        slots = float(s.loss_slots)
+        out[f"kl_{k}"] = float(s.kl_sum) / slots if slots else float("nan")
         out[f"full_acc_{k}"] = float(s.full_correct) / scored if scored else float("nan")
         cond = float(s.cond_total)
         out[f"cond_acc_{k}"] = float(s.full_correct) / cond if cond else float("nan")

@@ -42,6 +42,7 @@ from eagle3_train.attention import (
     flash_ttt_attention,
     resolve_attention,
 )
+from eagle3_train.config import ObjectiveConfig
 from eagle3_train.loss import (
     LOSS_EPS,
     Alignment,
@@ -365,11 +366,15 @@ class DraftLMHead(nn.Module):
         target_logp: Tensor | None = None,
         row_weights: Tensor | None = None,
         chunk: int = 1024,
+        topk: int = 0,
+        topk_weight: float = 0.0,
     ) -> tuple[Tensor, Tensor]:
         if target_logp is None or row_weights is None:
             logits = h @ self.weight.T
             return logits, logits.argmax(-1)
-        return fused_linear_kl(h, self.weight, target_logp, row_weights, chunk)
+        return fused_linear_kl(
+            h, self.weight, target_logp, row_weights, chunk, topk=topk, topk_weight=topk_weight
+        )
 
 
 class Eagle3Draft(nn.Module):
@@ -456,19 +461,27 @@ class Eagle3Draft(nn.Module):
         ttt_steps: int,
         ttt_step_loss_decay: float = 1.0,
         alignment: Alignment | None = None,
+        objective: ObjectiveConfig | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """(loss, stats): stats [ttt_steps, 5] float64 holds, per step, the decayed step loss,
-        the KL sum, scored slots, fully-correct slots and the conditional denominator
-        (``loss.unpack_stats`` names them). Plain tensors, so DDP/DeepSpeed hooks see them.
+        """(loss, stats): stats [ttt_steps, NUM_STATS] float64 holds, per step, the decayed
+        step loss, the per-slot loss summed, scored slots, fully-correct slots, the
+        conditional denominator and the slots the loss averages over (``loss.unpack_stats``
+        names them). Plain tensors, so DDP/DeepSpeed hooks see them.
 
         ``alignment``: ``loss.align`` of this batch computed on the host and moved here (the
-        trainer does so); without it, it is computed here, reading counts back to the host."""
+        trainer does so); without it, it is computed here, reading counts back to the host.
+        ``objective``: train.objective (default: plain EAGLE-3 TTT); input noise only in
+        training mode."""
         T = input_ids.shape[0]
+        obj = objective or ObjectiveConfig()
         al = alignment or align(input_ids, loss_mask, cu_seqlens, ttt_steps)
         target_logp = self.target_log_probs(last_hidden)
         target_ids = target_logp.argmax(-1)
         pdtype = self.fc.weight.dtype
         x = aux_hidden.reshape(T, -1).to(pdtype)
+        if obj.input_noise and self.training:
+            rms = x.float().pow(2).mean(-1, keepdim=True).sqrt().to(pdtype)
+            x = x + torch.randn_like(x) * (rms * obj.input_noise)
         if self.arch.norm_before_fc:
             x = self.input_norm(x)
         hidden = self.fc(x)
@@ -492,10 +505,23 @@ class Eagle3Draft(nn.Module):
             # each is trained toward the target's row t+1+k.
             loss_rows, valid = al.loss_rows[k], al.valid[k]
             decay = ttt_step_loss_decay**k
-            denominator = al.num_scored[k] + LOSS_EPS
-            row_w = valid[loss_rows].float() * (decay / denominator)
+            if obj.mask_after_miss and k:
+                # scored only while steps 0..k-1 all proposed the target's token (a device
+                # count: no host sync)
+                scored = valid & prev_correct
+                denominator = scored.sum().double() + LOSS_EPS
+                row_w = (scored[loss_rows].double() * (decay / denominator)).float()
+            else:
+                scored = valid
+                denominator = al.num_scored[k] + LOSS_EPS
+                row_w = valid[loss_rows].float() * (decay / denominator)
             step_loss, preds = self.lm_head(
-                normed[loss_rows], target_logp[loss_rows + 1 + k], row_w, self.arch.loss_chunk
+                normed[loss_rows],
+                target_logp[loss_rows + 1 + k],
+                row_w,
+                self.arch.loss_chunk,
+                obj.topk,
+                obj.topk_weight,
             )
             loss = loss + step_loss
             with torch.no_grad():
@@ -504,9 +530,9 @@ class Eagle3Draft(nn.Module):
                 full_correct, cond_total, prev_correct = step_accuracy(
                     correct, valid, al.in_doc[k], prev_correct
                 )
-                kl_sum = step_loss.detach() * (denominator / decay)
-                parts = (step_loss.detach(), kl_sum, valid.sum(), full_correct, cond_total)
-                rows.append(torch.stack([p.double() for p in parts]))
+                slot_loss_sum = step_loss.detach().double() * (denominator / decay)
+                parts = (step_loss.detach(), slot_loss_sum, valid.sum(), full_correct, cond_total)
+                rows.append(torch.stack([*(p.double() for p in parts), scored.sum().double()]))
         return loss, torch.stack(rows)
 
     def trainable_parameters(self) -> list[nn.Parameter]:

@@ -49,7 +49,7 @@ from eagle3_train.inputs import (
     load_target_head,
     resolve_arch,
 )
-from eagle3_train.loss import align, compile_kl_chunk, summarize, unpack_stats
+from eagle3_train.loss import NUM_STATS, align, compile_kl_chunk, summarize, unpack_stats
 from eagle3_train.model import DraftArch, Eagle3Draft
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
 from eagle3_train.preempt import Preemption, parse_signals
@@ -498,7 +498,7 @@ class MetricWindow:
         self.ttt_steps = ttt_steps
         # skip mode: a batch with a non-finite loss is left out of the sums (on the device)
         self.finite_only = finite_only
-        self.sums: torch.Tensor | None = None  # [ttt_steps·5 stats, loss, batches], float64
+        self.sums: torch.Tensor | None = None  # [ttt_steps·NUM_STATS, loss, batches], float64
         self.tokens = 0
         self.corrupt = 0  # samples the loader left out (data.on_corrupt: skip)
 
@@ -512,12 +512,13 @@ class MetricWindow:
 
     def reduce(self, accelerator) -> tuple[dict[str, float], int]:
         k = self.ttt_steps
-        sums = self.sums if self.sums is not None else torch.zeros(5 * k + 2, dtype=torch.float64)
+        n = NUM_STATS * k
+        sums = self.sums if self.sums is not None else torch.zeros(n + 2, dtype=torch.float64)
         counts = torch.tensor([self.tokens, self.corrupt], dtype=torch.float64)
         packed = torch.cat([sums.to(accelerator.device), counts.to(accelerator.device)])
         packed = accelerator.reduce(packed, reduction="sum").cpu()
-        stats = packed[: 5 * k].view(k, 5)
-        loss, batches, tokens, corrupt = packed[5 * k :].tolist()
+        stats = packed[:n].view(k, NUM_STATS)
+        loss, batches, tokens, corrupt = packed[n:].tolist()
         out = summarize(unpack_stats(stats), batches)
         out["loss"] = loss / max(batches, 1.0)
         if corrupt:
@@ -791,6 +792,7 @@ def forward(model, batch, accelerator, config: Config) -> tuple[torch.Tensor, to
             t.ttt_steps,
             t.ttt_step_loss_decay,
             alignment=al.to(accelerator.device),
+            objective=t.objective,
         )
 
 
