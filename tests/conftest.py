@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-# The tests' own helpers (stage_cli.py) and the tools' import by name (tests are collected in
-# importlib mode, which puts neither folder on the path).
-sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "tools")]
+# The tests' own helpers (stage_cli.py) and the tools' import by name, e.g. bench_stream (tests
+# are collected in importlib mode, which puts none of these folders on the path).
+TOOLS = Path(__file__).parents[1] / "tools"
+sys.path[:0] = [str(Path(__file__).parent), str(TOOLS / "bench"), str(TOOLS / "targets")]
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The Kimi-K2.5 recipe, every command, on CPU against the Kimi-shaped stand-in.
 
-The stand-in (tools/kimi_standin.py) has Kimi-K2.5's wrapper architecture and config nesting,
+The stand-in (tools/targets/kimi_standin.py) has Kimi-K2.5's wrapper architecture and config nesting,
 MLA + MoE text model, TikToken tokenizer as custom code behind ``auto_map``, the full 163,840-token
 vocabulary and a thinking chat template — at hidden 128 and 7 layers. Every stage runs with the
 arrays of recipes/kimi-k2.5/flags.sh, only sizes and device counts changed (NGPU=1, small
@@ -12,7 +12,7 @@ lengths), and where the GPU run's tool cannot run on CPU the substitute is named
   is the distributed tier's concern, exercised on the tiny target);
 - evaluation: ``eagle3-eval reference`` (transformers) and ``offline``: vLLM on CPU cannot serve a
   Llama-style EAGLE-3 draft beside an MLA target (no KV block size both CPU attention backends
-  accept; tools/vllm_cpu_block_size_repro.py states that failure), so the vllm tier serves the
+  accept; tools/repro/vllm_cpu_block_size_repro.py states that failure), so the vllm tier serves the
   MLA draft (the recipe's train.yaml with ``draft.architecture=mla``), checked against the
   reference.
 
@@ -89,8 +89,8 @@ def _load(path: Path) -> ModuleType:
     return module
 
 
-recipe_targets = _load(ROOT / "tools" / "recipe_targets.py")
-kimi_standin = _load(ROOT / "tools" / "kimi_standin.py")
+recipe_targets = _load(ROOT / "tools" / "targets" / "recipe_targets.py")
+kimi_standin = _load(ROOT / "tools" / "targets" / "kimi_standin.py")
 stage_cli = _load(ROOT / "tests" / "stage_cli.py")
 run_cli = stage_cli.run_cli
 

@@ -2,7 +2,7 @@
 
 Each recipe is a GPU-node pipeline. What can stop it before or between its GPU stages is checked
 here, in seconds, on a scaled-down stand-in of the same architecture built at test time
-(tools/recipe_targets.py: same model_type, architectures and config.json layout, the real
+(tools/targets/recipe_targets.py: same model_type, architectures and config.json layout, the real
 vocabulary, depth / 4 and hidden 64): chat data → ingest → tokenize + vocab → `eagle3-extract
 preflight` and `run` (transformers backend: the vLLM one needs a GPU) → `eagle3-train
 --preflight`.
@@ -49,7 +49,7 @@ FLAG_ARRAYS = ("TOKENIZE_ARGS", "VOCAB_ARGS", "EXTRACT_ARGS", "ACCELERATE_ARGS",
 EXIT_OK = 0
 
 
-def _load_tool(name: str, folder: str = "tools") -> ModuleType:
+def _load_tool(name: str, folder: str) -> ModuleType:
     """Import <folder>/<name>.py (tools/ is not a package; tests import in importlib mode)."""
     if name in sys.modules:
         return sys.modules[name]
@@ -61,7 +61,7 @@ def _load_tool(name: str, folder: str = "tools") -> ModuleType:
     return module
 
 
-recipe_targets = _load_tool("recipe_targets")
+recipe_targets = _load_tool("recipe_targets", "tools/targets")
 stage_cli = _load_tool("stage_cli", "tests")
 Outcome, run_cli, run_train_cli = stage_cli.Outcome, stage_cli.run_cli, stage_cli.run_train_cli
 

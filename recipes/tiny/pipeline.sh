@@ -52,7 +52,7 @@ cpu_engine=(--engine-arg dtype=float32 --engine-arg enforce_eager=true
   --engine-arg gpu_memory_utilization=0.1 --engine-arg max_model_len=1024)
 
 step "data: the corpus (Python stdlib functions as conversations; held out by source file)"
-[ -f "$out/corpus.jsonl" ] || uv run --frozen tools/build_tiny_target.py --corpus-only "$out/corpus.jsonl"
+[ -f "$out/corpus.jsonl" ] || uv run --frozen tools/targets/build_tiny_target.py --corpus-only "$out/corpus.jsonl"
 for split in train heldout; do
   [ -f "$out/$split.conversations.parquet" ] || uv run --frozen eagle3-data ingest "$out/corpus.jsonl" \
     --keep "split=$split" --out "$out/$split.conversations.parquet"

@@ -1,6 +1,6 @@
 """Benchmark eagle3-data: tokenize throughput and ingest peak memory.
 
-    uv run tools/bench_data.py [--conversations 12000] [--ingest-conversations 200000]
+    uv run tools/bench/bench_data.py [--conversations 12000] [--ingest-conversations 200000]
 
 1. tokenize: `eagle3-data tokenize` end to end (load the tokenizer, Parquet in, masks,
    Parquet out) with 2 worker processes vs loading the tokenizer and looping

@@ -1,7 +1,7 @@
 """Benchmarks of the extract stage (issue 5's performance targets).
 
-    uv run tools/bench_extract.py                       # all, results as JSON on stdout
-    EAGLE3_VLLM_PYTHON=... uv run tools/bench_extract.py   # + the vLLM backend side by side
+    uv run tools/bench/bench_extract.py                       # all, results as JSON on stdout
+    EAGLE3_VLLM_PYTHON=... uv run tools/bench/bench_extract.py   # + the vLLM backend side by side
 
 1. Shard write throughput: ``write_shard`` (encode, pack, per-sample checksums, atomic write,
    fsync) vs a raw sequential write of as many bytes (+ fsync) on the same disk, from memory
@@ -45,7 +45,7 @@ from eagle3_schemas.header import make_header, write_parquet
 from eagle3_schemas.hidden_states import checksum_rows
 from eagle3_schemas.lineage import fingerprint_json, fingerprint_text, fingerprint_tokenizer_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"
 SRC_PATHS = [
     REPO_ROOT / "packages" / "eagle3-extract" / "src",

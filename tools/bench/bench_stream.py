@@ -1,7 +1,7 @@
 """Benchmark of the streaming hand-off (issue 12): producer and trainer together on the tiny target.
 
-    uv run tools/bench_stream.py [--samples 400] [--window-shards 2] [--budget-windows 3]
-    EAGLE3_VLLM_PYTHON=... uv run tools/bench_stream.py --backend vllm
+    uv run tools/bench/bench_stream.py [--samples 400] [--window-shards 2] [--budget-windows 3]
+    EAGLE3_VLLM_PYTHON=... uv run tools/bench/bench_stream.py --backend vllm
 
 Builds the tiny recipe's tokenized corpus, then runs ``eagle3-extract run --stream
 --disk-budget B`` and ``accelerate launch eagle3-train --reclaim`` (data.order shard_window)
@@ -32,7 +32,7 @@ import yaml
 
 from eagle3_schemas.stream import partial_dir, shard_bytes_on_disk
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "recipes" / "tiny" / "target"
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 
@@ -50,7 +50,7 @@ def tiny_inputs(root: Path) -> tuple[Path, Path]:
     corpus, conversations = root / "corpus.jsonl", root / "conversations.parquet"
     tokenized, vocab = root / "tokenized.parquet", root / "vocab_map.safetensors"
     data = [sys.executable, "-m", "eagle3_data"]
-    _run([sys.executable, "tools/build_tiny_target.py", "--corpus-only", str(corpus)])
+    _run([sys.executable, "tools/targets/build_tiny_target.py", "--corpus-only", str(corpus)])
     _run([*data, "ingest", str(corpus), "--keep", "split=train", "--out", str(conversations)])
     _run(
         [

@@ -28,9 +28,9 @@
    ("error"), the host-side alignment, gradient clipping and the optimizer included: any op
    that waits for the GPU inside a step raises, and the report names it.
 
-    uv run --frozen python tools/bench_train.py                 # H=256 (tiny target), T=2048
-    uv run --frozen python tools/bench_train.py --hidden 128 --json out.json
-    uv run --frozen python tools/bench_train.py --loader-only --verify-rows   # checksum cost
+    uv run --frozen python tools/bench/bench_train.py                 # H=256 (tiny target), T=2048
+    uv run --frozen python tools/bench/bench_train.py --hidden 128 --json out.json
+    uv run --frozen python tools/bench/bench_train.py --loader-only --verify-rows   # checksum cost
 """
 
 from __future__ import annotations

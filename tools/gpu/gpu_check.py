@@ -1,7 +1,7 @@
 """The GPU check: one command, no network, under 10 minutes on one NVIDIA GPU.
 
-    bash tools/gpu_wheels.sh    # once, here: .whl/ (7 MiB of wheels the bare CUDA image lacks)
-    bash tools/gpu_check.sh     # there (device tool: carry [".whl"], timeout_s 600): installs
+    bash tools/gpu/gpu_wheels.sh    # once, here: .whl/ (7 MiB of wheels the bare CUDA image lacks)
+    bash tools/gpu/gpu_check.sh     # there (device tool: carry [".whl"], timeout_s 600): installs
                                 # them, runs this script, writes $OUT/gpu_check.{json,log}
 
 1. Attention: the flash TTT path on this GPU against the chunked reference (values and
@@ -9,7 +9,7 @@
    forward+backward time at the Llama-3.1-8B draft's shape.
 2. Training step, bf16 autocast over fp32 master weights, ours (draft.attention auto, the
    layers compiled, as eagle3-train runs on CUDA) vs speculators 0.9.0 at the same config
-   (tools/bench_train.py, each side in its own process): tokens/s, MFU and the GPU's peak
+   (tools/bench/bench_train.py, each side in its own process): tokens/s, MFU and the GPU's peak
    memory at a Llama-3.1-8B draft's shape and at a Kimi-K2.5 draft's shape
    (recipes/kimi-k2.5/train.yaml: H 7168, 64 heads, V 163,840 -> 32,000); at the first shape
    one step under torch.cuda.set_sync_debug_mode("error") (host syncs inside a step) and the
@@ -38,7 +38,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = [REPO / "packages" / p / "src" for p in ("eagle3-schemas", "eagle3-train", "eagle3-extract", "eagle3-eval", "eagle3-data")]  # fmt: skip
 
 # (name, bench_train.py arguments): drafts of real targets, T packed tokens per step.
@@ -126,7 +126,7 @@ def attention_check(device_name: str = "cuda", tokens: int = 8192) -> dict[str, 
 
 def train_step(name: str, args: list[str], steps: int) -> dict[str, object]:
     command = [
-        sys.executable, str(REPO / "tools" / "bench_train.py"), "--device=cuda",
+        sys.executable, str(REPO / "tools" / "bench" / "bench_train.py"), "--device=cuda",
         "--dtype=bfloat16", "--rounds=1", "--warmup=3", f"--steps={steps}", "--skip-loader",
         "--threads=8", *args,
     ]  # fmt: skip
@@ -184,7 +184,7 @@ def whole_run(out: Path, device: str, samples: int, steps: int) -> dict[str, obj
             )
 
     corpus = out / "corpus.jsonl"
-    stage("corpus", REPO / "tools" / "build_tiny_target.py", "--corpus-only", corpus)
+    stage("corpus", REPO / "tools" / "targets" / "build_tiny_target.py", "--corpus-only", corpus)
     for split in ("train", "heldout"):
         stage("data", "-m", "eagle3_data", "ingest", corpus, "--keep", f"split={split}",
               "--out", out / f"{split}.conversations.parquet")  # fmt: skip

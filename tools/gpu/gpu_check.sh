@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU check in one call of the device tool (carry [".whl"], made here by tools/gpu_wheels.sh):
-#   bash tools/gpu_check.sh            # there: installs the carried wheels, runs gpu_check.py
+# The GPU check in one call of the device tool (carry [".whl"], made here by tools/gpu/gpu_wheels.sh):
+#   bash tools/gpu/gpu_check.sh            # there: installs the carried wheels, runs gpu_check.py
 # Everything it prints also goes to $OUT/gpu_check.log, the table to $OUT/gpu_check.json.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out="${OUT:-.}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -12,4 +12,4 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-python3 tools/gpu_check.py --json "$out/gpu_check.json" "$@" 2>&1 | tee "$out/gpu_check.log"
+python3 tools/gpu/gpu_check.py --json "$out/gpu_check.json" "$@" 2>&1 | tee "$out/gpu_check.log"

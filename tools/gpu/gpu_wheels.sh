@@ -3,11 +3,11 @@
 # network): speculators 0.9.0 and its own needs, jsonschema for eagle3-schemas. Downloaded
 # once here into .whl/ (ignored by git), carried with the GPU check (device tool: carry .whl):
 #
-#   bash tools/gpu_wheels.sh     # here, with network
+#   bash tools/gpu/gpu_wheels.sh     # here, with network
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-#     && PYTHONPATH=/tmp/site python3 tools/gpu_check.py --json $OUT/gpu_check.json   # there
+#     && PYTHONPATH=/tmp/site python3 tools/gpu/gpu_check.py --json $OUT/gpu_check.json   # there
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WHEELS="speculators==0.9.0 hs-connectors==0.9.0 datasets==5.1.0 dill==0.4.1 multiprocess==0.70.19
 loguru==0.7.3 openai==3.57.0 httpx2==2.16.2 jiter==0.19.0 pydantic==2.14.4
 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 pydantic-settings==2.16.3

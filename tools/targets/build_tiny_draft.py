@@ -4,7 +4,7 @@ The eval tests need a draft that is really trained on the tiny target (to show a
 clearly above an untrained one, in vLLM and in the reference loop alike), but must not
 depend on the trainer, which is another stage. This script trains one itself, in minutes:
 
-1. the tiny target's corpus (``tools/build_tiny_target.py --corpus-only``), split by
+1. the tiny target's corpus (``tools/targets/build_tiny_target.py --corpus-only``), split by
    source file into train and held-out;
 2. the target's aux hidden states (vLLM layer ids, pre-norm, via transformers hooks) over
    train conversations, and a draft vocabulary of the most frequent answer tokens;
@@ -19,8 +19,8 @@ Sharing the draft forward with the evaluator is deliberate: if that forward misr
 semantics, the draft would score well in the reference loop and badly in vLLM, and the vllm
 test tier would say so.
 
-    uv run tools/build_tiny_draft.py                 # into the default cache folder, ~4 min
-    uv run tools/build_tiny_draft.py --print-dir     # where the assets for this target live
+    uv run tools/targets/build_tiny_draft.py                 # into the default cache folder, ~4 min
+    uv run tools/targets/build_tiny_draft.py --print-dir     # where the assets for this target live
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from eagle3_schemas.lineage import (
 )
 from eagle3_schemas.validate import validate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "recipes" / "tiny" / "target"
 AUX_LAYER_IDS = [2, 3, 5]  # low, middle, high of the 6-layer target (as recipes/tiny/train.yaml)
 K_TRAIN = 3  # test-time-training unroll
@@ -112,14 +112,14 @@ def builder_sources() -> dict[str, Path]:
     """The code whose content decides what this script builds, by a name that does not depend
     on where it is installed.
 
-    This file; the corpus builder it runs (tools/build_tiny_target.py); the eagle3_eval modules
+    This file; the corpus builder it runs (tools/targets/build_tiny_target.py); the eagle3_eval modules
     it imports, followed import by import (read from the sources, so the set does not depend on
     what the calling process happens to have imported); and the whole eagle3_schemas package,
     schema files included, since it writes and validates every artifact.
     """
     sources = {
-        "tools/build_tiny_draft.py": Path(__file__).resolve(),
-        "tools/build_tiny_target.py": REPO / "tools" / "build_tiny_target.py",
+        "tools/targets/build_tiny_draft.py": Path(__file__).resolve(),
+        "tools/targets/build_tiny_target.py": REPO / "tools" / "targets" / "build_tiny_target.py",
     }
     todo, seen = ["eagle3_eval", *eagle3_eval_imports(Path(__file__))], set()
     while todo:
@@ -146,7 +146,7 @@ def stdlib_fingerprint() -> str:
     """The corpus builder's input: this interpreter's standard-library files (same function as
     the one that stamps recipes/tiny/target/build_info.json)."""
     spec = importlib.util.spec_from_file_location(
-        "build_tiny_target", REPO / "tools" / "build_tiny_target.py"
+        "build_tiny_target", REPO / "tools" / "targets" / "build_tiny_target.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -422,7 +422,7 @@ def build(args) -> Path:
         subprocess.run(
             [
                 sys.executable,
-                str(REPO / "tools" / "build_tiny_target.py"),
+                str(REPO / "tools" / "targets" / "build_tiny_target.py"),
                 "--corpus-only",
                 str(corpus),
             ],
@@ -498,7 +498,7 @@ def build(args) -> Path:
         }
         training = {
             **stats,
-            "tool": "tools/build_tiny_draft.py",
+            "tool": "tools/targets/build_tiny_draft.py",
             "train_conversations": len(train_rows),
             "draft_vocab_coverage": coverage,
             "ttt_steps": K_TRAIN,

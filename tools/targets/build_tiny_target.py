@@ -9,9 +9,9 @@ The target is trained here, on CPU, from text every Python install has offline: 
 It ships under ``recipes/tiny/target/`` in Hugging Face format (Llama weights, a byte-level BPE
 tokenizer trained on the same corpus, a ChatML chat template) with ``build_info.json``.
 
-    uv run tools/build_tiny_target.py                        # full build, ~11 min on 2 cores
-    uv run tools/build_tiny_target.py --check                # verify the shipped target, < 30 s
-    uv run tools/build_tiny_target.py --corpus-only OUT.jsonl  # only write the conversations
+    uv run tools/targets/build_tiny_target.py                        # full build, ~11 min on 2 cores
+    uv run tools/targets/build_tiny_target.py --check                # verify the shipped target, < 30 s
+    uv run tools/targets/build_tiny_target.py --corpus-only OUT.jsonl  # only write the conversations
 
 The corpus depends on the standard library of the running interpreter: an exact rebuild
 needs the same standard-library files. ``build_info.json`` records their fingerprint
@@ -47,7 +47,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET_DIR = REPO_ROOT / "recipes" / "tiny" / "target"
 BUILD_INFO = "build_info.json"
 

@@ -1,6 +1,6 @@
 """A Kimi-K2.5-shaped stand-in, built at test time: the flagship's traps at a size CPUs run.
 
-    python tools/kimi_standin.py OUT_DIR        (about 20 s; random weights, seeded)
+    python tools/targets/kimi_standin.py OUT_DIR        (about 20 s; random weights, seeded)
 
 What it keeps of the real model (recipes/kimi-k2.5/target_config.json, the hub's config.json):
 - the multimodal wrapper: ``architectures: ["KimiK25ForConditionalGeneration"]``, ``model_type:
@@ -40,7 +40,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPE = REPO_ROOT / "recipes" / "kimi-k2.5"
 FILES = Path(__file__).resolve().parent / "kimi_standin_files"
 BPE_RANKS = 163_584
@@ -291,5 +291,5 @@ def build_standin(out_dir: Path, seed: int = 0) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tools/kimi_standin.py OUT_DIR")
+        sys.exit("usage: python tools/targets/kimi_standin.py OUT_DIR")
     print(build_standin(Path(sys.argv[1])))

@@ -29,7 +29,7 @@ from transformers import (
     Qwen3Config,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_SOURCE = REPO_ROOT / "recipes" / "tiny" / "target"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

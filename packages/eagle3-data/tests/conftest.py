@@ -25,7 +25,7 @@ def qwen3_tokenizer_dir() -> Path:
 def tiny_tokenizer_dir() -> Path:
     """The embedded tiny target: ChatML template with {% generation %} tags."""
     assert (TINY_TARGET / "tokenizer.json").is_file(), (
-        f"{TINY_TARGET} has no tokenizer; see tools/build_tiny_target.py"
+        f"{TINY_TARGET} has no tokenizer; see tools/targets/build_tiny_target.py"
     )
     return TINY_TARGET
 

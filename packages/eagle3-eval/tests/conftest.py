@@ -11,7 +11,7 @@ from eagle3_schemas.testing import fixtures
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO / "recipes" / "tiny" / "target"
-BUILD_TOOL = REPO / "tools" / "build_tiny_draft.py"
+BUILD_TOOL = REPO / "tools" / "targets" / "build_tiny_draft.py"
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def fixture_hidden_states(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_target() -> Path:
     assert (TINY_TARGET / "model.safetensors").is_file(), (
-        f"{TINY_TARGET} is missing; build it with tools/build_tiny_target.py"
+        f"{TINY_TARGET} is missing; build it with tools/targets/build_tiny_target.py"
     )
     return TINY_TARGET
 
@@ -37,7 +37,7 @@ def tiny_target() -> Path:
 def tiny_assets(tiny_target: Path) -> Path:
     """Trained + untrained drafts, held-out hidden states and corpus for the tiny target.
 
-    Built once by tools/build_tiny_draft.py (about 5 minutes on 2 cores) into a cache folder
+    Built once by tools/targets/build_tiny_draft.py (about 5 minutes on 2 cores) into a cache folder
     keyed by the content of what builds them (its ``assets_key``: target weights and tokenizer,
     stdlib, the builder's and the eval/schemas sources it uses, settings, torch and transformers
     releases); later sessions reuse it until one of those changes.

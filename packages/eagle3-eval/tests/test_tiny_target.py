@@ -1,7 +1,7 @@
 """The eval modes on the embedded tiny target: an untrained draft scores ~1, a trained one more.
 
 The fast test builds an untrained draft in seconds. The slow ones use the trained draft of
-tools/build_tiny_draft.py (built once into a cache folder keyed by the content of what builds
+tools/targets/build_tiny_draft.py (built once into a cache folder keyed by the content of what builds
 it; ~5 minutes the first time) and its held-out prompts and hidden states.
 """
 
@@ -111,7 +111,7 @@ def test_untrained_draft_scores_about_one(tmp_path: Path, tiny_target: Path) -> 
 # ---- the trained draft -----------------------------------------------------------------------
 
 
-BUILD_TOOL = Path(__file__).resolve().parents[3] / "tools" / "build_tiny_draft.py"
+BUILD_TOOL = Path(__file__).resolve().parents[3] / "tools" / "targets" / "build_tiny_draft.py"
 
 
 def _asset_builder() -> ModuleType:
@@ -131,8 +131,8 @@ def test_asset_cache_key_is_the_content_of_what_builds_the_assets(tiny_target: P
     assert key["target_fingerprint"] == fingerprint_model_dir(tiny_target)
     assert key["tokenizer_fingerprint"] == fingerprint_tokenizer_dir(tiny_target)
     assert {
-        "tools/build_tiny_draft.py",
-        "tools/build_tiny_target.py",
+        "tools/targets/build_tiny_draft.py",
+        "tools/targets/build_tiny_target.py",
         "eagle3_eval/__init__.py",
         "eagle3_eval/draft.py",
         "eagle3_eval/target.py",

