@@ -2,24 +2,29 @@
 
 Both drafts train on the same hidden-state dataset and vocab map (a run of
 recipes/tiny/pipeline.sh), for the same optimizer steps and peak learning rate, from the same
-packed batches (eagle3-train's epoch plan: seed 0, 2048 tokens, its validation split left out),
-then both are served by vLLM (`eagle3-eval vllm`, k = 3, greedy, the same held-out prompts).
+packed batches (eagle3-train's epoch plan for the seed, 2048 tokens, its validation split left
+out), then both are served by vLLM (`eagle3-eval vllm`, k = 3, greedy, the same held-out
+prompts). Each side runs once per seed (model init and batch order); the table gives each
+arm's mean acceptance length, its spread (min..max) over the seeds and its ratio to
+speculators' mean.
 
-- ours: `accelerate launch -m eagle3_train` with recipes/tiny/train.yaml, as a user runs it;
-  `--ours-set KEY=VALUE` overrides (ablations).
+- ours: `accelerate launch -m eagle3_train` with recipes/tiny/train.yaml, as a user runs it.
+  `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
+  `--arm ours=` is the defaults, always run).
 - speculators: its own training entry point wants CUDA (FlexAttention, fused Triton loss,
   FSDP), so a plain loop around its `Eagle3DraftModel` with the defaults of its eagle3 CLI
   (norm_before_residual / norm_before_fc / norm_output true, AdamW weight decay 0.01, gradient
   clip 1.0, linear schedule) and sdpa attention + eager kl_div loss, saved with its own
   `save_pretrained` — the format vLLM serves.
 
-Whole-run time is start to exported draft of each process (imports, loading, validation,
-checkpoints included): what a user waits for. Tokens are the packed tokens of the batches the
-steps consume.
+Finished (arm, seed) runs are kept under OUT/ARM/seed-S and reused when their overrides are
+the same, so a run can be extended by more seeds or arms. Whole-run time is start to exported
+draft of each process (imports, loading, validation, checkpoints included): what a user waits
+for. Tokens are the packed tokens of the batches the steps consume.
 
-    uv run --frozen python tools/bench_vs_speculators.py --run runs/tiny [--steps 150]
-    uv run --frozen python tools/bench_vs_speculators.py --run runs/tiny --only ours \\
-        --ours-set draft.norm_before_residual=true --tag nbr       # one ablation, vLLM-measured
+    uv run --frozen python tools/bench_vs_speculators.py --run runs/tiny [--steps 150] [--seeds 0,1,2]
+    uv run --frozen python tools/bench_vs_speculators.py --run runs/tiny --no-speculators \\
+        --arm mask='train.objective.mask_after_miss=true'             # one ablation, vLLM-measured
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import itertools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -37,11 +43,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "recipes" / "tiny" / "target"
 RECIPE = ROOT / "recipes" / "tiny" / "train.yaml"
-MAX_TOKENS, SEED, VALIDATION_FRACTION = 2048, 0, 0.05
+MAX_TOKENS, VALIDATION_FRACTION = 2048, 0.05
 
 
-def epoch_batches(dataset_dir: Path, steps: int) -> list[list[tuple[int, int]]]:
-    """The first ``steps`` batches of eagle3-train's plan (epochs repeat with new shuffles)."""
+def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[int, int]]]:
+    """The first ``steps`` batches of eagle3-train's plan for ``seed`` (epochs repeat with new
+    shuffles)."""
     from eagle3_train.data import HiddenStateDataset, plan_epoch, split_indices
 
     dataset = HiddenStateDataset(dataset_dir)
@@ -49,13 +56,15 @@ def epoch_batches(dataset_dir: Path, steps: int) -> list[list[tuple[int, int]]]:
     batches: list[list[tuple[int, int]]] = []
     epoch = 0
     while len(batches) < steps:
-        batches += plan_epoch(dataset.num_tokens, train, MAX_TOKENS, SEED, epoch)
+        batches += plan_epoch(dataset.num_tokens, train, MAX_TOKENS, seed, epoch)
         epoch += 1
     return batches[:steps]
 
 
-def train_ours(run: Path, out: Path, steps: int, lr: float, overrides: list[str]) -> float:
-    sets = [f"data.hidden_states={run / 'hidden_states'}"]
+def train_ours(
+    run: Path, out: Path, steps: int, lr: float, seed: int, overrides: list[str]
+) -> float:
+    sets = [f"data.hidden_states={run / 'hidden_states'}", f"train.seed={seed}"]
     sets += [f"data.vocab_map={run / 'vocab_map.safetensors'}", f"train.lr={lr}"]
     sets += ["train.progress_bar=false", *overrides]
     command = ["uv", "run", "--frozen", "accelerate", "launch", "--config_file"]
@@ -68,15 +77,15 @@ def train_ours(run: Path, out: Path, steps: int, lr: float, overrides: list[str]
     return time.perf_counter() - began
 
 
-def train_speculators(run: Path, out: Path, steps: int, lr: float) -> float:
+def train_speculators(run: Path, out: Path, steps: int, lr: float, seed: int) -> float:
     command = [sys.executable, __file__, "--speculators-child", str(run), str(out)]
-    command += ["--steps", str(steps), "--lr", str(lr)]
+    command += ["--steps", str(steps), "--lr", str(lr), "--seeds", str(seed)]
     began = time.perf_counter()
     _run(command, out.with_suffix(".log"))
     return time.perf_counter() - began
 
 
-def speculators_child(run: Path, out: Path, steps: int, lr: float) -> None:
+def speculators_child(run: Path, out: Path, steps: int, lr: float, seed: int) -> None:
     """The plain loop (runs in its own process, so its time includes its own imports)."""
     import warnings
 
@@ -91,7 +100,7 @@ def speculators_child(run: Path, out: Path, steps: int, lr: float) -> None:
 
     from eagle3_train.data import HiddenStateDataset, make_loader, to_device
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     dataset = HiddenStateDataset(run / "hidden_states")
     layer = AutoConfig.from_pretrained(TARGET)
     layer.num_hidden_layers = 1
@@ -118,7 +127,7 @@ def speculators_child(run: Path, out: Path, steps: int, lr: float) -> None:
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     schedule = get_linear_schedule_with_warmup(optimizer, 20, steps)
     loss_config = resolve_loss_config("kl_div", "eager")
-    plan = epoch_batches(run / "hidden_states", steps)
+    plan = epoch_batches(run / "hidden_states", steps, seed)
     for batch in make_loader(dataset, plan, num_workers=0):
         b = to_device(batch, torch.device("cpu"))
         cu = b["cu_seqlens"].tolist()
@@ -177,6 +186,60 @@ def _run(command: list[str], log: Path) -> None:
         raise SystemExit(f"failed (exit {code}): {' '.join(command)}\n" + "\n".join(tail))
 
 
+def parse_arm(text: str) -> tuple[str, list[str]]:
+    """``NAME=KEY=VALUE;KEY=VALUE`` (``NAME=`` alone: the defaults)."""
+    name, _, sets = text.partition("=")
+    if not name or name == "speculators" or "/" in name:
+        raise SystemExit(f"--arm {text!r}: expected NAME=KEY=VALUE[;KEY=VALUE...]")
+    return name, [x for x in sets.split(";") if x]
+
+
+def run_arm(args, run: Path, out: Path, arm: str, overrides: list[str], seed: int) -> dict:
+    """One (arm, seed): train, then measure with vLLM; reused when already done alike."""
+    where = out / arm / f"seed-{seed}"
+    done = where / "result.json"
+    key = {"steps": args.steps, "lr": args.lr, "prompts": args.prompts, "overrides": overrides}
+    if done.exists():
+        result = json.loads(done.read_text())
+        if result["key"] == key:
+            return result
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    if arm == "speculators":
+        seconds = train_speculators(run, where, args.steps, args.lr, seed)
+        draft = where / "draft"
+    else:
+        seconds = train_ours(run, where / "train", args.steps, args.lr, seed, overrides)
+        draft = where / "train" / "draft"
+    report = evaluate(run, draft, where / "eval", args.prompts, args.vllm_python)
+    result = {
+        "key": key,
+        "acceptance_length": report["acceptance_length"],
+        "per_position": report["per_position_acceptance"],
+        "run_seconds": seconds,
+    }
+    tmp = done.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.rename(done)
+    return result
+
+
+def summarize_arm(results: list[dict], tokens: int) -> dict:
+    als = [r["acceptance_length"] for r in results]
+    seconds = [r["run_seconds"] for r in results]
+    positions = [sum(r["per_position"][j] for r in results) / len(results) for j in range(3)]
+    return {
+        "acceptance_length": statistics.fmean(als),
+        "al_min": min(als),
+        "al_max": max(als),
+        "al_stdev": statistics.stdev(als) if len(als) > 1 else 0.0,
+        "per_seed": als,
+        "per_position": positions,
+        "run_seconds": statistics.fmean(seconds),
+        "tokens_per_second": tokens / statistics.fmean(seconds),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--run", type=Path, help="output folder of recipes/tiny/pipeline.sh")
@@ -184,59 +247,53 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--prompts", type=int, default=40)
-    p.add_argument("--only", choices=["ours", "speculators"])
-    p.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--tag", default="", help="suffix of the output folders (ablations)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated; each arm runs once per seed")
+    p.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE[;...]")
+    p.add_argument("--no-speculators", action="store_true", help="ours' arms only")
     p.add_argument("--vllm-python", default=os.environ.get("EAGLE3_VLLM_PYTHON"))
     p.add_argument("--json", type=Path)
     p.add_argument("--speculators-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
     if args.speculators_child:
-        speculators_child(*args.speculators_child, args.steps, args.lr)
+        speculators_child(*args.speculators_child, args.steps, args.lr, seeds[0])
         return 0
     if not args.run or not args.vllm_python:
         p.error("--run and a vLLM python (--vllm-python or EAGLE3_VLLM_PYTHON) are required")
     run = args.run.resolve()
     out = (args.out or run / "bench").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    tokens = sum(n for batch in epoch_batches(run / "hidden_states", args.steps) for _, n in batch)
-    sides = [s for s in ("ours", "speculators") if args.only in (None, s)]
+    arms = dict([("ours", [])] + [parse_arm(a) for a in args.arm])
+    if not args.no_speculators:
+        arms["speculators"] = []
+    tokens = sum(
+        n for batch in epoch_batches(run / "hidden_states", args.steps, 0) for _, n in batch
+    )
     rows = {}
-    for side in sides:
-        where = out / f"{side}{'-' + args.tag if args.tag else ''}"
-        shutil.rmtree(where, ignore_errors=True)
-        where.mkdir()
-        if side == "ours":
-            seconds = train_ours(run, where / "train", args.steps, args.lr, args.ours_set)
-            draft = where / "train" / "draft"
-        else:
-            seconds = train_speculators(run, where, args.steps, args.lr)
-            draft = where / "draft"
-        report = evaluate(run, draft, where / "eval", args.prompts, args.vllm_python)
-        rows[side] = {
-            "acceptance_length": report["acceptance_length"],
-            "per_position": report["per_position_acceptance"],
-            "conditional": report["conditional_acceptance"],
-            "run_seconds": seconds,
-            "tokens_per_second": tokens / seconds,
-            "overrides": args.ours_set if side == "ours" else [],
-        }
-    print(f"{args.steps} steps, lr {args.lr}, {tokens} packed tokens, {args.prompts} prompts")
-    print(f"{'draft':<14}{'vLLM AL':>9}  {'per position':<22}{'run s':>8}{'tokens/s':>10}")
-    for side, r in rows.items():
+    for arm, overrides in arms.items():
+        results = []
+        for seed in seeds:
+            results.append(run_arm(args, run, out, arm, overrides, seed))
+            r = results[-1]
+            print(f"  {arm} seed {seed}: AL {r['acceptance_length']:.3f}", flush=True)
+        rows[arm] = summarize_arm(results, tokens) | {"overrides": overrides}
+    print(f"{args.steps} steps, lr {args.lr}, ~{tokens} packed tokens, {args.prompts} prompts,")
+    print(f"seeds {seeds}; AL = vLLM acceptance length (k=3, greedy), mean and min..max")
+    reference = rows.get("speculators", rows["ours"])["acceptance_length"]
+    base = "speculators" if "speculators" in rows else "ours"
+    print(
+        f"{'arm':<16}{'AL':>7}  {'min..max':<13}{'per position':<22}{'x ' + base:>14}"
+        f"{'run s':>8}{'tokens/s':>10}"
+    )
+    for arm, r in rows.items():
         positions = " / ".join(f"{x:.3f}" for x in r["per_position"])
         print(
-            f"{side:<14}{r['acceptance_length']:>9.3f}  {positions:<22}"
+            f"{arm:<16}{r['acceptance_length']:>7.3f}  {r['al_min']:.3f}..{r['al_max']:.3f}  "
+            f"{positions:<22}{r['acceptance_length'] / reference:>13.3f}x"
             f"{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
         )
-    if len(rows) == 2:
-        ours, theirs = rows["ours"], rows["speculators"]
-        print(
-            f"ours / speculators: AL {ours['acceptance_length'] / theirs['acceptance_length']:.3f}x"
-            f", whole-run tokens/s {ours['tokens_per_second'] / theirs['tokens_per_second']:.2f}x"
-        )
     if args.json:
-        args.json.write_text(json.dumps({"steps": args.steps, "tokens": tokens, "rows": rows}))
+        args.json.write_text(json.dumps({"steps": args.steps, "seeds": seeds, "rows": rows}))
     return 0
 
 
