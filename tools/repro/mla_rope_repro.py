@@ -650,6 +650,9 @@ def engine_findings(e: dict[str, Any]) -> dict[str, bool]:
             "rope runs the CPU kernel (RotaryEmbedding.forward_cpu)": all(
                 x["rope_forward"] == "RotaryEmbedding.forward_cpu" for x in every_call
             ),
+            "the kernel gets q_pe as the 3-D strided view [T, H, 64] (strides [256, 128, 1])": (
+                layers[0]["q_pe_layout"] == [[tokens, heads, 64], [256, 128, 1]]
+            ),
             "defect: kernel model reproduces vLLM's rotated q_pe/k_pe (prefill and decode)": all(
                 max(x["kernel_model_vs_vllm_q"], x["kernel_model_vs_vllm_k"]) <= AGREE
                 for x in every_call
