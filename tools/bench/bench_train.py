@@ -114,7 +114,7 @@ def run_ours(args) -> dict[str, float]:
         torch.randn(args.v_target, args.hidden, generator=g), torch.ones(args.hidden), head[t2d]
     )
     model.lm_head.weight.requires_grad_(False)
-    # as eagle3-train sets a run up (trainer.speed_up, make_optimizer)
+    # as eagle3-train sets a run up (eagle3_train.build: speed_up, make_optimizer)
     if args.dtype == "bfloat16":
         model.store_frozen_as(torch.bfloat16)
     if args.compile:

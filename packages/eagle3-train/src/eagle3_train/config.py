@@ -69,7 +69,7 @@ class DraftConfig:
     # Norm options vLLM and speculators understand (see model.py for what each does).
     # norm_before_residual: the residual of layer 0 is the normed input, so the state fed back
     # at TTT steps >= 1 (whose scale drifts) cannot dominate it. Measured by vLLM on the tiny
-    # recipe (tools/bench_vs_speculators.py): acceptance length 2.93 without, 3.12 with.
+    # recipe (tools/bench/bench_vs_speculators.py): acceptance length 2.93 without, 3.12 with.
     # It is also what vLLM assumes when a speculators config omits the key.
     norm_before_residual: bool = True
     norm_before_fc: bool = False

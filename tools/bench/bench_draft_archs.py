@@ -19,7 +19,7 @@ target is unpredictable, and so was one with its residual writes scaled by 0.05 
 stand-in the comparison shows throughput and that vLLM's counters equal the reference's, not
 which draft is better; that needs a trained MLA target (none exists offline).
 
-    uv run --frozen python tools/bench_draft_archs.py --work runs/bench-archs [--steps 200]
+    uv run --frozen python tools/bench/bench_draft_archs.py --work runs/bench-archs [--steps 200]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "kimi-k2.5"
 BIN = Path(sys.executable).parent
 # The stand-in's sizes for the recipe's draft (train.yaml sets them for hidden 7168).
@@ -57,7 +57,7 @@ def run(cmd: list[str], log: Path) -> float:
 
 def data(work: Path, train: int, heldout: int, max_length: int) -> Path:
     """Stand-in, conversations (stdlib code, held out by file), tokens, vocab, hidden states."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "targets"))
     import build_tiny_target
     import kimi_standin
 

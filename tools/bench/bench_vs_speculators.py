@@ -22,8 +22,8 @@ the same, so a run can be extended by more seeds or arms. Whole-run time is star
 draft of each process (imports, loading, validation, checkpoints included): what a user waits
 for. Tokens are the packed tokens of the batches the steps consume.
 
-    uv run --frozen python tools/bench_vs_speculators.py --run runs/tiny [--steps 150] [--seeds 0,1,2]
-    uv run --frozen python tools/bench_vs_speculators.py --run runs/tiny --no-speculators \\
+    uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny [--steps 150] [--seeds 0,1,2]
+    uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny --no-speculators \\
         --arm mask='train.objective.mask_after_miss=true'             # one ablation, vLLM-measured
 """
 
@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = ROOT / "recipes" / "tiny" / "target"
 RECIPE = ROOT / "recipes" / "tiny" / "train.yaml"
 MAX_TOKENS, VALIDATION_FRACTION = 2048, 0.05
