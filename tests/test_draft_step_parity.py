@@ -47,6 +47,7 @@ from safetensors.torch import load_file
 from eagle3_eval.draft import Eagle3Draft as EvalDraft
 from eagle3_eval.draft import chain_logits
 from eagle3_eval.offline import read_samples
+from eagle3_train.build import build_model
 from eagle3_train.config import load_config
 from eagle3_train.data import ShardReader
 from eagle3_train.inputs import load_inputs, resolve_arch
@@ -57,7 +58,6 @@ from eagle3_train.synthetic import (
     write_vocab_map,
 )
 from eagle3_train.testing import Inputs, write_config
-from eagle3_train.trainer import build_model
 
 STEPS = 4  # k = 0..3
 HIDDEN, V_TARGET, V_DRAFT = 32, 96, 40

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from eagle3_train.attention import flash_self_check, resolve_attention
+from eagle3_train.build import build_model
 from eagle3_train.inputs import RunInputs, checkpoint_lineage
 from eagle3_train.model import DraftArch
 
@@ -476,7 +477,6 @@ def check_dry_run(
     inputs: RunInputs, arch: DraftArch, device: torch.device
 ) -> tuple[list[Finding], dict[str, float]]:
     from eagle3_train.data import ShardReader, plan_epoch, split_indices, to_device
-    from eagle3_train.trainer import build_model
 
     cfg = inputs.config
     if inputs.stream is not None:  # the first window (waits for the producer to seal it)

@@ -1,9 +1,12 @@
 """The training loop under Accelerate (single process, DDP, DeepSpeed ZeRO-2/3).
 
-Reads top to bottom: accelerator → inputs and preflight → model, optimizer, schedule →
-resume → epochs of (micro-batches → optimizer steps → logs, checkpoints) → validation,
-best export → final export. Distribution is applied from outside (accelerate.prepare); the
-model knows nothing of it.
+``_train`` reads top to bottom in named steps: ``start_accelerator`` →
+``load_and_check_inputs`` (preflight) → ``prepare_output_dir`` → ``set_up_run`` (model,
+optimizer and schedule from ``build.py``, the data order, resume, trackers) → ``Loop``:
+``run_epochs`` over segments (``train_segment``: ``micro_batch``, ``after_optimizer_step`` with
+``log_metrics`` and the ``validate`` / ``checkpoint`` points; ``end_segment``, ``end_epoch``)
+→ ``finish`` (last validation and checkpoint, final export, ``publish_and_record``).
+Distribution is applied from outside (accelerate.prepare); the model knows nothing of it.
 
 Files under ``output_dir``:
   run.yaml                 the resolved config of this run
@@ -39,6 +42,7 @@ from eagle3_schemas.atomic import write_json_atomic
 from eagle3_schemas.diskspace import DiskFull, check_free, disk_full, is_disk_full
 from eagle3_schemas.stream import CONSUMER_STOPPED
 from eagle3_schemas.validate import validate
+from eagle3_train.build import build_model, lr_lambda, make_optimizer, speed_up
 from eagle3_train.config import Config, dump_config
 from eagle3_train.data import make_loader, plan_epoch, rank_batches, to_device
 from eagle3_train.export import draft_config, export_weights, write_checkpoint
@@ -46,13 +50,13 @@ from eagle3_train.inputs import (
     RunInputs,
     checkpoint_lineage,
     load_inputs,
-    load_target_head,
     resolve_arch,
 )
-from eagle3_train.loss import NUM_STATS, align, compile_kl_chunk, summarize, unpack_stats
-from eagle3_train.model import DraftArch, Eagle3Draft
+from eagle3_train.loss import NUM_STATS, align, summarize, unpack_stats
+from eagle3_train.model import DraftArch
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
 from eagle3_train.preempt import Preemption, parse_signals
+from eagle3_train.preflight import PreflightError, run_preflight
 from eagle3_train.stream import StreamWindows
 from eagle3_train.watchdog import StepWatchdog
 
@@ -197,106 +201,6 @@ def make_accelerator(config: Config, with_trackers: bool = True):
         # exports gather the full weights on rank 0
         ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     return accelerator
-
-
-def build_model(inputs: RunInputs, arch: DraftArch, seed: int) -> Eagle3Draft:
-    torch.manual_seed(seed)
-    model = Eagle3Draft(arch)
-    head = load_target_head(inputs.dataset.root, inputs.vocab.target_ids)
-    model.load_target_head(head["embed_tokens"], head["norm"], head["lm_head_rows"])
-    if inputs.config.draft.init_from:
-        init_from_draft(model, inputs, arch)
-    model.lm_head.weight.requires_grad_(inputs.config.draft.train_lm_head)
-    return model
-
-
-def init_from_draft(model: Eagle3Draft, inputs: RunInputs, arch: DraftArch) -> None:
-    """draft.init_from: the published draft's weights over the fresh start (checked again here,
-    so a run with preflight off is refused too), with the LM-head rows it carried reported."""
-    from eagle3_train.init_from import (
-        InitFromError,
-        compatibility_problems,
-        load_into,
-        read_init_draft,
-    )
-
-    d = inputs.config.draft
-    init = read_init_draft(d.init_from)
-    where = str(inputs.dataset.header_file)
-    problems = compatibility_problems(
-        init, arch, inputs.aux_layer_ids, inputs.vocab.d2t, d.remap_vocab, where
-    )
-    if problems:
-        raise InitFromError("; ".join(problems))
-    counts = load_into(model, init, inputs.vocab.d2t)
-    log.info(
-        "draft.init_from %s: %d tensors loaded; LM head: %d rows carried over, %d from the "
-        "target's rows",
-        d.init_from,
-        counts["tensors"],
-        counts["lm_head_rows_carried"],
-        counts["lm_head_rows_from_target"],
-    )
-
-
-def speed_up(model: Eagle3Draft, config: Config, accelerator) -> None:
-    """What makes the step fast on the device, applied from outside the model: the frozen
-    target weights in bf16 under bf16 training, and (train.compile) compiled decoder layers
-    and loss chunk body."""
-    # (not when the export copies the embedding: it keeps the target's own values)
-    if accelerator.mixed_precision == "bf16" and not config.export.include_embeddings:
-        model.store_frozen_as(torch.bfloat16)
-    if compile_enabled(config.train.compile, accelerator.device):
-        for layer in model.layers:
-            layer.compile()  # in place: parameter names (checkpoints, export) stay
-        compile_kl_chunk(True)
-
-
-def compile_enabled(setting: str, device: torch.device) -> bool:
-    return setting == "always" or (setting == "auto" and device.type == "cuda")
-
-
-def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.optim.Optimizer:
-    t = config.train
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": t.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    plugin = accelerator.state.deepspeed_plugin
-    offload = plugin is not None and (
-        plugin.deepspeed_config.get("zero_optimization", {})
-        .get("offload_optimizer", {})
-        .get("device")
-        in ("cpu", "nvme")
-    )
-    if offload:
-        # ZeRO-Offload steps the optimizer on the CPU with DeepSpeed's own Adam kernel.
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        return DeepSpeedCPUAdam(
-            groups, lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps, adamw_mode=True
-        )
-    # CUDA: one fused kernel for the whole update (no per-parameter launches, no host sync)
-    fused = accelerator.device.type == "cuda"
-    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps, fused=fused)
-
-
-def lr_lambda(config: Config, total_steps: int):
-    t = config.train
-
-    def factor(step: int) -> float:
-        if t.warmup_steps and step < t.warmup_steps:
-            return (step + 1) / t.warmup_steps
-        if t.schedule == "constant":
-            return 1.0
-        span = max(1, total_steps - t.warmup_steps)
-        progress = min(1.0, (step - t.warmup_steps) / span)
-        shape = 0.5 * (1 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1 - progress
-        return t.min_lr_ratio + (1 - t.min_lr_ratio) * shape
-
-    return factor
 
 
 # ---------------------------------------------------------------------------------------
@@ -846,28 +750,73 @@ def train(config: Config, preflight_only: bool = False) -> int:
 
 def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None]]) -> int:
     run_started = time.perf_counter()
-    t = config.train
-    if t.on_non_finite == "skip" and _is_deepspeed():
+    if config.train.on_non_finite == "skip" and _is_deepspeed():
         log.error(
             "train.on_non_finite: skip is not available under DeepSpeed (its engine steps the "
             "optimizer inside backward, before the step's verdict is known); use stop"
         )
         return EXIT_PREFLIGHT
+    accelerator = start_accelerator(config, preflight_only)
+    checked = load_and_check_inputs(config, accelerator, preflight_only)
+    if isinstance(checked, int):
+        return checked
+    if preflight_only:
+        return 0
+    prepare_output_dir(config, accelerator)
+    run = set_up_run(config, accelerator, *checked, run_started)
+    if run is None:
+        return EXIT_PREFLIGHT
+    loop = Loop(run, cleanup)
+    loop.run_epochs()
+    return loop.finish()
+
+
+# ---- setup of the run -----------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """What a run is made of once set up: the pieces the loop composes."""
+
+    config: Config
+    accelerator: Any
+    inputs: RunInputs
+    arch: DraftArch
+    model: Any  # prepared by Accelerate
+    optimizer: Any
+    scheduler: Any
+    order: GlobalOrder | WindowOrder
+    state: TrainerState
+    total_steps: int
+    metrics_path: Path
+    started: float  # perf_counter at the start of train()
+
+    @property
+    def stream(self) -> StreamWindows | None:
+        return self.inputs.stream
+
+
+def start_accelerator(config: Config, preflight_only: bool):
+    """The Accelerator, this process's torch threads and (CUDA) matmul precision."""
+    t = config.train
     accelerator = make_accelerator(config, with_trackers=not preflight_only)
     torch.set_num_threads(_cpu_threads(t.torch_threads, accelerator))
     if accelerator.device.type == "cuda":
         torch.set_float32_matmul_precision("high" if t.tf32 else "highest")
+    return accelerator
+
+
+def load_and_check_inputs(
+    config: Config, accelerator, preflight_only: bool
+) -> tuple[RunInputs, DraftArch, Path | None] | int:
+    """Inputs and preflight: (inputs, arch, checkpoint to resume from), or EXIT_PREFLIGHT on
+    every rank within seconds when any rank found a problem."""
     main = accelerator.is_main_process
-    out_dir = Path(config.output_dir)
-
-    # Inputs and preflight: a mismatch stops every rank within seconds.
-    from eagle3_train.preflight import PreflightError, run_preflight
-
     try:
         inputs = load_inputs(config)
         arch = resolve_arch(inputs)
         resume_from = find_checkpoint(config)
-        if t.preflight or preflight_only:
+        if config.train.preflight or preflight_only:
             report = run_preflight(inputs, arch, accelerator, resume_from, full=main)
             if main:
                 log.info("%s", report.render())
@@ -879,16 +828,32 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
         return EXIT_PREFLIGHT
     if _agree_on_failure(accelerator, False):
         return EXIT_PREFLIGHT
-    if preflight_only:
-        return 0
+    return inputs, arch, resume_from
 
-    if main:
+
+def prepare_output_dir(config: Config, accelerator) -> None:
+    """run.yaml written, temporary checkpoints of a killed save removed (main process)."""
+    out_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "run.yaml").write_text(dump_config(config), encoding="utf-8")
         for stale in (out_dir / "checkpoints").glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)  # left by a killed save
     accelerator.wait_for_everyone()
 
+
+def set_up_run(
+    config: Config,
+    accelerator,
+    inputs: RunInputs,
+    arch: DraftArch,
+    resume_from: Path | None,
+    run_started: float,
+) -> Run | None:
+    """Model, optimizer, data order, schedule, the resumed state and the trackers; None when
+    no optimizer step fits the data (logged)."""
+    t = config.train
+    main = accelerator.is_main_process
     model = build_model(inputs, arch, t.seed)
     speed_up(model, config, accelerator)
     optimizer = make_optimizer(model, config, accelerator)
@@ -901,7 +866,6 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
         if main:
             (stream.root / CONSUMER_STOPPED).unlink(missing_ok=True)  # running (again)
     order = make_order(inputs, config, rank, world)
-    val_idx = order.validation_idx
     steps_per_epoch = order.steps_per_epoch()
     if steps_per_epoch == 0:
         log.error(
@@ -912,7 +876,7 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
             t.gradient_accumulation_steps,
             config.data.order,
         )
-        return EXIT_PREFLIGHT
+        return None
     total_steps = steps_per_epoch * t.epochs
     if t.max_steps is not None:
         total_steps = min(total_steps, t.max_steps)
@@ -938,7 +902,7 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
         for k, v in values.items()
     }
     accelerator.init_trackers(t.project_name, config=flat)
-    metrics_path = out_dir / "metrics.jsonl"
+    metrics_path = Path(config.output_dir) / "metrics.jsonl"
     if main:
         _write_metrics(
             metrics_path,
@@ -950,33 +914,76 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
                 "resumed_from": str(resume_from) if resume_from else None,
             },
         )
-
-    progress = None
-    if main and t.progress_bar:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(total=total_steps, initial=state.step, desc="train", dynamic_ncols=True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    skip_mode = t.on_non_finite == "skip"
-    window = MetricWindow(t.ttt_steps, finite_only=skip_mode)
-    lag = 2 if accelerator.device.type == "cuda" else 0
-    watch: NonFiniteWatch | NonFiniteSkip = (
-        NonFiniteSkip(accelerator, lag, t.max_skips_in_row)
-        if skip_mode
-        else NonFiniteWatch(accelerator, lag)
+    return Run(
+        config,
+        accelerator,
+        inputs,
+        arch,
+        model,
+        optimizer,
+        scheduler,
+        order,
+        state,
+        total_steps,
+        metrics_path,
+        run_started,
     )
 
-    def safe_to_keep() -> None:
-        """Every pending non-finite verdict is read before anything is saved."""
-        watch.drain(metrics_path, state.last_checkpoint)
 
-    done = state.step >= total_steps
-    preempt = Preemption(parse_signals(t.preempt_signals), accelerator, lag)
-    preempt.install()
-    cleanup.append(preempt.uninstall)
-    preempted = False
-    dog = None
-    if world > 1 and stream is None:  # (a stream's waits for the producer are not hangs)
+# ---- the loop's steps -----------------------------------------------------------------------
+
+
+class Loop:
+    """The loop over epochs, the order's segments (stream windows) and micro-batches, in named
+    steps: one micro-batch (forward, backward, the optimizer step when gradients sync), the
+    bookkeeping of an optimizer step (schedule, logging, the save and validate points), the
+    end of a segment and of an epoch, and the end of the run (last validation, checkpoint,
+    export, publication)."""
+
+    def __init__(self, run: Run, cleanup: list[Callable[[], None]]) -> None:
+        self.run = run
+        self.config = config = run.config
+        self.t = t = config.train
+        self.accelerator = accelerator = run.accelerator
+        self.state = run.state
+        self.main = accelerator.is_main_process
+        self.rank, self.world = accelerator.process_index, accelerator.num_processes
+        self.stream = run.stream
+        self.progress = None
+        if self.main and t.progress_bar:
+            from tqdm.auto import tqdm
+
+            self.progress = tqdm(
+                total=run.total_steps, initial=self.state.step, desc="train", dynamic_ncols=True
+            )
+        self.params = [p for p in run.model.parameters() if p.requires_grad]
+        self.skip_mode = t.on_non_finite == "skip"
+        self.window = MetricWindow(t.ttt_steps, finite_only=self.skip_mode)
+        self.lag = 2 if accelerator.device.type == "cuda" else 0
+        self.watch: NonFiniteWatch | NonFiniteSkip = (
+            NonFiniteSkip(accelerator, self.lag, t.max_skips_in_row)
+            if self.skip_mode
+            else NonFiniteWatch(accelerator, self.lag)
+        )
+        self.done = self.state.step >= run.total_steps
+        self.preempt = Preemption(parse_signals(t.preempt_signals), accelerator, self.lag)
+        self.preempt.install()
+        cleanup.append(self.preempt.uninstall)
+        self.preempted = False
+        self.dog = self._start_watchdog(cleanup)
+        self.started = time.perf_counter()  # of the current logging window
+        self.corrupt_total = 0  # samples this rank's loader left out (data.on_corrupt: skip)
+        self.last_metrics: dict[str, float] = {}
+        # stream windows before this one may be released at the end (None: all of them)
+        self.released_through: int | None = None if self.state.epoch >= t.epochs else 0
+        self.waited = self.stream.wait_seconds if self.stream is not None else 0.0
+
+    def _start_watchdog(self, cleanup: list[Callable[[], None]]) -> StepWatchdog | None:
+        """Several ranks, no stream (a stream's waits for the producer are not hangs): a rank
+        whose training step has not advanced for train.collective_timeout_s leaves (exit 8)."""
+        if self.world <= 1 or self.stream is not None:
+            return None
+        t, rank, state = self.t, self.rank, self.state
 
         def hang_message(idle: float) -> str:
             return (
@@ -990,203 +997,275 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
         dog = StepWatchdog(t.collective_timeout_s, hang_message, EXIT_PEER)
         dog.start()
         cleanup.append(dog.stop)
+        return dog
 
-    def alone():
+    # -- the save and validate points
+
+    def safe_to_keep(self) -> None:
+        """Every pending non-finite verdict is read before anything is saved."""
+        self.watch.drain(self.run.metrics_path, self.state.last_checkpoint)
+
+    def alone(self):
         """Checkpoints, validation, exports: bounded by the process group's own timeout."""
-        return dog.paused() if dog is not None else contextlib.nullcontext()
+        return self.dog.paused() if self.dog is not None else contextlib.nullcontext()
 
-    def checkpoint() -> None:
+    def checkpoint(self) -> None:
         """A checkpoint of this step, once every pending verdict is read (watchdog paused)."""
-        safe_to_keep()
-        with alone():
-            save_checkpoint(accelerator, state, scheduler, config, model)
+        self.safe_to_keep()
+        with self.alone():
+            run = self.run
+            save_checkpoint(self.accelerator, self.state, run.scheduler, self.config, run.model)
 
-    def validate() -> None:
+    def validate(self) -> None:
         """Validation (and the best draft's export), likewise."""
-        safe_to_keep()
-        with alone():
-            _validate_and_export(
-                accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
-            )
+        self.safe_to_keep()
+        with self.alone():
+            self._validate_and_export()
 
-    started = time.perf_counter()
-    corrupt_total = 0  # samples this rank's loader left out (data.on_corrupt: skip)
-    last_metrics: dict[str, float] = {}
-
-    # stream windows before this one may be released at the end (None: all of them)
-    released_through: int | None = None if state.epoch >= t.epochs else 0
-    waited = stream.wait_seconds if stream is not None else 0.0
-    for epoch in range(state.epoch, t.epochs):
-        if done:
-            break
-        if epoch != state.epoch:
-            state.epoch, state.batches_done = epoch, 0
-        epoch_complete = False
-        for segment in order.segments(epoch, state.batches_done):
-            loader = make_loader(
-                inputs.dataset,
-                segment.batches,
-                config.data.num_workers,
-                config.data.prefetch_batches,
-                pin_memory=torch.cuda.is_available(),
-                recycle=True,  # each batch is done with before the next is fetched
-                verify=_verify(config),
-            )
-            for batch in loader:
-                if "corrupt" in batch:
-                    found = note_corrupt(batch, state.step + 1, rank, metrics_path)
-                    window.corrupt += found
-                    corrupt_total += found
-                with accelerator.accumulate(model):
-                    loss, stats = forward(model, batch, accelerator, config)
-                    where = BadStep(
-                        "loss",
-                        loss.detach(),
-                        state.step + 1,
-                        epoch,
-                        state.batches_done,
-                        batch["sample_ids"],
-                    )
-                    watch.record(loss, where, metrics_path, state.last_checkpoint)
-                    accelerator.backward(loss)
-                    grad_norm = None
-                    if accelerator.sync_gradients:
-                        grad_norm = accelerator.clip_grad_norm_(params, t.max_grad_norm)
-                        if grad_norm is not None:
-                            grad_norm = torch.as_tensor(grad_norm)
-                            where = dataclasses.replace(
-                                where, what="gradient norm", value=grad_norm
-                            )
-                            watch.record(grad_norm, where, metrics_path, state.last_checkpoint)
-                    if accelerator.sync_gradients:
-                        watch.step_optimizer(optimizer)
-                    else:
-                        optimizer.step()  # (a no-op inside accumulation)
-                    optimizer.zero_grad(set_to_none=True)
-                if accelerator.sync_gradients:
-                    watch.end_step(metrics_path, state.last_checkpoint)
-                state.batches_done += 1
-                if dog is not None:
-                    dog.kick()
-                window.add(loss, stats, int(batch["input_ids"].shape[0]))
-                if not accelerator.sync_gradients:
-                    continue
-                if skip_mode:  # the schedule advances over a skipped first step too
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
-                        scheduler.step()
-                else:
-                    scheduler.step()
-                state.step += 1
-                if state.step % t.log_every == 0 or state.step == total_steps:
-                    metrics, tokens = window.reduce(accelerator)
-                    state.tokens += tokens
-                    metrics.update(lr=scheduler.get_last_lr()[0], epoch=epoch, tokens=state.tokens)
-                    if grad_norm is not None:
-                        metrics["grad_norm"] = float(grad_norm)
-                    elapsed = time.perf_counter() - started
-                    metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
-                    if (
-                        stream is not None
-                    ):  # this process's wait for the producer since the last log
-                        metrics["stream_wait_s"] = stream.wait_seconds - waited
-                        metrics["stream_idle_fraction"] = metrics["stream_wait_s"] / max(
-                            elapsed, 1e-9
-                        )
-                        waited = stream.wait_seconds
-                    started = time.perf_counter()
-                    last_metrics = metrics
-                    window = MetricWindow(t.ttt_steps, finite_only=skip_mode)
-                    accelerator.log({f"train/{k}": v for k, v in metrics.items()}, step=state.step)
-                    if main:
-                        _write_metrics(
-                            metrics_path, {"event": "train", "step": state.step, **metrics}
-                        )
-                        if progress is not None:
-                            post = {"loss": f"{metrics['loss']:.4f}"}
-                            post.update(
-                                {
-                                    f"acc{k}": f"{metrics[f'cond_acc_{k}']:.2f}"
-                                    for k in range(t.ttt_steps)
-                                }
-                            )
-                            progress.set_postfix(post)
-                if progress is not None:
-                    progress.update(1)
-                if t.eval_every and state.step % t.eval_every == 0:
-                    validate()
-                if t.save_every and state.step % t.save_every == 0:
-                    checkpoint()
-                if state.step >= total_steps:
-                    done = True
-                    break
-                if preempt.poll():  # the same step on every rank
-                    preempted = done = True
-                    break
-            finished = state.batches_done == segment.start + len(segment.batches)
-            epoch_complete = finished and segment.last
-            if done:  # (the loader ends only when the segment is consumed or on done)
-                if segment.window is not None:
-                    released_through = segment.window + int(finished)
-                break
-            if stream is not None and config.data.reclaim and segment.window is not None:
-                # the window's shards may go once a checkpoint covers it (then receipts, deletes)
-                if state.last_checkpoint != _checkpoint_path(config, state.step):
-                    checkpoint()
-                stream.release(segment.window)
-                released_through = segment.window + 1
-        if epoch_complete:
-            # epoch finished: validate, then record the position as the next epoch's start
-            validate()
-            state.epoch, state.batches_done = epoch + 1, 0
-            checkpoint()
-            released_through = None
-
-    if progress is not None:
-        progress.close()
-    if dog is not None:
-        dog.stop()  # what follows: checkpoint, validation, export (the group's timeout)
-    if preempted:
-        return _leave_preempted(accelerator, model, state, scheduler, config, safe_to_keep, preempt)
-    if state.validated_step != state.step:  # stopped mid-epoch (max_steps): judge the end too
-        safe_to_keep()
+    def _validate_and_export(self) -> None:
+        run = self.run
         _validate_and_export(
-            accelerator, model, inputs, arch, val_idx, state, config, metrics_path, last_metrics
+            self.accelerator,
+            run.model,
+            run.inputs,
+            run.arch,
+            run.order.validation_idx,
+            self.state,
+            self.config,
+            run.metrics_path,
+            self.last_metrics,
         )
-    if state.last_checkpoint != _checkpoint_path(config, state.step):
-        safe_to_keep()
-        save_checkpoint(accelerator, state, scheduler, config, model)
-    if stream is not None and main:  # after the last checkpoint: what it covers may go
-        stream.finish(released_through)
-    safe_to_keep()
-    final_export = export_draft(accelerator, model, inputs, arch, state, last_metrics)
-    corrupt_all = corrupt_total
-    if config.data.verify_rows and config.data.on_corrupt == "skip" and world > 1:
-        total = torch.tensor([float(corrupt_total)], device=accelerator.device)
-        corrupt_all = int(accelerator.reduce(total, reduction="sum").item())
-    if main:
+
+    # -- epochs, segments, micro-batches
+
+    def run_epochs(self) -> None:
+        state = self.state
+        for epoch in range(state.epoch, self.t.epochs):
+            if self.done:
+                break
+            if epoch != state.epoch:
+                state.epoch, state.batches_done = epoch, 0
+            epoch_complete = False
+            for segment in self.run.order.segments(epoch, state.batches_done):
+                self.train_segment(segment, epoch)
+                finished = state.batches_done == segment.start + len(segment.batches)
+                epoch_complete = finished and segment.last
+                if self.done:  # (the loader ends only when the segment is consumed or on done)
+                    if segment.window is not None:
+                        self.released_through = segment.window + int(finished)
+                    break
+                self.end_segment(segment)
+            if epoch_complete:
+                self.end_epoch(epoch)
+
+    def train_segment(self, segment, epoch: int) -> None:
+        """The segment's micro-batches until it is consumed or the run is done."""
+        config, state = self.config, self.state
+        loader = make_loader(
+            self.run.inputs.dataset,
+            segment.batches,
+            config.data.num_workers,
+            config.data.prefetch_batches,
+            pin_memory=torch.cuda.is_available(),
+            recycle=True,  # each batch is done with before the next is fetched
+            verify=_verify(config),
+        )
+        for batch in loader:
+            if "corrupt" in batch:
+                found = note_corrupt(batch, state.step + 1, self.rank, self.run.metrics_path)
+                self.window.corrupt += found
+                self.corrupt_total += found
+            loss, stats, grad_norm = self.micro_batch(batch, epoch)
+            if self.watch_and_count(loss, stats, batch):
+                continue  # inside gradient accumulation
+            self.after_optimizer_step(epoch, grad_norm)
+            if state.step >= self.run.total_steps:
+                self.done = True
+                break
+            if self.preempt.poll():  # the same step on every rank
+                self.preempted = self.done = True
+                break
+
+    def micro_batch(
+        self, batch, epoch: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Forward, backward and, when gradients sync, the clipped optimizer step, each value
+        handed to the non-finite watch: (loss, stats, the step's gradient norm or None)."""
+        accelerator, state, watch, run = self.accelerator, self.state, self.watch, self.run
+        metrics_path = run.metrics_path
+        with accelerator.accumulate(run.model):
+            loss, stats = forward(run.model, batch, accelerator, self.config)
+            where = BadStep(
+                "loss",
+                loss.detach(),
+                state.step + 1,
+                epoch,
+                state.batches_done,
+                batch["sample_ids"],
+            )
+            watch.record(loss, where, metrics_path, state.last_checkpoint)
+            accelerator.backward(loss)
+            grad_norm = None
+            if accelerator.sync_gradients:
+                grad_norm = accelerator.clip_grad_norm_(self.params, self.t.max_grad_norm)
+                if grad_norm is not None:
+                    grad_norm = torch.as_tensor(grad_norm)
+                    where = dataclasses.replace(where, what="gradient norm", value=grad_norm)
+                    watch.record(grad_norm, where, metrics_path, state.last_checkpoint)
+            if accelerator.sync_gradients:
+                watch.step_optimizer(run.optimizer)
+            else:
+                run.optimizer.step()  # (a no-op inside accumulation)
+            run.optimizer.zero_grad(set_to_none=True)
+        return loss, stats, grad_norm
+
+    def watch_and_count(self, loss: torch.Tensor, stats: torch.Tensor, batch) -> bool:
+        """After a micro-batch: its verdicts queued (at an optimizer step), the data position
+        and the watchdog advanced, its stats summed. True while gradients still accumulate."""
+        accelerator = self.accelerator
+        if accelerator.sync_gradients:
+            self.watch.end_step(self.run.metrics_path, self.state.last_checkpoint)
+        self.state.batches_done += 1
+        if self.dog is not None:
+            self.dog.kick()
+        self.window.add(loss, stats, int(batch["input_ids"].shape[0]))
+        return not accelerator.sync_gradients
+
+    def after_optimizer_step(self, epoch: int, grad_norm: torch.Tensor | None) -> None:
+        """The schedule advances, the step is counted, logged when due, and the validate and
+        save points of train.eval_every / train.save_every are met."""
+        t, state = self.t, self.state
+        if self.skip_mode:  # the schedule advances over a skipped first step too
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+                self.run.scheduler.step()
+        else:
+            self.run.scheduler.step()
+        state.step += 1
+        if state.step % t.log_every == 0 or state.step == self.run.total_steps:
+            self.log_metrics(epoch, grad_norm)
+        if self.progress is not None:
+            self.progress.update(1)
+        if t.eval_every and state.step % t.eval_every == 0:
+            self.validate()
+        if t.save_every and state.step % t.save_every == 0:
+            self.checkpoint()
+
+    def log_metrics(self, epoch: int, grad_norm: torch.Tensor | None) -> None:
+        """The logging window's metrics, reduced over ranks: trackers, metrics.jsonl, the
+        progress bar; then a new window."""
+        t, state, accelerator = self.t, self.state, self.accelerator
+        metrics, tokens = self.window.reduce(accelerator)
+        state.tokens += tokens
+        metrics.update(lr=self.run.scheduler.get_last_lr()[0], epoch=epoch, tokens=state.tokens)
+        if grad_norm is not None:
+            metrics["grad_norm"] = float(grad_norm)
+        elapsed = time.perf_counter() - self.started
+        metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
+        if self.stream is not None:  # this process's wait for the producer since the last log
+            metrics["stream_wait_s"] = self.stream.wait_seconds - self.waited
+            metrics["stream_idle_fraction"] = metrics["stream_wait_s"] / max(elapsed, 1e-9)
+            self.waited = self.stream.wait_seconds
+        self.started = time.perf_counter()
+        self.last_metrics = metrics
+        self.window = MetricWindow(t.ttt_steps, finite_only=self.skip_mode)
+        accelerator.log({f"train/{k}": v for k, v in metrics.items()}, step=state.step)
+        if self.main:
+            _write_metrics(self.run.metrics_path, {"event": "train", "step": state.step, **metrics})
+            if self.progress is not None:
+                post = {"loss": f"{metrics['loss']:.4f}"}
+                post.update(
+                    {f"acc{k}": f"{metrics[f'cond_acc_{k}']:.2f}" for k in range(t.ttt_steps)}
+                )
+                self.progress.set_postfix(post)
+
+    def end_segment(self, segment) -> None:
+        """A consumed stream window's shards may go once a checkpoint covers it (then
+        receipts, deletes)."""
+        if self.stream is None or not self.config.data.reclaim or segment.window is None:
+            return
+        if self.state.last_checkpoint != _checkpoint_path(self.config, self.state.step):
+            self.checkpoint()
+        self.stream.release(segment.window)
+        self.released_through = segment.window + 1
+
+    def end_epoch(self, epoch: int) -> None:
+        """Epoch finished: validate, then record the position as the next epoch's start."""
+        self.validate()
+        self.state.epoch, self.state.batches_done = epoch + 1, 0
+        self.checkpoint()
+        self.released_through = None
+
+    # -- the end of the run
+
+    def finish(self) -> int:
+        """Preempted: checkpoint and leave (exit 5). Otherwise the end's validation and
+        checkpoint, the stream's end, the final export, the published draft; exit 0."""
+        run, state, accelerator, config = self.run, self.state, self.accelerator, self.config
+        if self.progress is not None:
+            self.progress.close()
+        if self.dog is not None:
+            self.dog.stop()  # what follows: checkpoint, validation, export (the group's timeout)
+        if self.preempted:
+            return _leave_preempted(
+                accelerator,
+                run.model,
+                state,
+                run.scheduler,
+                config,
+                self.safe_to_keep,
+                self.preempt,
+            )
+        if state.validated_step != state.step:  # stopped mid-epoch (max_steps): judge the end too
+            self.safe_to_keep()
+            self._validate_and_export()
+        if state.last_checkpoint != _checkpoint_path(config, state.step):
+            self.safe_to_keep()
+            save_checkpoint(accelerator, state, run.scheduler, config, run.model)
+        if (
+            self.stream is not None and self.main
+        ):  # after the last checkpoint: what it covers may go
+            self.stream.finish(self.released_through)
+        self.safe_to_keep()
+        final_export = export_draft(
+            accelerator, run.model, run.inputs, run.arch, state, self.last_metrics
+        )
+        self.publish_and_record(final_export)
+        # Tear down together, with no engine left: a rank that left early, its DeepSpeed engine
+        # and gloo work objects still alive, aborted at interpreter exit ("terminate called
+        # without an active exception", about 1 in 4 two-process ZeRO-3 runs).
+        accelerator.free_memory()
+        accelerator.wait_for_everyone()
+        accelerator.end_training()
+        return 0
+
+    def publish_and_record(self, final_export: Path | None) -> None:
+        """The best export (else the final one) copied to OUTPUT/draft, and the "done" event
+        with the corrupt samples left out on every rank and the stream's totals."""
+        config, state, accelerator = self.config, self.state, self.accelerator
+        corrupt_all = self.corrupt_total
+        if config.data.verify_rows and config.data.on_corrupt == "skip" and self.world > 1:
+            total = torch.tensor([float(self.corrupt_total)], device=accelerator.device)
+            corrupt_all = int(accelerator.reduce(total, reduction="sum").item())
+        if not self.main:
+            return
         chosen = Path(state.best_export) if state.best_export else final_export
         assert chosen is not None
-        published = publish(chosen, out_dir)
+        published = publish(chosen, Path(config.output_dir))
         _write_metrics(
-            metrics_path,
+            self.run.metrics_path,
             {
                 "event": "done",
                 "step": state.step,
                 "draft": str(published),
                 "best_step": state.best_step,
                 **({"corrupt_samples": corrupt_all} if corrupt_all else {}),
-                **(_stream_totals(stream, run_started) if stream is not None else {}),
+                **(
+                    _stream_totals(self.stream, self.run.started) if self.stream is not None else {}
+                ),
             },
         )
         log.info("done: %d steps; draft at %s (from %s)", state.step, published, chosen)
-    # Tear down together, with no engine left: a rank that left early, its DeepSpeed engine and
-    # gloo work objects still alive, aborted at interpreter exit ("terminate called without an
-    # active exception", about 1 in 4 two-process ZeRO-3 runs).
-    accelerator.free_memory()
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return 0
 
 
 def _leave_preempted(accelerator, model, state, scheduler, config, safe_to_keep, preempt) -> int:
