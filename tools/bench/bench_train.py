@@ -126,13 +126,21 @@ def run_ours(args) -> dict[str, float]:
     opt = torch.optim.AdamW(params, lr=1e-4, fused=args.device == "cuda")
     host = _batch(args)
     b = _on_device(host, args)
+    objective = _objective(args.objective)
 
     def step() -> None:
         # the trainer's step: alignment on the host, moved with the batch; clipping
         al = align(host["ids"], host["mask"], host["cu"], args.ttt_steps).to(args.device)
         with _autocast(args):
             loss, _ = model(
-                b["aux"], b["last"], b["ids"], b["mask"], b["cu"], args.ttt_steps, alignment=al
+                b["aux"],
+                b["last"],
+                b["ids"],
+                b["mask"],
+                b["cu"],
+                args.ttt_steps,
+                alignment=al,
+                objective=objective,
             )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -338,6 +346,16 @@ def _device_peak_tflops() -> float | None:
     return 989.0 if ("H100" in name or "H200" in name) else None
 
 
+def _objective(text: str):
+    """``KEY=VALUE,...`` of train.objective (ours only), e.g. ``mask_after_miss=true``."""
+    import yaml
+
+    from eagle3_train.config import ObjectiveConfig
+
+    pairs = [x.split("=", 1) for x in text.split(",") if x]
+    return ObjectiveConfig(**{k: yaml.safe_load(v) for k, v in pairs})
+
+
 def run_side(args) -> None:
     import torch
 
@@ -486,6 +504,11 @@ def main() -> int:
         help="ours: draft.attention",
     )
     p.add_argument("--compile", type=int, default=0, help="ours: compiled layers and loss (1)")
+    p.add_argument(
+        "--objective",
+        default="",
+        help="ours: train.objective, e.g. mask_after_miss=true,topk_weight=1",
+    )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
     p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of one step")
     p.add_argument(
@@ -549,7 +572,7 @@ def main() -> int:
     print(
         f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
         f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, {c.device} {c.dtype}, threads={c.threads}, "
-        f"ours: attention {c.attention}, compile {c.compile}"
+        f"ours: attention {c.attention}, compile {c.compile}, objective {c.objective or 'plain'}"
     )
     memory = "peak GPU MiB" if args.device == "cuda" else "peak RSS MiB"
     print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'CPU s/step':>12}{memory:>14}")
