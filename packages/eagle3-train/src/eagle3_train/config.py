@@ -133,7 +133,7 @@ class DataConfig:
     # With stream: stop when the producer seals no shard for this long.
     stream_timeout_s: float = 3600.0
     # Hash each sample's rows as the loader reads them and compare with the manifest's
-    # checksum (XXH3-128 for schema v2). Measured cost: see tools/bench_train.py --verify-rows.
+    # checksum (XXH3-128 for schema v2). Measured cost: see tools/bench/bench_train.py --verify-rows.
     verify_rows: bool = True
     # A sample whose rows do not match: "stop" (exit 6, naming shard, sample and rows) or
     # "skip" (the sample adds nothing to the step; a "corrupt" event in metrics.jsonl, counted
