@@ -333,7 +333,8 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
 def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
     """train.compile as it runs on CUDA (decoder layers compiled with the attention opaque,
     the loss chunk body compiled), here with inductor's CPU code: the same loss and gradients
-    as eager, for the Llama and the MLA draft."""
+    as eager, for the Llama and the MLA draft, with the default objective's top-k term."""
+    from eagle3_train.config import ObjectiveConfig
     from eagle3_train.loss import compile_kl_chunk
 
     batch = _batch()
@@ -346,7 +347,7 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
                     for layer in model.layers:
                         layer.compile()
                 compile_kl_chunk(compiled)
-                loss, _ = model(*batch, ttt_steps=3)
+                loss, _ = model(*batch, ttt_steps=3, objective=ObjectiveConfig(topk_weight=1.0))
                 loss.backward()
                 results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
             (l1, g1), (l2, g2) = results

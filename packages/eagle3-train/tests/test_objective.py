@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from eagle3_train.config import ConfigError, ObjectiveConfig, load_config, parse_override
-from eagle3_train.loss import align, fused_linear_kl, reference_linear_kl, unpack_stats
+from eagle3_train.loss import (
+    TargetTopK,
+    align,
+    fused_linear_kl,
+    reference_linear_kl,
+    unpack_stats,
+)
 from eagle3_train.model import DraftArch, Eagle3Draft
 
 
@@ -29,7 +35,8 @@ def _loss_and_grads(fn, h, w, *args, **kw):
 
 def test_fused_top_k_term_matches_autograd_and_full_k_is_cross_entropy():
     h, w, target, rows = _kl_inputs()
-    fused = _loss_and_grads(fused_linear_kl, h, w, target, rows, chunk=7, topk=5, topk_weight=0.7)
+    top = TargetTopK.of(target, 5, 0.7)
+    fused = _loss_and_grads(fused_linear_kl, h, w, target, rows, chunk=7, top=top)
     ref = _loss_and_grads(reference_linear_kl, h, w, target, rows, topk=5, topk_weight=0.7)
     # the tolerances of test_model's plain-KL twin test
     torch.testing.assert_close(fused[0], ref[0], rtol=1e-6, atol=1e-7)
@@ -42,7 +49,9 @@ def test_fused_top_k_term_matches_autograd_and_full_k_is_cross_entropy():
     assert not torch.allclose(fused[2], plain[2]) and not torch.allclose(fused[3], plain[3])
     # With k = the whole vocabulary the term is the cross-entropy H(p, q) = KL + H(p), so the
     # loss is (1 + w)·KL + w·H(p), computed here without the top-k code.
-    whole = _loss_and_grads(fused_linear_kl, h, w, target, rows, chunk=7, topk=20, topk_weight=0.7)
+    whole = _loss_and_grads(
+        fused_linear_kl, h, w, target, rows, chunk=7, top=TargetTopK.of(target, 20, 0.7)
+    )
     entropy = -(target.exp() * target).sum(-1)
     expected = 1.7 * plain[0] + 0.7 * (entropy * rows).sum()
     torch.testing.assert_close(whole[0], expected, rtol=1e-6, atol=1e-7)

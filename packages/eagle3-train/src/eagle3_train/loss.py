@@ -137,15 +137,36 @@ def mm_f32(a: Tensor, b: Tensor, accumulate: Tensor | None = None) -> Tensor:
     return a @ b if accumulate is None else torch.addmm(accumulate, a, b)
 
 
+@dataclass(frozen=True)
+class TargetTopK:
+    """The target's top-k tokens of each row (train.objective.topk) and the weight of the
+    cross-entropy against them, taken once per batch and indexed per TTT step."""
+
+    logp: Tensor  # [n, k] float32, log p of the top-k tokens
+    ids: Tensor  # [n, k] long, their draft-vocabulary ids
+    weight: float
+
+    @staticmethod
+    def of(target_logp: Tensor, k: int, weight: float) -> TargetTopK | None:
+        if not weight:
+            return None
+        logp, ids = target_logp.topk(min(k, target_logp.shape[-1]), dim=-1)
+        return TargetTopK(logp, ids, weight)
+
+    def __getitem__(self, rows: Tensor | slice) -> TargetTopK:
+        return TargetTopK(self.logp[rows], self.ids[rows], self.weight)
+
+
 def kl_chunk(
     logits: Tensor,
     target_logp: Tensor,
     row_weights: Tensor,
-    topk: int = 0,
-    topk_weight: float = 0.0,
+    top_logp: Tensor | None = None,
+    top_ids: Tensor | None = None,
+    top_weight: float = 0.0,
 ) -> tuple[Tensor, ...]:
     """One chunk's (sum_t w_t·L_t, d/dz of it, argmax z), float32, where
-    L_t = KL(p_t || softmax(z_t)) + topk_weight · (-sum_{i in top-k(p_t)} p_ti log q_ti).
+    L_t = KL(p_t || softmax(z_t)) + top_weight · (-sum_{i in top-k(p_t)} p_ti log q_ti).
 
     d KL / d z = q - p (p sums to one over the draft vocabulary); d top-k CE / d z =
     P_k·q - p·1_k with P_k the target's top-k mass. Plain torch, so ``compile_kl_chunk`` can
@@ -155,12 +176,11 @@ def kl_chunk(
     q = logq.exp()
     loss = (p * (target_logp - logq)).sum(-1)
     grad = q - p
-    if topk_weight:
-        top_logp, top_ids = target_logp.topk(topk, dim=-1)
+    if top_logp is not None and top_ids is not None:
         top_p = top_logp.exp()
-        loss = loss - topk_weight * (top_p * logq.gather(-1, top_ids)).sum(-1)
-        grad = grad + topk_weight * top_p.sum(-1, keepdim=True) * q
-        grad = grad.scatter_add(-1, top_ids, -topk_weight * top_p)
+        loss = loss - top_weight * (top_p * logq.gather(-1, top_ids)).sum(-1)
+        grad = grad + top_weight * top_p.sum(-1, keepdim=True) * q
+        grad = grad.scatter_add(-1, top_ids, -top_weight * top_p)
     return (loss * row_weights).sum(), grad * row_weights.unsqueeze(-1), logits.argmax(-1)
 
 
@@ -191,11 +211,11 @@ class _FusedLinearKL(torch.autograd.Function):
         row_weights: Tensor,
         chunk: int,
         mm_dtype: torch.dtype,
-        topk: tuple[int, float],
+        top: TargetTopK | None,
     ) -> tuple[Tensor, Tensor]:
         with torch.autocast(h.device.type, enabled=False):  # the dtypes here are explicit
             return _FusedLinearKL._forward(
-                ctx, h, weight, target_logp, row_weights, chunk, mm_dtype, topk
+                ctx, h, weight, target_logp, row_weights, chunk, mm_dtype, top
             )
 
     @staticmethod
@@ -207,7 +227,7 @@ class _FusedLinearKL(torch.autograd.Function):
         row_weights: Tensor,
         chunk: int,
         mm_dtype: torch.dtype,
-        topk: tuple[int, float],
+        top: TargetTopK | None,
     ) -> tuple[Tensor, Tensor]:
         n = h.shape[0]
         need_h = ctx.needs_input_grad[0]  # type: ignore[attr-defined]
@@ -222,8 +242,9 @@ class _FusedLinearKL(torch.autograd.Function):
         for c0 in range(0, n, chunk):
             c1 = min(n, c0 + chunk)
             hc = h[c0:c1].to(mm_dtype)
+            top_c = (top.logp[c0:c1].to(acc), top.ids[c0:c1], top.weight) if top else ()
             part, g, preds[c0:c1] = _kl_chunk_impl(
-                mm_f32(hc, w_mm_t), target_logp[c0:c1].to(acc), row_weights[c0:c1].to(acc), *topk
+                mm_f32(hc, w_mm_t), target_logp[c0:c1].to(acc), row_weights[c0:c1].to(acc), *top_c
             )
             total += part
             if need_h or need_w:
@@ -255,12 +276,11 @@ def fused_linear_kl(
     row_weights: Tensor,
     chunk: int = 1024,
     mm_dtype: torch.dtype | None = None,
-    topk: int = 0,
-    topk_weight: float = 0.0,
+    top: TargetTopK | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(sum_t row_weights[t]·L_t, argmax draft ids) for h [n, H], weight [V, H]; L_t is the
-    KL(target_t || draft_t) plus ``topk_weight`` times the top-``topk`` cross-entropy
-    (``kl_chunk``).
+    KL(target_t || draft_t) plus, with ``top`` (the rows of ``target_logp``'s top-k), its
+    weight times the cross-entropy against the target's top-k tokens (``kl_chunk``).
 
     ``mm_dtype``: the GEMMs' input dtype; default: autocast's dtype where autocast is on
     (bf16 on CUDA), else float32 (float64 for float64 inputs)."""
@@ -270,8 +290,7 @@ def fused_linear_kl(
             mm_dtype = torch.get_autocast_dtype(device)
         else:
             mm_dtype = torch.float64 if h.dtype == torch.float64 else torch.float32
-    topk_term = (topk, topk_weight) if topk_weight else (0, 0.0)
-    return _FusedLinearKL.apply(h, weight, target_logp, row_weights, chunk, mm_dtype, topk_term)
+    return _FusedLinearKL.apply(h, weight, target_logp, row_weights, chunk, mm_dtype, top)
 
 
 def reference_linear_kl(
@@ -282,7 +301,8 @@ def reference_linear_kl(
     topk: int = 0,
     topk_weight: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
-    """Plain-autograd twin of ``fused_linear_kl`` (tests compare the two)."""
+    """Plain-autograd twin of ``fused_linear_kl`` (tests compare the two; the top-k term from
+    its definition, without ``TargetTopK``)."""
     logits = h.float() @ weight.float().T
     logq = torch.log_softmax(logits, dim=-1)
     loss = (target_logp.exp() * (target_logp - logq)).sum(-1)

@@ -46,6 +46,7 @@ from eagle3_train.config import ObjectiveConfig
 from eagle3_train.loss import (
     LOSS_EPS,
     Alignment,
+    TargetTopK,
     align,
     fused_linear_kl,
     mm_f32,
@@ -366,15 +367,12 @@ class DraftLMHead(nn.Module):
         target_logp: Tensor | None = None,
         row_weights: Tensor | None = None,
         chunk: int = 1024,
-        topk: int = 0,
-        topk_weight: float = 0.0,
+        top: TargetTopK | None = None,
     ) -> tuple[Tensor, Tensor]:
         if target_logp is None or row_weights is None:
             logits = h @ self.weight.T
             return logits, logits.argmax(-1)
-        return fused_linear_kl(
-            h, self.weight, target_logp, row_weights, chunk, topk=topk, topk_weight=topk_weight
-        )
+        return fused_linear_kl(h, self.weight, target_logp, row_weights, chunk, top=top)
 
 
 class Eagle3Draft(nn.Module):
@@ -477,6 +475,7 @@ class Eagle3Draft(nn.Module):
         al = alignment or align(input_ids, loss_mask, cu_seqlens, ttt_steps)
         target_logp = self.target_log_probs(last_hidden)
         target_ids = target_logp.argmax(-1)
+        target_top = TargetTopK.of(target_logp, obj.topk, obj.topk_weight)
         pdtype = self.fc.weight.dtype
         x = aux_hidden.reshape(T, -1).to(pdtype)
         if obj.input_noise and self.training:
@@ -520,8 +519,7 @@ class Eagle3Draft(nn.Module):
                 target_logp[loss_rows + 1 + k],
                 row_w,
                 self.arch.loss_chunk,
-                obj.topk,
-                obj.topk_weight,
+                target_top[loss_rows + 1 + k] if target_top else None,
             )
             loss = loss + step_loss
             with torch.no_grad():

@@ -511,6 +511,7 @@ def check_dry_run(
             batch["cu_seqlens"],
             cfg.train.ttt_steps,
             cfg.train.ttt_step_loss_decay,
+            objective=cfg.train.objective,
         )
     after_forward = _rss_mib()  # activations are alive until backward frees them
     loss.backward()
