@@ -92,13 +92,15 @@ def test_fused_linear_kl_matches_autograd():
     w = torch.randn(20, 16, generator=g, dtype=torch.float64, requires_grad=True)
     target = torch.log_softmax(torch.randn(37, 20, generator=g, dtype=torch.float64), -1)
     rows = (torch.rand(37, generator=g) < 0.7).double() / 30
-    loss, preds = fused_linear_kl(h, w, target, rows, chunk=7)
+    loss, kl, preds = fused_linear_kl(h, w, target, rows, chunk=7)
     (2.5 * loss).backward()
     gh, gw = h.grad.clone(), w.grad.clone()
     h.grad = w.grad = None
-    ref, ref_preds = reference_linear_kl(h, w, target, rows)
+    ref, ref_kl, ref_preds = reference_linear_kl(h, w, target, rows)
+    torch.testing.assert_close(ref_kl, ref.detach(), rtol=0, atol=0)
     (2.5 * ref).backward()
     torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(kl, loss.detach(), rtol=0, atol=0)  # no top-k term: the KL
     assert torch.equal(preds, ref_preds)
     torch.testing.assert_close(gh, h.grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-7)

@@ -165,8 +165,8 @@ def kl_chunk(
     top_ids: Tensor | None = None,
     top_weight: float = 0.0,
 ) -> tuple[Tensor, ...]:
-    """One chunk's (sum_t w_t·L_t, d/dz of it, argmax z), float32, where
-    L_t = KL(p_t || softmax(z_t)) + top_weight · (-sum_{i in top-k(p_t)} p_ti log q_ti).
+    """One chunk's (sum_t w_t·L_t, sum_t w_t·KL_t, d/dz of the first, argmax z), float32, where
+    L_t = KL_t + top_weight · (-sum_{i in top-k(p_t)} p_ti log q_ti), KL_t = KL(p_t || softmax(z_t)).
 
     d KL / d z = q - p (p sums to one over the draft vocabulary); d top-k CE / d z =
     P_k·q - p·1_k with P_k the target's top-k mass. Plain torch, so ``compile_kl_chunk`` can
@@ -174,14 +174,15 @@ def kl_chunk(
     logq = torch.log_softmax(logits, dim=-1)
     p = target_logp.exp()
     q = logq.exp()
-    loss = (p * (target_logp - logq)).sum(-1)
-    grad = q - p
+    kl = (p * (target_logp - logq)).sum(-1)
+    loss, grad = kl, q - p
     if top_logp is not None and top_ids is not None:
         top_p = top_logp.exp()
         loss = loss - top_weight * (top_p * logq.gather(-1, top_ids)).sum(-1)
         grad = grad + top_weight * top_p.sum(-1, keepdim=True) * q
         grad = grad.scatter_add(-1, top_ids, -top_weight * top_p)
-    return (loss * row_weights).sum(), grad * row_weights.unsqueeze(-1), logits.argmax(-1)
+    grad = grad * row_weights.unsqueeze(-1)
+    return (loss * row_weights).sum(), (kl * row_weights).sum(), grad, logits.argmax(-1)
 
 
 _kl_chunk_impl = kl_chunk
@@ -212,7 +213,7 @@ class _FusedLinearKL(torch.autograd.Function):
         chunk: int,
         mm_dtype: torch.dtype,
         top: TargetTopK | None,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         with torch.autocast(h.device.type, enabled=False):  # the dtypes here are explicit
             return _FusedLinearKL._forward(
                 ctx, h, weight, target_logp, row_weights, chunk, mm_dtype, top
@@ -228,7 +229,7 @@ class _FusedLinearKL(torch.autograd.Function):
         chunk: int,
         mm_dtype: torch.dtype,
         top: TargetTopK | None,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         n = h.shape[0]
         need_h = ctx.needs_input_grad[0]  # type: ignore[attr-defined]
         need_w = ctx.needs_input_grad[1]  # type: ignore[attr-defined]
@@ -238,15 +239,17 @@ class _FusedLinearKL(torch.autograd.Function):
         grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if need_w else None
         total = torch.zeros((), dtype=acc, device=h.device)
+        kl_total = torch.zeros((), dtype=acc, device=h.device)
         preds = torch.empty(n, dtype=torch.long, device=h.device)
         for c0 in range(0, n, chunk):
             c1 = min(n, c0 + chunk)
             hc = h[c0:c1].to(mm_dtype)
             top_c = (top.logp[c0:c1].to(acc), top.ids[c0:c1], top.weight) if top else ()
-            part, g, preds[c0:c1] = _kl_chunk_impl(
+            part, kl_part, g, preds[c0:c1] = _kl_chunk_impl(
                 mm_f32(hc, w_mm_t), target_logp[c0:c1].to(acc), row_weights[c0:c1].to(acc), *top_c
             )
             total += part
+            kl_total += kl_part
             if need_h or need_w:
                 g = g.to(mm_dtype)
                 if grad_h is not None:
@@ -256,11 +259,18 @@ class _FusedLinearKL(torch.autograd.Function):
         ctx.save_for_backward(*(x for x in (grad_h, grad_w) if x is not None))
         ctx.has = (grad_h is not None, grad_w is not None)  # type: ignore[attr-defined]
         ctx.dtypes = (h.dtype, weight.dtype)  # type: ignore[attr-defined]
-        ctx.mark_non_differentiable(preds)
-        return total.float() if acc == torch.float32 else total, preds
+        ctx.mark_non_differentiable(kl_total, preds)
+        if acc == torch.float32:
+            total, kl_total = total.float(), kl_total.float()
+        return total, kl_total, preds
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad_total: Tensor, _grad_preds: Tensor):  # type: ignore[override]
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_total: Tensor,
+        _grad_kl: Tensor,
+        _grad_preds: Tensor,
+    ):
         saved = list(ctx.saved_tensors)  # type: ignore[attr-defined]
         has_h, has_w = ctx.has  # type: ignore[attr-defined]
         h_dtype, w_dtype = ctx.dtypes  # type: ignore[attr-defined]
@@ -277,10 +287,11 @@ def fused_linear_kl(
     chunk: int = 1024,
     mm_dtype: torch.dtype | None = None,
     top: TargetTopK | None = None,
-) -> tuple[Tensor, Tensor]:
-    """(sum_t row_weights[t]·L_t, argmax draft ids) for h [n, H], weight [V, H]; L_t is the
-    KL(target_t || draft_t) plus, with ``top`` (the rows of ``target_logp``'s top-k), its
-    weight times the cross-entropy against the target's top-k tokens (``kl_chunk``).
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(sum_t w_t·L_t, sum_t w_t·KL_t, argmax draft ids) for h [n, H], weight [V, H] and
+    w = ``row_weights``; KL_t = KL(target_t || draft_t) and L_t adds, with ``top`` (the rows
+    of ``target_logp``'s top-k), its weight times the cross-entropy against the target's
+    top-k tokens (``kl_chunk``). Only the first has a gradient.
 
     ``mm_dtype``: the GEMMs' input dtype; default: autocast's dtype where autocast is on
     (bf16 on CUDA), else float32 (float64 for float64 inputs)."""
@@ -300,16 +311,17 @@ def reference_linear_kl(
     row_weights: Tensor,
     topk: int = 0,
     topk_weight: float = 0.0,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """Plain-autograd twin of ``fused_linear_kl`` (tests compare the two; the top-k term from
     its definition, without ``TargetTopK``)."""
     logits = h.float() @ weight.float().T
     logq = torch.log_softmax(logits, dim=-1)
-    loss = (target_logp.exp() * (target_logp - logq)).sum(-1)
+    kl = (target_logp.exp() * (target_logp - logq)).sum(-1)
+    loss = kl
     if topk_weight:
         top_logp, top_ids = target_logp.topk(topk, dim=-1)
-        loss = loss - topk_weight * (top_logp.exp() * logq.gather(-1, top_ids)).sum(-1)
-    return (loss * row_weights).sum(), logits.argmax(-1)
+        loss = kl - topk_weight * (top_logp.exp() * logq.gather(-1, top_ids)).sum(-1)
+    return (loss * row_weights).sum(), (kl * row_weights).sum().detach(), logits.argmax(-1)
 
 
 @dataclass
@@ -317,11 +329,10 @@ class StepCounts:
     """Raw counts of one TTT step, summable across batches and ranks before dividing."""
 
     loss: Tensor  # decayed, normalised step loss (what is optimised)
-    kl_sum: Tensor  # sum of the per-slot loss (KL, + the top-k term if on) over loss_slots
+    kl_sum: Tensor  # sum of KL over scored slots
     scored: Tensor  # number of scored slots
     full_correct: Tensor  # scored slots whose steps 0..k all matched the target's argmax
     cond_total: Tensor  # slots whose steps 0..k-1 all matched (the condition)
-    loss_slots: Tensor  # slots the step's loss averages over (scored, or fewer: mask_after_miss)
 
 
 NUM_STATS = len(StepCounts.__dataclass_fields__)  # columns of the model's stats tensor
@@ -360,8 +371,7 @@ def summarize(steps: list[StepCounts], num_batches: float = 1.0) -> dict[str, fl
     for k, s in enumerate(steps):
         scored = float(s.scored)
         out[f"loss_{k}"] = float(s.loss) / max(num_batches, 1.0)
-        slots = float(s.loss_slots)
-        out[f"kl_{k}"] = float(s.kl_sum) / slots if slots else float("nan")
+        out[f"kl_{k}"] = float(s.kl_sum) / scored if scored else float("nan")
         out[f"full_acc_{k}"] = float(s.full_correct) / scored if scored else float("nan")
         cond = float(s.cond_total)
         out[f"cond_acc_{k}"] = float(s.full_correct) / cond if cond else float("nan")

@@ -53,6 +53,8 @@ from eagle3_train.loss import (
     step_accuracy,
 )
 
+PLAIN_TTT = ObjectiveConfig(topk_weight=0.0, input_noise=0.0)
+
 
 @dataclass
 class DraftArch:
@@ -368,7 +370,8 @@ class DraftLMHead(nn.Module):
         row_weights: Tensor | None = None,
         chunk: int = 1024,
         top: TargetTopK | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, ...]:
+        """(logits, argmax) without a target; with one, ``fused_linear_kl``'s (loss, KL, argmax)."""
         if target_logp is None or row_weights is None:
             logits = h @ self.weight.T
             return logits, logits.argmax(-1)
@@ -462,16 +465,16 @@ class Eagle3Draft(nn.Module):
         objective: ObjectiveConfig | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(loss, stats): stats [ttt_steps, NUM_STATS] float64 holds, per step, the decayed
-        step loss, the per-slot loss summed, scored slots, fully-correct slots, the
-        conditional denominator and the slots the loss averages over (``loss.unpack_stats``
-        names them). Plain tensors, so DDP/DeepSpeed hooks see them.
+        step loss, the KL sum, scored slots, fully-correct slots and the conditional
+        denominator (``loss.unpack_stats`` names them). Plain
+        tensors, so DDP/DeepSpeed hooks see them.
 
         ``alignment``: ``loss.align`` of this batch computed on the host and moved here (the
         trainer does so); without it, it is computed here, reading counts back to the host.
-        ``objective``: train.objective (default: plain EAGLE-3 TTT); input noise only in
-        training mode."""
+        ``objective``: train.objective; None = plain EAGLE-3 TTT (what speculators computes;
+        the trainer passes the config's). Input noise only in training mode."""
         T = input_ids.shape[0]
-        obj = objective or ObjectiveConfig()
+        obj = objective or PLAIN_TTT
         al = alignment or align(input_ids, loss_mask, cu_seqlens, ttt_steps)
         target_logp = self.target_log_probs(last_hidden)
         target_ids = target_logp.argmax(-1)
@@ -504,17 +507,9 @@ class Eagle3Draft(nn.Module):
             # each is trained toward the target's row t+1+k.
             loss_rows, valid = al.loss_rows[k], al.valid[k]
             decay = ttt_step_loss_decay**k
-            if obj.mask_after_miss and k:
-                # scored only while steps 0..k-1 all proposed the target's token (a device
-                # count: no host sync)
-                scored = valid & prev_correct
-                denominator = scored.sum().double() + LOSS_EPS
-                row_w = (scored[loss_rows].double() * (decay / denominator)).float()
-            else:
-                scored = valid
-                denominator = al.num_scored[k] + LOSS_EPS
-                row_w = valid[loss_rows].float() * (decay / denominator)
-            step_loss, preds = self.lm_head(
+            denominator = al.num_scored[k] + LOSS_EPS
+            row_w = valid[loss_rows].float() * (decay / denominator)
+            step_loss, step_kl, preds = self.lm_head(
                 normed[loss_rows],
                 target_logp[loss_rows + 1 + k],
                 row_w,
@@ -528,9 +523,9 @@ class Eagle3Draft(nn.Module):
                 full_correct, cond_total, prev_correct = step_accuracy(
                     correct, valid, al.in_doc[k], prev_correct
                 )
-                slot_loss_sum = step_loss.detach().double() * (denominator / decay)
-                parts = (step_loss.detach(), slot_loss_sum, valid.sum(), full_correct, cond_total)
-                rows.append(torch.stack([*(p.double() for p in parts), scored.sum().double()]))
+                kl_sum = step_kl * (denominator / decay)
+                parts = (step_loss.detach(), kl_sum, valid.sum(), full_correct, cond_total)
+                rows.append(torch.stack([p.double() for p in parts]))
         return loss, torch.stack(rows)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
