@@ -30,6 +30,7 @@ for. Tokens are the packed tokens of the batches the steps consume.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -194,11 +195,22 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     return name, [x for x in sets.split(";") if x]
 
 
+def code_fingerprint() -> str:
+    """sha256 of eagle3-train's sources and the recipe ours trains with."""
+    digest = hashlib.sha256()
+    sources = sorted((ROOT / "packages" / "eagle3-train" / "src").rglob("*.py"))
+    for path in [*sources, RECIPE]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def run_arm(args, run: Path, out: Path, arm: str, overrides: list[str], seed: int) -> dict:
     """One (arm, seed): train, then measure with vLLM; reused when already done alike."""
     where = out / arm / f"seed-{seed}"
     done = where / "result.json"
     key = {"steps": args.steps, "lr": args.lr, "prompts": args.prompts, "overrides": overrides}
+    if arm != "speculators":  # ours' defaults live in the code: a change reruns its arms
+        key["code"] = code_fingerprint()
     if done.exists():
         result = json.loads(done.read_text())
         if result["key"] == key:
