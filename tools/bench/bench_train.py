@@ -347,7 +347,7 @@ def _device_peak_tflops() -> float | None:
 
 
 def _objective(text: str):
-    """``KEY=VALUE,...`` of train.objective (ours only), e.g. ``mask_after_miss=true``."""
+    """``KEY=VALUE,...`` of train.objective (ours only), e.g. ``topk_weight=0`` (plain TTT)."""
     import yaml
 
     from eagle3_train.config import ObjectiveConfig
@@ -507,7 +507,7 @@ def main() -> int:
     p.add_argument(
         "--objective",
         default="",
-        help="ours: train.objective, e.g. mask_after_miss=true,topk_weight=1",
+        help="ours: train.objective, e.g. topk_weight=0 (plain TTT)",
     )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
     p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of one step")

@@ -24,7 +24,7 @@ for. Tokens are the packed tokens of the batches the steps consume.
 
     uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny [--steps 150] [--seeds 0,1,2]
     uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny --no-speculators \\
-        --arm mask='train.objective.mask_after_miss=true'             # one ablation, vLLM-measured
+        --arm plain='train.objective.topk_weight=0'                   # one ablation, vLLM-measured
 """
 
 from __future__ import annotations

@@ -153,9 +153,6 @@ class ObjectiveConfig:
     # without. 0 = off (plain EAGLE-3, what speculators trains).
     topk: int = 10
     topk_weight: float = 1.0
-    # Gaussian noise (std, relative to each row's RMS) on the input aux hidden states during
-    # training (EAGLE-1's remedy for the error the draft's own features accumulate). 0 = off.
-    input_noise: float = 0.0
 
 
 @dataclass
@@ -419,8 +416,6 @@ def check_config(config: Config) -> list[str]:
         p.append(f"train.objective.topk: {o.topk} < 1")
     if o.topk_weight < 0:
         p.append(f"train.objective.topk_weight: {o.topk_weight} must be >= 0")
-    if o.input_noise < 0:
-        p.append(f"train.objective.input_noise: {o.input_noise} must be >= 0")
     if t.gradient_accumulation_steps < 1:
         p.append(f"train.gradient_accumulation_steps: {t.gradient_accumulation_steps} < 1")
     if t.lr <= 0:

@@ -53,7 +53,7 @@ from eagle3_train.loss import (
     step_accuracy,
 )
 
-PLAIN_TTT = ObjectiveConfig(topk_weight=0.0, input_noise=0.0)
+PLAIN_TTT = ObjectiveConfig(topk_weight=0.0)
 
 
 @dataclass
@@ -472,7 +472,7 @@ class Eagle3Draft(nn.Module):
         ``alignment``: ``loss.align`` of this batch computed on the host and moved here (the
         trainer does so); without it, it is computed here, reading counts back to the host.
         ``objective``: train.objective; None = plain EAGLE-3 TTT (what speculators computes;
-        the trainer passes the config's). Input noise only in training mode."""
+        the trainer passes the config's)."""
         T = input_ids.shape[0]
         obj = objective or PLAIN_TTT
         al = alignment or align(input_ids, loss_mask, cu_seqlens, ttt_steps)
@@ -481,9 +481,6 @@ class Eagle3Draft(nn.Module):
         target_top = TargetTopK.of(target_logp, obj.topk, obj.topk_weight)
         pdtype = self.fc.weight.dtype
         x = aux_hidden.reshape(T, -1).to(pdtype)
-        if obj.input_noise and self.training:
-            rms = x.float().pow(2).mean(-1, keepdim=True).sqrt().to(pdtype)
-            x = x + torch.randn_like(x) * (rms * obj.input_noise)
         if self.arch.norm_before_fc:
             x = self.input_norm(x)
         hidden = self.fc(x)
