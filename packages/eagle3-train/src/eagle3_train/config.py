@@ -158,7 +158,9 @@ class ObjectiveConfig:
 @dataclass
 class TrainLoopConfig:
     ttt_steps: int = 3
-    ttt_step_loss_decay: float = 1.0
+    # TTT step k's loss weighs decay^k. Measured by vLLM on the tiny recipe (3 seeds): 0.8 with
+    # the top-k term 3.241 (3.235..3.247), 1.0 with it 3.222 (3.210..3.230).
+    ttt_step_loss_decay: float = 0.8
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     epochs: int = 1
     max_steps: int | None = None  # optimizer steps; stops early when reached
