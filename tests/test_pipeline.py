@@ -7,9 +7,10 @@ embedded target, and this tier checks each hand-off and the quality gate.
   vocab map inside the export is the data stage's, and the export train wrote is what vLLM
   measured.
 - Quality gate: vLLM's acceptance length at k = 3 (greedy, held-out prompts) is >= 2.5 — the
-  issue's bar. Measured anchors on 2 cores with the recipe's defaults: 3.174 (per position
-  0.82 / 0.73 / 0.62); 2.915-2.933 with the earlier draft defaults (no norm_before_residual,
-  frozen LM head); 1.79 without regenerated answers. The ceiling is k + 1 = 4.
+  issue's bar. Measured anchors on 2 cores with the recipe's defaults: 3.235 (per position
+  0.84 / 0.75 / 0.65; top-k term and 0.8^k step weights); 3.174 with plain TTT; 2.915-2.933
+  with the earlier draft defaults (no norm_before_residual, frozen LM head); 1.79 without
+  regenerated answers. The ceiling is k + 1 = 4.
 - Speculative decoding is lossless at temperature 0: vLLM's greedy tokens with the draft equal
   the target's alone (both float32 in vLLM; measured 40/40).
 - The gate's negative cases: the same dataset with its aux states paired one position late
