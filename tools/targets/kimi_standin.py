@@ -249,7 +249,24 @@ def save_tokenizer(out_dir: Path, ranks: list[bytes]) -> None:
 
 
 def save_weights(out_dir: Path, config: dict[str, Any], seed: int) -> None:
-    """Random DeepseekV3 text weights (seeded), bf16, under the hub checkpoint's names.
+    """Random DeepseekV3 text weights (seeded), bf16, in the wrapper's checkpoint layout."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    save_wrapped(DeepseekV3ForCausalLM(DeepseekV3Config(**text_model_config(config))), out_dir)
+
+
+def text_model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The wrapper's ``text_config`` as transformers' DeepseekV3Config takes it."""
+    # A deep copy: transformers' config classes rewrite the rope dict they are given in place.
+    text = copy.deepcopy(dict(config["text_config"], model_type="deepseek_v3"))
+    text.pop("architectures", None)
+    return text
+
+
+def save_wrapped(model: Any, out_dir: Path) -> None:
+    """A DeepseekV3ForCausalLM's weights in bf16 under the hub checkpoint's names.
 
     ``save_pretrained`` writes the checkpoint layout (one tensor per routed expert, as vLLM and
     the hub have it; transformers fuses experts only in memory); the names then get the
@@ -258,15 +275,9 @@ def save_weights(out_dir: Path, config: dict[str, Any], seed: int) -> None:
 
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    # A deep copy: transformers' config classes rewrite the rope dict they are given in place.
-    text = copy.deepcopy(dict(config["text_config"], model_type="deepseek_v3"))
-    text.pop("architectures", None)
-    torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(DeepseekV3Config(**text)).to(torch.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
         tensors = {}
         for path in sorted(Path(tmp).glob("*.safetensors")):
             tensors.update(load_file(path))
@@ -280,13 +291,18 @@ def build_standin(out_dir: Path, seed: int = 0) -> Path:
     config = standin_config(target_facts())
     save_tokenizer(out_dir, bpe_ranks(corpus_texts()))
     save_weights(out_dir, config, seed)
+    save_wrapper_files(out_dir, config)
+    return out_dir
+
+
+def save_wrapper_files(out_dir: Path, config: dict[str, Any]) -> None:
+    """config.json, the image processor's file vLLM reads, generation_config.json."""
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (out_dir / "preprocessor_config.json").write_text(
         json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n"
     )
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    return out_dir
 
 
 if __name__ == "__main__":
