@@ -17,7 +17,9 @@ the figures compare the two architectures on the same task, they say nothing abo
 the real Kimi-K2.5. Measured (2 cores, 200 steps): both reach acceptance ~1.00 — a random
 target is unpredictable, and so was one with its residual writes scaled by 0.05 — so on the
 stand-in the comparison shows throughput and that vLLM's counters equal the reference's, not
-which draft is better; that needs a trained MLA target (none exists offline).
+which draft is better. Which is better is measured on the trained MLA + MoE target
+(recipes/tiny-mla): ``bench_vs_speculators.py --recipe recipes/tiny-mla --arm
+llama='draft.architecture=llama'`` (seeds, beside speculators; README "How good").
 
     uv run --frozen python tools/bench/bench_draft_archs.py --work runs/bench-archs [--steps 200]
 """
