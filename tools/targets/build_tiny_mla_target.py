@@ -177,23 +177,7 @@ def build(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    tokenizer = load_tokenizer()
-    heldout = [c for c in tiny.build_corpus() if c.split == "heldout"]
-    ce, n_tokens = tiny.heldout_answer_ce(
-        load_target(args.out), tokenizer, heldout, tiny.CHECK_CONVERSATIONS
-    )
-    info = json.loads((args.out / BUILD_INFO).read_text())
-    print(
-        f"held-out answer CE on {tiny.CHECK_CONVERSATIONS} conversations ({n_tokens} tokens): "
-        f"{ce:.4f} nats; recorded at build {info['check_subset_answer_ce']:.4f}; "
-        f"bound {CHECK_MAX_CE} ({time.monotonic() - started:.1f}s)"
-    )
-    if ce < CHECK_MAX_CE:
-        print("OK")
-        return 0
-    print("FAIL: held-out answer CE is not below the bound", file=sys.stderr)
-    return 1
+    return tiny.check_verdict(load_target(args.out), load_tokenizer(), args.out, CHECK_MAX_CE)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
