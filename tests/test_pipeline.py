@@ -32,6 +32,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from eagle3_schemas import read_header
+from eagle3_schemas.failures import failure_report
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
 from eagle3_schemas.testing.edits import map_hidden_state_rows
 
@@ -55,7 +56,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> tuple[Pat
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout[-4000:] + failure_report(done.stderr)
     return out, done.stdout, done.stderr
 
 

