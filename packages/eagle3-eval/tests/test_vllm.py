@@ -232,7 +232,7 @@ def test_a_kv_cache_fraction_fails_where_bytes_start(
     as a fraction of the node minus the process's memory, which went negative. A bare engine
     with such a fraction fails here too, and what the test shows of it is vLLM's root cause;
     the stage, given the same fraction (``vllm_out``), started and measured: it sizes the cache
-    in bytes (``kv_cache_memory_bytes``, in the report), so the node's size no longer matters."""
+    in bytes (``kv_cache_memory_bytes``, in the report's ``platform_engine_args``), so the node's size no longer matters."""
     import os
     import subprocess
 
@@ -256,4 +256,4 @@ def test_a_kv_cache_fraction_fails_where_bytes_start(
     assert served["num_prompts"] == LIMIT
     assert served["engine"]["engine_args"]["gpu_memory_utilization"] == FAILING_FRACTION
     # the tiny target's 6 KiB of KV per token and the draft's 1 KiB, for 1 prompt in flight
-    assert 0 < served["engine"]["kv_cache_memory_bytes"] < 64 << 20
+    assert 0 < served["engine"]["platform_engine_args"]["kv_cache_memory_bytes"] < 64 << 20

