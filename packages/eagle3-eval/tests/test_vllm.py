@@ -252,7 +252,7 @@ def test_a_kv_cache_fraction_fails_where_bytes_start(
     shown = failure_report(done.stderr)
     cause = "less than requested memory for kv"
     assert cause in shown.split("--- last")[0], shown  # the root cause leads, not the tail
-    served = read_report(vllm_out / "report.json").fields
+    served = read_report(vllm_out / "temperature-0").fields
     assert served["num_prompts"] == LIMIT
     assert served["engine"]["engine_args"]["gpu_memory_utilization"] == FAILING_FRACTION
     # the tiny target's 6 KiB of KV per token and the draft's 1 KiB, for 1 prompt in flight

