@@ -36,13 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eagle3_train.attention import (
-    chunked_ttt_attention,
-    dense_ttt_attention,
-    flash_ttt_attention,
-    resolve_attention,
-)
+from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention
 from eagle3_train.config import ObjectiveConfig
+from eagle3_train.flash_attention import flash_ttt_attention, resolve_attention
 from eagle3_train.loss import (
     LOSS_EPS,
     Alignment,
