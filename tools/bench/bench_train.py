@@ -85,7 +85,8 @@ def _heads(args) -> tuple[int, int, int]:
 def run_ours(args) -> dict[str, float]:
     import torch
 
-    from eagle3_train.model import DraftArch, Eagle3Draft
+    from eagle3_train.arch import DraftArch
+    from eagle3_train.model import Eagle3Draft
 
     heads, kv, head_dim = _heads(args)
     arch = DraftArch(

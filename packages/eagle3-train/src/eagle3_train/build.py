@@ -13,10 +13,11 @@ import math
 
 import torch
 
+from eagle3_train.arch import DraftArch
 from eagle3_train.config import Config
 from eagle3_train.inputs import RunInputs, load_target_head
 from eagle3_train.loss import compile_kl_chunk
-from eagle3_train.model import DraftArch, Eagle3Draft
+from eagle3_train.model import Eagle3Draft
 
 log = logging.getLogger("eagle3_train")
 

@@ -19,9 +19,9 @@ from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_vocab_map
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.stream import fingerprint_stream
 from eagle3_schemas.target_config import text_config
+from eagle3_train.arch import DraftArch
 from eagle3_train.config import Config
 from eagle3_train.data import HiddenStateDataset
-from eagle3_train.model import DraftArch
 from eagle3_train.stream import StreamWindows, wait_for_stream
 
 

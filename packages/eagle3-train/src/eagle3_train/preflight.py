@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle3_train.arch import DraftArch
 from eagle3_train.build import build_model
 from eagle3_train.flash_attention import flash_self_check, resolve_attention
 from eagle3_train.inputs import RunInputs, checkpoint_lineage
-from eagle3_train.model import DraftArch
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from eagle3_schemas.atomic import write_json_atomic
 from eagle3_schemas.diskspace import DiskFull, check_free, disk_full, is_disk_full
 from eagle3_schemas.stream import CONSUMER_STOPPED
 from eagle3_schemas.validate import validate
+from eagle3_train.arch import DraftArch
 from eagle3_train.build import build_model, lr_lambda, make_optimizer, speed_up
 from eagle3_train.config import Config, dump_config
 from eagle3_train.data import make_loader, plan_epoch, rank_batches, to_device
@@ -53,7 +54,6 @@ from eagle3_train.inputs import (
     resolve_arch,
 )
 from eagle3_train.loss import NUM_STATS, align, summarize, unpack_stats
-from eagle3_train.model import DraftArch
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
 from eagle3_train.preempt import Preemption, parse_signals
 from eagle3_train.preflight import PreflightError, run_preflight
