@@ -25,7 +25,8 @@ from eagle3_schemas.header import write_safetensors
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.testing.edits import rewrite_checksums
 from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
-from eagle3_train.data import CorruptSample, HiddenStateDataset, ShardReader
+from eagle3_train.data import CorruptSample, HiddenStateDataset
+from eagle3_train.loader import ShardReader
 from eagle3_train.synthetic import write_dataset
 from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 from eagle3_train.trainer import NonFiniteSkip, fused_found_inf

@@ -476,7 +476,8 @@ def _rss_mib() -> float:
 def check_dry_run(
     inputs: RunInputs, arch: DraftArch, device: torch.device
 ) -> tuple[list[Finding], dict[str, float]]:
-    from eagle3_train.data import ShardReader, plan_epoch, split_indices, to_device
+    from eagle3_train.data import plan_epoch, split_indices
+    from eagle3_train.loader import ShardReader, to_device
 
     cfg = inputs.config
     if inputs.stream is not None:  # the first window (waits for the producer to seal it)

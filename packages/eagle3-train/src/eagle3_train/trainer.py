@@ -45,7 +45,7 @@ from eagle3_schemas.validate import validate
 from eagle3_train.arch import DraftArch
 from eagle3_train.build import build_model, lr_lambda, make_optimizer, speed_up
 from eagle3_train.config import Config, dump_config
-from eagle3_train.data import make_loader, plan_epoch, rank_batches, to_device
+from eagle3_train.data import plan_epoch, rank_batches
 from eagle3_train.export import draft_config, export_weights, write_checkpoint
 from eagle3_train.inputs import (
     RunInputs,
@@ -53,6 +53,7 @@ from eagle3_train.inputs import (
     load_inputs,
     resolve_arch,
 )
+from eagle3_train.loader import make_loader, to_device
 from eagle3_train.loss import NUM_STATS, align, summarize, unpack_stats
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
 from eagle3_train.preempt import Preemption, parse_signals
