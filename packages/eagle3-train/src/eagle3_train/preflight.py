@@ -9,7 +9,6 @@ interfaces (introspection) → one real forward/backward → memory and disk est
 from __future__ import annotations
 
 import inspect
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import torch
 
 from eagle3_train.arch import DraftArch
 from eagle3_train.build import build_model
+from eagle3_train.checkpoint import read_run_config, read_state, run_config_path
 from eagle3_train.flash_attention import flash_self_check, resolve_attention
 from eagle3_train.inputs import RunInputs, checkpoint_lineage
 
@@ -334,7 +334,7 @@ def check_draft_shape(arch: DraftArch) -> list[Finding]:
 def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -> list[Finding]:
     if resume_from is None:
         return []
-    state = json.loads((resume_from / "trainer_state.json").read_text(encoding="utf-8"))
+    state = read_state(resume_from)
     saved = state.get("lineage") or {}
     now = checkpoint_lineage(inputs)
     out = []
@@ -348,11 +348,9 @@ def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -
                     f"run's inputs give {now[key]!r} (set train.resume=never to start afresh)",
                 )
             )
-    run_yaml = resume_from.parent.parent / "run.yaml"
-    if run_yaml.is_file():
-        import yaml
-
-        old = yaml.safe_load(run_yaml.read_text(encoding="utf-8")).get("draft", {})
+    run_yaml, run_config = run_config_path(resume_from), read_run_config(resume_from)
+    if run_config is not None:
+        old = run_config.get("draft", {})
         for key in ("num_layers", "norm_before_residual", "norm_before_fc", "norm_output"):
             if key in old and old[key] != getattr(inputs.config.draft, key):
                 out.append(
