@@ -310,7 +310,7 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
     the CPU kernel; a kernel whose log-sum-exp comes back in another row order (what a torch
     with another layout would give) is caught."""
     from eagle3_train import flash_attention as attention
-    from eagle3_train.preflight import check_attention_kernel
+    from eagle3_train.preflight.device import check_attention_kernel
 
     cpu = torch.device("cpu")
     assert attention.flash_self_check(cpu) == []

@@ -76,7 +76,7 @@ class DraftConfig:
     # 3.17 trained.
     train_lm_head: bool = True
     # The TTT attention (causal+document keys plus the per-slot diagonal of earlier TTT
-    # steps; eagle3_train/attention.py). "chunked": the exact reference in plain torch,
+    # steps; attention.py, flash_attention.py). "chunked": the exact reference in plain torch,
     # memory O(T·chunk). "flash": FlashAttention varlen over the step-0 keys with the
     # diagonal merged in closed form (CUDA bf16/fp16; on CPU torch's flash kernel with a dense
     # mask). "sdpa": one dense mask over all steps' keys (as speculators does, O(T²·k)

@@ -1,7 +1,7 @@
 """The run's inputs, read once: dataset, vocab map, target config; the resolved draft shape.
 
 Reading is cheap (headers, manifest, config.json); the cross-checks that can stop a run live
-in preflight.py and use what is loaded here.
+in preflight/ and use what is loaded here.
 """
 
 from __future__ import annotations
