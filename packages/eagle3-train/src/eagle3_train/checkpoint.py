@@ -22,6 +22,7 @@ import yaml
 from eagle3_schemas.atomic import write_json_atomic
 from eagle3_schemas.diskspace import DiskFull, check_free, disk_full, is_disk_full
 from eagle3_train.accelerator import agree_on_failure
+from eagle3_train.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,11 @@ class Checkpoints:
     def __init__(self, output_dir: str | Path, keep: int) -> None:
         self.root = Path(output_dir) / "checkpoints"
         self.keep = keep
+
+    @classmethod
+    def of(cls, config: Config) -> Checkpoints:
+        """The checkpoints of the run ``config`` describes (train.keep_checkpoints kept)."""
+        return cls(config.output_dir, config.train.keep_checkpoints)
 
     def path(self, step: int) -> Path:
         return self.root / f"step-{step:08d}"

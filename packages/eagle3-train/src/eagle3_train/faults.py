@@ -75,7 +75,7 @@ def is_collective_failure(error: BaseException) -> bool:
 
 def collective_failure_message(error: BaseException, config: Config) -> str:
     rank = os.environ.get("RANK", "?")
-    latest = Checkpoints(config.output_dir, config.train.keep_checkpoints).latest()
+    latest = Checkpoints.of(config).latest()
     last = str(latest) if latest is not None else "none yet"
     first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
     return (

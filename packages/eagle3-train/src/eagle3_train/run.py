@@ -53,10 +53,6 @@ class Run:
         return self.inputs.stream
 
 
-def checkpoints_of(config: Config) -> Checkpoints:
-    return Checkpoints(config.output_dir, config.train.keep_checkpoints)
-
-
 def load_and_check_inputs(
     config: Config, accelerator, preflight_only: bool
 ) -> tuple[RunInputs, DraftArch, Path | None] | int:
@@ -66,7 +62,7 @@ def load_and_check_inputs(
     try:
         inputs = load_inputs(config)
         arch = resolve_arch(inputs)
-        resume_from = checkpoints_of(config).find(config.train.resume)
+        resume_from = Checkpoints.of(config).find(config.train.resume)
         if config.train.preflight or preflight_only:
             report = run_preflight(inputs, arch, accelerator, resume_from, full=main)
             if main:
@@ -88,7 +84,7 @@ def prepare_output_dir(config: Config, accelerator) -> None:
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / RUN_CONFIG_FILE).write_text(dump_config(config), encoding="utf-8")
-        checkpoints_of(config).remove_partial()
+        Checkpoints.of(config).remove_partial()
     accelerator.wait_for_everyone()
 
 
@@ -148,7 +144,7 @@ def set_up_run(
     # The scheduler stays outside prepare(): Accelerate would step it once per process.
     model, optimizer = accelerator.prepare(model, optimizer)
 
-    checkpoints = checkpoints_of(config)
+    checkpoints = Checkpoints.of(config)
     state = TrainerState(world_size=world, lineage=checkpoint_lineage(inputs) if main else {})
     if resume_from is not None:
         state = checkpoints.load(accelerator, resume_from, scheduler)
