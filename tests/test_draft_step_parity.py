@@ -49,8 +49,8 @@ from eagle3_eval.draft import chain_logits
 from eagle3_eval.offline import read_samples
 from eagle3_train.build import build_model
 from eagle3_train.config import load_config
-from eagle3_train.data import ShardReader
 from eagle3_train.inputs import load_inputs, resolve_arch
+from eagle3_train.loader import ShardReader
 from eagle3_train.synthetic import (
     fake_fingerprint,
     write_samples,

@@ -85,7 +85,8 @@ def _heads(args) -> tuple[int, int, int]:
 def run_ours(args) -> dict[str, float]:
     import torch
 
-    from eagle3_train.model import DraftArch, Eagle3Draft
+    from eagle3_train.arch import DraftArch
+    from eagle3_train.model import Eagle3Draft
 
     heads, kv, head_dim = _heads(args)
     arch = DraftArch(
@@ -372,7 +373,8 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from eagle3_train.data import HiddenStateDataset, make_loader, plan_epoch
+    from eagle3_train.data import HiddenStateDataset, plan_epoch
+    from eagle3_train.loader import make_loader
     from eagle3_train.synthetic import write_dataset
 
     torch.set_num_threads(args.threads)

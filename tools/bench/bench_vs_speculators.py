@@ -156,7 +156,8 @@ def speculators_child(
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import get_linear_schedule_with_warmup
 
-    from eagle3_train.data import HiddenStateDataset, make_loader, to_device
+    from eagle3_train.data import HiddenStateDataset
+    from eagle3_train.loader import make_loader, to_device
 
     torch.manual_seed(seed)
     dataset = HiddenStateDataset(run / "hidden_states")

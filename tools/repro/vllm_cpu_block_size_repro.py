@@ -40,8 +40,9 @@ def build_draft(standin: Path, out: Path) -> Path:
     import numpy as np
     from safetensors.torch import save_file
 
+    from eagle3_train.arch import DraftArch
     from eagle3_train.export import draft_config, export_weights
-    from eagle3_train.model import DraftArch, Eagle3Draft
+    from eagle3_train.model import Eagle3Draft
 
     sys.path.insert(0, str(TARGETS))
     import recipe_targets

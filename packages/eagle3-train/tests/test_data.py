@@ -10,13 +10,12 @@ import torch
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_train.data import (
     HiddenStateDataset,
-    ShardReader,
     is_validation,
-    make_loader,
     plan_epoch,
     rank_batches,
     split_indices,
 )
+from eagle3_train.loader import ShardReader, make_loader
 from eagle3_train.synthetic import write_dataset
 
 

@@ -25,10 +25,11 @@ from eagle3_schemas.header import write_safetensors
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.testing.edits import rewrite_checksums
 from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
-from eagle3_train.data import CorruptSample, HiddenStateDataset, ShardReader
+from eagle3_train.data import CorruptSample, HiddenStateDataset
+from eagle3_train.loader import ShardReader
+from eagle3_train.nonfinite import NonFiniteSkip, fused_found_inf
 from eagle3_train.synthetic import write_dataset
 from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
-from eagle3_train.trainer import NonFiniteSkip, fused_found_inf
 
 
 def _records(run: Path) -> list[dict]:
@@ -128,7 +129,7 @@ def test_the_fused_adamw_takes_the_verdict_on_the_device(tmp_path):
     assert not fused_found_inf(torch.optim.AdamW([param], lr=0.1))
     skip = NonFiniteSkip(_OneProcess(), lag=2, max_in_row=5)
     metrics = tmp_path / "metrics.jsonl"
-    from eagle3_train.trainer import BadStep
+    from eagle3_train.nonfinite import BadStep
 
     for step, value in enumerate([1.0, float("nan"), 2.0], start=1):
         param.grad = torch.full((8,), value)

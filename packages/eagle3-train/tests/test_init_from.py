@@ -13,13 +13,15 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
+from eagle3_train.accelerator import make_accelerator
 from eagle3_train.build import build_model
 from eagle3_train.config import load_config
 from eagle3_train.init_from import fingerprint_init_draft
 from eagle3_train.inputs import load_inputs, resolve_arch
+from eagle3_train.run import make_order
 from eagle3_train.synthetic import write_vocab_map
 from eagle3_train.testing import make_inputs, write_config
-from eagle3_train.trainer import evaluate, make_accelerator, make_order
+from eagle3_train.validation import evaluate
 
 
 @pytest.fixture

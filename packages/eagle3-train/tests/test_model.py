@@ -8,14 +8,11 @@ import pytest
 import torch
 
 from eagle3_schemas.registry import load_schema
-from eagle3_train.attention import (
-    chunked_ttt_attention,
-    dense_ttt_attention,
-    flash_ttt_attention,
-    ttt_mask,
-)
+from eagle3_train.arch import DraftArch
+from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
+from eagle3_train.flash_attention import flash_ttt_attention
 from eagle3_train.loss import NUM_STATS, document_bounds, fused_linear_kl, reference_linear_kl
-from eagle3_train.model import DraftArch, Eagle3Draft
+from eagle3_train.model import Eagle3Draft
 
 
 def _arch(**kw) -> DraftArch:
@@ -312,8 +309,8 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
     """What preflight runs on a CUDA host before training with the flash path, run here on
     the CPU kernel; a kernel whose log-sum-exp comes back in another row order (what a torch
     with another layout would give) is caught."""
-    from eagle3_train import attention
-    from eagle3_train.preflight import check_attention_kernel
+    from eagle3_train import flash_attention as attention
+    from eagle3_train.preflight.device import check_attention_kernel
 
     cpu = torch.device("cpu")
     assert attention.flash_self_check(cpu) == []
@@ -364,7 +361,7 @@ def test_under_bf16_autocast_every_ttt_step_reaches_the_flash_kernel_in_bf16(mon
     """After step 0 the fed-back state comes through a float32 residual: without care q and k
     of steps 1.. are float32, and `auto` would quietly fall back to the float32 reference path
     for them. Every kernel call must see bf16."""
-    from eagle3_train import attention
+    from eagle3_train import flash_attention as attention
 
     seen = []
     real = attention._kernel_forward

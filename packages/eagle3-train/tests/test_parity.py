@@ -22,8 +22,9 @@ import warnings
 import pytest
 import torch
 
+from eagle3_train.arch import DraftArch
 from eagle3_train.loss import unpack_stats
-from eagle3_train.model import DraftArch, Eagle3Draft
+from eagle3_train.model import Eagle3Draft
 
 H, N_AUX, V_T, V_D, HEADS, KV, HEAD_DIM, INTER = 16, 3, 40, 20, 4, 2, 8, 32
 TTT = 3

@@ -10,6 +10,7 @@ import torch
 
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.validate import validate
+from eagle3_train.checkpoint import Checkpoints
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
 from eagle3_train.preflight import run_preflight
@@ -227,3 +228,21 @@ def test_a_stated_aux_id_contradiction_is_refused_without_target_path(tmp_path):
     assert len(errors) == 1, errors
     assert f"dataset {other.hidden_states}/dataset.json has aux_layer_ids [0, 2, 4]" in errors[0]
     assert "config draft.aux_layer_ids expects [1, 2, 3]" in errors[0]
+
+
+def test_a_resume_that_does_not_match_its_checkpoint_is_refused_naming_both(
+    inputs, tmp_path, in_process
+):
+    """Preflight asks the checkpoints what a resume must match: the checkpoint's lineage
+    (its trainer_state.json) and the draft of the run that wrote it (that run's run.yaml)."""
+    out = tmp_path / "run"
+    assert in_process(["--config", str(write_config(inputs, out, train={"max_steps": 4}))]) == 0
+    checkpoint = Checkpoints(out, keep=1).find("auto")
+    assert checkpoint == out / "checkpoints" / "step-00000004"
+    other = make_inputs(tmp_path / "other", seed=1)
+    run = load_inputs(load_config(write_config(other, out, draft={"num_layers": 2})))
+    report = run_preflight(run, resolve_arch(run), None, checkpoint, full=False)
+    errors = [str(f) for f in report.errors]
+    assert len(errors) == 2, errors
+    assert f"hidden_states_fingerprint: checkpoint {checkpoint} was trained with" in errors[0]
+    assert f"draft.num_layers: {out / 'run.yaml'} has 1 but this config has 2" in errors[1]

@@ -15,8 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle3_train.arch import DraftArch
+from eagle3_train.layers import apply_rope
 from eagle3_train.loss import align
-from eagle3_train.model import DraftArch, Eagle3Draft, apply_rope
+from eagle3_train.model import Eagle3Draft
 
 
 def test_alignment_on_hand_built_batch():

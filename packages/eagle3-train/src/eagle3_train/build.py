@@ -13,12 +13,14 @@ import math
 
 import torch
 
+from eagle3_train.arch import DraftArch
 from eagle3_train.config import Config
+from eagle3_train.init_from import InitFromError, compatibility_problems, load_into, read_init_draft
 from eagle3_train.inputs import RunInputs, load_target_head
 from eagle3_train.loss import compile_kl_chunk
-from eagle3_train.model import DraftArch, Eagle3Draft
+from eagle3_train.model import Eagle3Draft
 
-log = logging.getLogger("eagle3_train")
+log = logging.getLogger(__name__)
 
 
 def build_model(inputs: RunInputs, arch: DraftArch, seed: int) -> Eagle3Draft:
@@ -35,13 +37,6 @@ def build_model(inputs: RunInputs, arch: DraftArch, seed: int) -> Eagle3Draft:
 def init_from_draft(model: Eagle3Draft, inputs: RunInputs, arch: DraftArch) -> None:
     """draft.init_from: the published draft's weights over the fresh start (checked again here,
     so a run with preflight off is refused too), with the LM-head rows it carried reported."""
-    from eagle3_train.init_from import (
-        InitFromError,
-        compatibility_problems,
-        load_into,
-        read_init_draft,
-    )
-
     d = inputs.config.draft
     init = read_init_draft(d.init_from)
     where = str(inputs.dataset.header_file)

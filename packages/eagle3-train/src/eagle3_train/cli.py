@@ -140,38 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         card = draft / "README.md"
         print(f"wrote {write_model_card(draft, config, served_as(config, draft), card)}")
         return 0
-    from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
-    from eagle3_train.data import CorruptSample
-    from eagle3_train.stream import StreamError
-    from eagle3_train.trainer import (
-        EXIT_CORRUPT,
-        EXIT_NAN,
-        EXIT_PEER,
-        EXIT_STREAM,
-        TrainingStopped,
-        collective_failure_message,
-        is_collective_failure,
-        train,
-    )
+    # (imported here: a config error is reported without loading torch)
+    from eagle3_train.faults import exit_status
+    from eagle3_train.trainer import train
 
     try:
         return train(config, preflight_only=args.preflight)
-    except TrainingStopped:
-        return EXIT_NAN
-    except StreamError as e:  # the last checkpoint stands; rerun to resume once it is mended
-        logging.getLogger("eagle3_train").error("stream: %s", e)
-        return EXIT_STREAM
-    except CorruptSample as e:  # data.on_corrupt: stop; the last checkpoint stands
-        logging.getLogger("eagle3_train").error("damaged shard: %s", e)
-        return EXIT_CORRUPT
-    except DiskFull as e:  # nothing half-written; the last checkpoint stands
-        logging.getLogger("eagle3_train").error("disk full: %s", e)
-        return EXIT_DISK_FULL
-    except RuntimeError as e:
-        if not is_collective_failure(e):
+    except Exception as e:
+        status = exit_status(e, config)
+        if status is None:
             raise
-        logging.getLogger("eagle3_train").error("%s", collective_failure_message(e, config))
-        return EXIT_PEER
+        return status
 
 
 if __name__ == "__main__":

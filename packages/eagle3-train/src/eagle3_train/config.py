@@ -8,17 +8,14 @@ found and what was expected.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """The configuration cannot describe a run."""
+from eagle3_train.coerce import ConfigError, build, merge
+from eagle3_train.preempt import parse_signals
 
 
 @dataclass
@@ -79,7 +76,7 @@ class DraftConfig:
     # 3.17 trained.
     train_lm_head: bool = True
     # The TTT attention (causal+document keys plus the per-slot diagonal of earlier TTT
-    # steps; eagle3_train/attention.py). "chunked": the exact reference in plain torch,
+    # steps; attention.py, flash_attention.py). "chunked": the exact reference in plain torch,
     # memory O(T·chunk). "flash": FlashAttention varlen over the step-0 keys with the
     # diagonal merged in closed form (CUDA bf16/fp16; on CPU torch's flash kernel with a dense
     # mask). "sdpa": one dense mask over all steps' keys (as speculators does, O(T²·k)
@@ -263,96 +260,6 @@ class Config:
 # Loading
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """``value`` checked (and widened where lossless) against the annotation ``tp``."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(
-            errors[0] if len(errors) == 1 else f"{where}: {value!r} fits none of {tp}"
-        )
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, found {type(value).__name__} {value!r}")
-        return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, found {type(value).__name__}")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true/false, found {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, found {value!r}")
-        return value
-    if tp is float:
-        # PyYAML (YAML 1.1) reads 3e-4 without a dot as a string; accept what users type.
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, found {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, found {value!r}")
-        return value
-    if tp is Any:
-        return value
-    raise ConfigError(f"{where}: unsupported config type {_type_name(tp)}")
-
-
-def _build(cls: Any, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, found {type(data).__name__} {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
-        )
-    kwargs = {
-        name: _coerce(value, hints[name], f"{where}.{name}" if where else name)
-        for name, value in data.items()
-    }
-    return cls(**kwargs)
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def parse_override(text: str) -> dict[str, Any]:
     """``a.b.c=value`` (value parsed as YAML) as a nested mapping."""
     if "=" not in text:
@@ -393,8 +300,8 @@ def load_config(
         # Relative data/target paths in a config file are relative to the working directory
         # (the README runs everything from the repository root), as in speculators' recipes.
     for override in overrides or []:
-        data = _merge(data, override)
-    config = _build(Config, data, "")
+        data = merge(data, override)
+    config = build(Config, data, "")
     problems = check_config(config)
     if problems:
         raise ConfigError(f"{where}: " + "; ".join(problems))
@@ -431,8 +338,6 @@ def check_config(config: Config) -> list[str]:
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps: {t.max_steps} < 1")
     try:
-        from eagle3_train.preempt import parse_signals
-
         parse_signals(t.preempt_signals)
     except ValueError as e:
         p.append(str(e))

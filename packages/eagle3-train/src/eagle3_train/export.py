@@ -22,9 +22,9 @@ import torch
 from eagle3_schemas.atomic import atomic_directory, write_json_atomic
 from eagle3_schemas.header import make_header, write_json_header, write_safetensors
 from eagle3_schemas.lineage import fingerprint_vocab_map
+from eagle3_train.arch import DraftArch
 from eagle3_train.card import write_model_card
 from eagle3_train.config import Config
-from eagle3_train.model import DraftArch
 
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # speculators release whose eagle3 format (config.json layout, tensor names) this writes.

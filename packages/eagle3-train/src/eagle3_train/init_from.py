@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 
 from eagle3_schemas.lineage import fingerprint_file, fingerprint_json
-from eagle3_train.model import DraftArch
+from eagle3_train.arch import DraftArch
 
 MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 

@@ -1,7 +1,7 @@
 """The run's inputs, read once: dataset, vocab map, target config; the resolved draft shape.
 
 Reading is cheap (headers, manifest, config.json); the cross-checks that can stop a run live
-in preflight.py and use what is loaded here.
+in preflight/ and use what is loaded here.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_vocab_map
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.stream import fingerprint_stream
 from eagle3_schemas.target_config import text_config
+from eagle3_train.arch import DraftArch
 from eagle3_train.config import Config
 from eagle3_train.data import HiddenStateDataset
-from eagle3_train.model import DraftArch
+from eagle3_train.init_from import fingerprint_init_draft
 from eagle3_train.stream import StreamWindows, wait_for_stream
 
 
@@ -244,6 +245,4 @@ def init_from_lineage(inputs: RunInputs) -> dict[str, str]:
     """draft.init_from's fingerprint (config and weight bytes), when the run started from one."""
     if not inputs.config.draft.init_from:
         return {}
-    from eagle3_train.init_from import fingerprint_init_draft
-
     return {"init_from_fingerprint": fingerprint_init_draft(inputs.config.draft.init_from)}

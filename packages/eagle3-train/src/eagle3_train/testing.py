@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_train.model import DraftArch
+from eagle3_train.arch import DraftArch
 from eagle3_train.synthetic import write_dataset, write_target_config, write_vocab_map
 
 # packages/eagle3-train/src/eagle3_train/testing.py -> repository root

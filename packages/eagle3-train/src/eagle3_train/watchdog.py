@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-log = logging.getLogger("eagle3_train")
+log = logging.getLogger(__name__)
 
 
 class StepWatchdog:

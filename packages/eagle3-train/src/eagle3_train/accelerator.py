@@ -1,0 +1,115 @@
+"""The Accelerator a run trains under (GPU or CPU, plain, DDP or DeepSpeed), this process's
+torch threads, and the one small collective by which every rank agrees that one failed."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from eagle3_train.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def is_deepspeed() -> bool:
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def available_trackers(names: list[str]) -> list[str]:
+    out = []
+    for name in names:
+        if name == "none":
+            continue
+        if name == "tensorboard" and not (
+            importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")
+        ):
+            log.warning("tensorboard is not installed: metrics go to metrics.jsonl only")
+            continue
+        if name == "wandb" and not importlib.util.find_spec("wandb"):
+            raise RuntimeError("train.trackers has 'wandb' but wandb is not installed")
+        out.append(name)
+    return out
+
+
+def make_accelerator(config: Config, with_trackers: bool = True):
+    """An Accelerator that works on GPU and on CPU (gloo), plain, DDP or DeepSpeed."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    t = config.train
+    cuda = torch.cuda.is_available()
+    deepspeed = is_deepspeed()
+    # The frozen target buffers never change: do not re-broadcast them every forward.
+    handlers: list[Any] = [DistributedDataParallelKwargs(broadcast_buffers=False)]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Without CUDA, DeepSpeed under Accelerate 1.x reports one process per rank and
+        # gather crashes unless the process group is gloo (ENVIRONMENT.md). In a single
+        # process a backend must not be named at all (Accelerate would ask for a group).
+        # The timeout bounds every collective (DeepSpeed's init_distributed takes it too).
+        handlers.append(
+            InitProcessGroupKwargs(
+                backend=None if cuda else "gloo",
+                timeout=timedelta(seconds=t.collective_timeout_s),
+            )
+        )
+    precision = t.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if cuda else "no"
+    trackers = available_trackers(t.trackers) if with_trackers else []
+    accelerator = Accelerator(
+        # A MULTI_CPU config starts one process; DDP on CPU needs cpu=True under a multi-process
+        # launch. DeepSpeed on CPU picks its CPU accelerator itself (DS_ACCELERATOR=cpu).
+        cpu=not cuda and not deepspeed,
+        mixed_precision=precision,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        log_with=trackers or None,
+        project_dir=config.output_dir,
+        kwargs_handlers=handlers,
+    )
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        ds = plugin.deepspeed_config
+        ds["train_micro_batch_size_per_gpu"] = 1  # one packed sequence per micro-batch
+        ds["gradient_accumulation_steps"] = t.gradient_accumulation_steps
+        ds["gradient_clipping"] = t.max_grad_norm
+        ds.setdefault("zero_optimization", {})
+        # exports gather the full weights on rank 0
+        ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    return accelerator
+
+
+def cpu_threads(configured: int | None, accelerator: Any) -> int:
+    """Torch threads for this process: the config's, else this machine's cores shared among
+    its local processes. `accelerate launch` exports OMP_NUM_THREADS=1 unless told otherwise
+    (use_cpu configs excepted), which left a one-process CPU run on one core (measured: the
+    whole tiny-recipe run took as long as speculators' two-thread plain loop)."""
+    if configured:
+        return configured
+    if accelerator.device.type != "cpu":
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))  # this machine's
+    return max(1, (cores or 1) // max(1, local))
+
+
+def start_accelerator(config: Config, preflight_only: bool):
+    """The Accelerator, this process's torch threads and (CUDA) matmul precision."""
+    t = config.train
+    accelerator = make_accelerator(config, with_trackers=not preflight_only)
+    torch.set_num_threads(cpu_threads(t.torch_threads, accelerator))
+    if accelerator.device.type == "cuda":
+        torch.set_float32_matmul_precision("high" if t.tf32 else "highest")
+    return accelerator
+
+
+def agree_on_failure(accelerator, failed: bool) -> bool:
+    """True on every rank when any rank failed (one small all-reduce)."""
+    if accelerator.num_processes == 1:
+        return failed
+    flag = torch.tensor([1.0 if failed else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item() > 0)

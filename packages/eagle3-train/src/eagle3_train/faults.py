@@ -1,0 +1,86 @@
+"""Exit statuses, and the map from what stopped a run to its status (every rank the same).
+
+0 done, 2 a config or preflight error, 3 a non-finite loss stopped training, 4 the stream
+failed, 5 preempted (checkpoint kept), 6 a corrupt sample (data.on_corrupt: stop), 7 a full
+disk, 8 a collective with the other ranks failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch.distributed as dist
+
+from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
+from eagle3_train.checkpoint import Checkpoints
+from eagle3_train.config import Config
+from eagle3_train.data import CorruptSample
+from eagle3_train.stream import StreamError
+
+log = logging.getLogger(__name__)
+
+EXIT_PREFLIGHT = 2
+EXIT_NAN = 3
+EXIT_STREAM = 4
+EXIT_PREEMPTED = 5
+EXIT_CORRUPT = 6
+EXIT_PEER = 8
+# EXIT_DISK_FULL (7) is every stage's, from eagle3_schemas.diskspace
+
+# how gloo / NCCL / torch.distributed word a peer that is gone or silent
+_PEER_FAILURES = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Timed out",
+    "timed out",
+    "Timeout",
+    "NCCL",
+    "ProcessGroup",
+)
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped on purpose (NaN loss); the message says why and what was kept."""
+
+
+def exit_status(error: Exception, config: Config) -> int | None:
+    """The exit status of a run that ``error`` stopped (logged where the raiser did not), or
+    None for an error that is no known fault: a bug, to be raised with its traceback."""
+    if isinstance(error, TrainingStopped):
+        return EXIT_NAN
+    if isinstance(error, StreamError):  # the last checkpoint stands; rerun once it is mended
+        log.error("stream: %s", error)
+        return EXIT_STREAM
+    if isinstance(error, CorruptSample):  # data.on_corrupt: stop; the last checkpoint stands
+        log.error("damaged shard: %s", error)
+        return EXIT_CORRUPT
+    if isinstance(error, DiskFull):  # nothing half-written; the last checkpoint stands
+        log.error("disk full: %s", error)
+        return EXIT_DISK_FULL
+    if isinstance(error, RuntimeError) and is_collective_failure(error):
+        log.error("%s", collective_failure_message(error, config))
+        return EXIT_PEER
+    return None
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """A torch.distributed collective failed: another rank died or stopped answering."""
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error)
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(s in text for s in _PEER_FAILURES)
+
+
+def collective_failure_message(error: BaseException, config: Config) -> str:
+    rank = os.environ.get("RANK", "?")
+    latest = Checkpoints.of(config).latest()
+    last = str(latest) if latest is not None else "none yet"
+    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    return (
+        f"rank {rank}: a collective with the other ranks failed ({first}): another rank died "
+        f"or answered nothing for train.collective_timeout_s={config.train.collective_timeout_s:g}"
+        f" s. Stopped; last checkpoint: {last}. Look at the other ranks' logs, then relaunch the "
+        "same command on every node to resume from it"
+    )
