@@ -133,7 +133,7 @@ def render_png(table: dict[str, Any], out: Path) -> Path:
         for ax, title in ((axes[0][j], "acceptance length"), (axes[1][j], "speedup")):
             ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right", fontsize=8)
             ax.set_title(f"{title} · temperature {temperature:g}", fontsize=9)
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"{table['mode']} · k={table['num_speculative_tokens']}", fontsize=10)
     fig.tight_layout()
     with atomic_path(out) as tmp:
