@@ -308,7 +308,6 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     result["startup_seconds"][name] = time.perf_counter() - began
     warm_up(llm, job)
     answer_first(llm, job)
-    result["prompts"] = job["prompts"]
     for temperature in job["temperatures"]:
         phase = f"{name} engine, temperature {temperature}"
         run_result = run_prompts(llm, job, temperature, job["k"] if with_draft else 0, phase)
