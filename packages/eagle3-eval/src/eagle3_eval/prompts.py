@@ -187,8 +187,15 @@ def _set_name(source: PromptSource, fmt: str, taken: set[str]) -> str:
 
 
 def _spread(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
-    """A stable spread over the whole set, whatever the file order: by id hash."""
-    prompts = sorted(prompts, key=lambda p: hashlib.sha256(p.sample_id.encode()).hexdigest())
+    """A stable spread over the whole set, whatever the file order: by the hash of the id the
+    file gives (without the set's name, which has no ':'), so a file selects the same prompts
+    under any name. (The spread matters: on the tiny recipe two spreads of 40 held-out prompts
+    measured AL 3.235 and 2.819 with one draft.)"""
+
+    def file_key(p: Prompt) -> str:
+        return hashlib.sha256(p.sample_id.partition(":")[2].encode()).hexdigest()
+
+    prompts = sorted(prompts, key=file_key)
     return prompts if limit is None else prompts[:limit]
 
 
