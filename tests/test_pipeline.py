@@ -13,6 +13,11 @@ embedded target, and this tier checks each hand-off and the quality gate.
   regenerated answers. The ceiling is k + 1 = 4.
 - Speculative decoding is lossless at temperature 0: vLLM's greedy tokens with the draft equal
   the target's alone (both float32 in vLLM; measured 40/40).
+- The offline figure estimates vLLM's: held-out states extracted from the target's own answers
+  (regenerated like the training set) put `eagle3-eval offline` within 5 % of vLLM's acceptance
+  length (measured: 3.221 offline, 3.235 vLLM, -0.4 %; from the corpus answers as written it read 1.48 against 3.24).
+- A benchmark file in MT-Bench's format, three categories of two two-turn questions made here from
+  the corpus's held-out rows (`BENCH`), is measured by vLLM per category, printed and stored.
 - The gate's negative cases: the same dataset with its aux states paired one position late
   (checksums recomputed, so only recomputation can tell) or with a post-norm last state is
   stopped by `eagle3-extract verify`, the check the recipe runs before training.
@@ -31,6 +36,7 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.numpy import load_file
 
+from eagle3_eval.testing import MT_BENCH_SOURCES, write_mt_bench
 from eagle3_schemas import read_header
 from eagle3_schemas.failures import failure_report
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
@@ -43,12 +49,33 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "recipes" / "tiny" / "target"
 GATE, K = 2.5, 3
 PROMPTS = 40
+OFFLINE_TOLERANCE = 0.05  # the issue's bar: offline within 5 % of vLLM
+CATEGORIES = [Path(source).stem for source in MT_BENCH_SOURCES]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> tuple[Path, str, str]:
     out = tmp_path_factory.mktemp("pipeline") / "tiny"
+    out.mkdir()
+    # The benchmark file is made from the corpus the pipeline uses: made first, the way the
+    # pipeline makes it (which then keeps it).
+    corpus = out / "corpus.jsonl"
+    subprocess.run(
+        [
+            "uv",
+            "run",
+            "--frozen",
+            "tools/targets/build_tiny_target.py",
+            "--corpus-only",
+            str(corpus),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    bench = write_mt_bench(corpus, out / "question.jsonl")
     env = dict(os.environ, EAGLE3_VLLM_PYTHON=vllm_python, PROMPTS=str(PROMPTS))
+    env["BENCH"] = f"mt-bench={bench}"
     done = subprocess.run(
         ["bash", str(ROOT / "recipes" / "tiny" / "pipeline.sh"), str(out)],
         cwd=ROOT,
@@ -76,6 +103,41 @@ def test_vllm_measured_acceptance_passes_the_gate(run: tuple[Path, str, str]) ->
     assert f"speedup over the target alone: {report['speedup']:.2f}x" in printed
     figure = Path(printed.split("figure: ")[1].split()[0])
     assert figure == (out / "eval-vllm" / "acceptance.png").resolve() and figure.stat().st_size
+
+
+def test_offline_estimates_what_vllm_measures(run: tuple[Path, str, str]) -> None:
+    """Held-out states of the target's own answers: the offline figure is within 5 % of vLLM's,
+    printed beside it; compare says what each measures."""
+    out, printed, _ = run
+    offline = json.loads((out / "eval-offline" / "report.json").read_text())
+    measured = _report(out)["acceptance_length"]
+    estimate = offline["acceptance_length"]
+    assert abs(estimate / measured - 1) <= OFFLINE_TOLERANCE, (estimate, measured)
+    assert read_header(out / "heldout.tokenized.parquet").lineage[
+        "conversations_fingerprint"
+    ] == fingerprint_artifact(out / "heldout.regenerated.parquet")
+    assert (
+        f"offline estimate (held-out states, {offline['num_prompts']} answers): {estimate:.3f}"
+        in printed
+    )
+    assert "offline estimates the online figure only where the dataset's tokens" in printed
+
+
+def test_vllm_measures_a_benchmark_file_per_category(run: tuple[Path, str, str]) -> None:
+    """The MT-Bench-format file: every category's acceptance from vLLM, stored and printed;
+    each question's second turn was asked after the target's answer."""
+    out, printed, _ = run
+    report = json.loads((out / "eval-bench" / "report.json").read_text())
+    assert report["mode"] == "vllm" and report["counter_check"]["agree"]
+    groups = {g["category"]: g for g in report["groups"]}
+    assert list(groups) == [None, *CATEGORIES]
+    for category in CATEGORIES:
+        g = groups[category]
+        assert g["num_prompts"] == 4 and g["num_drafts"] > 0  # 2 questions x 2 turns
+        line = f"vllm acceptance length on mt-bench/{category}: {g['acceptance_length']:.3f}"
+        assert line in printed
+    turns = pq.read_table(out / "eval-bench" / "samples.parquet").column("turn").to_pylist()
+    assert sorted(turns) == [1] * 6 + [2] * 6
 
 
 def test_the_drafts_card_parses_and_holds_the_vllm_measured_table(

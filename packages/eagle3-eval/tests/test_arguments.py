@@ -92,8 +92,8 @@ CASES = {
     ),
     "reference prompts missing": (
         REFERENCE + " --prompts {tmp}/nope.jsonl --out {tmp}/r",
-        "--prompts {tmp}/nope.jsonl: does not exist; expected a conversations .parquet artifact "
-        "or a .jsonl file",
+        "--prompts {tmp}/nope.jsonl: does not exist; expected a prompt file: MT-Bench "
+        "question.jsonl, HumanEval .jsonl(.gz), GSM8K .jsonl, or conversations",
     ),
     "reference prompts of unknown type": (
         REFERENCE + " --prompts {tmp}/notes.txt --out {tmp}/r",
@@ -102,6 +102,15 @@ CASES = {
     "reference held-out sources missing": (
         REFERENCE + " --prompts {prompts} --heldout-sources {tmp}/nope.json --out {tmp}/r",
         "--heldout-sources {tmp}/nope.json: does not exist; expected a JSON file",
+    ),
+    "two drafts of one name": (
+        "vllm --draft {draft} --draft {draft} --target {target} --prompts {prompts} --out {tmp}/r",
+        "--draft names repeat (['draft', 'draft']): name each draft, --draft NAME=PATH",
+    ),
+    "a second draft's output exists": (
+        "vllm --draft a={draft} --draft b={draft} --target {target} --prompts {prompts} "
+        "--out {tmp}/several --temperature 0 --temperature 1",
+        "--out {tmp}/several: already exists; refusing to overwrite it",
     ),
     "vllm python missing": (
         "vllm --draft {draft} --target {target} --prompts {prompts} --out {tmp}/r "

@@ -10,6 +10,7 @@ import pytest
 
 from eagle3_eval.acceptance import SampleCounts, summarize
 from eagle3_eval.cli import main
+from eagle3_eval.groups import timed_per_sample
 from eagle3_eval.plot import DPI, HEIGHT_INCHES, WIDTH_INCHES
 from eagle3_eval.report import (
     Baseline,
@@ -31,8 +32,12 @@ LINEAGE = {
 
 
 def make_result(
-    accepted: list[list[int]], tps: float = 30.0, temperature: float = 0.0
+    accepted: list[list[int]],
+    tps: float = 30.0,
+    temperature: float = 0.0,
+    groups: list[tuple[str, str | None]] | None = None,
 ) -> EvalResult:
+    """Sample i draws ``accepted[i]`` per step and belongs to ``groups[i]`` (default: one set)."""
     samples = []
     for i, per_step in enumerate(accepted):
         counts = SampleCounts(f"p{i}", 3, num_generated_tokens=sum(per_step) + len(per_step))
@@ -40,15 +45,19 @@ def make_result(
             counts.observe(3, a)
         counts.seconds = 1.0
         counts.output_token_ids = list(range(counts.num_generated_tokens))
-        counts.extra["source"] = f"file{i}.py"
+        prompt_set, category = groups[i] if groups else ("heldout", None)
+        counts.extra.update(source=f"file{i}.py", prompt_set=prompt_set, category=category)
         samples.append(counts)
     baseline = Baseline(
         tokens_per_second=20.0,
         per_sample={
             s.sample_id: (s.num_generated_tokens, 1.5, s.output_token_ids) for s in samples
         },
+        group_seconds={key: 1.5 * value for key, value in timed_per_sample(samples).items()},
     )
+    seconds = timed_per_sample(samples)
     return EvalResult(
+        group_seconds=seconds,
         mode="reference",
         summary=summarize(samples, 3),
         samples=samples,
@@ -113,3 +122,42 @@ def test_existing_directory_is_not_overwritten(tmp_path: Path) -> None:
     (tmp_path / "r").mkdir()
     with pytest.raises(FileExistsError):
         write_report(make_result([[1]]), tmp_path / "r")
+
+
+def test_figures_per_set_and_category(tmp_path: Path) -> None:
+    """Each set and each category of a set adds up its own samples' counts (vLLM's way, not a
+    mean of per-sample lengths); speedup compares its own samples' times."""
+    accepted = [[3, 3], [0, 0, 0, 0], [1], [2, 2, 2]]
+    groups = [("mt", "coding"), ("mt", "writing"), ("mt", "coding"), ("gsm8k", None)]
+    out = write_report(make_result(accepted, groups=groups), tmp_path / "report")
+    assert validate(out) == []
+    report = read_report(out)
+    by = {(g["prompt_set"], g["category"]): g for g in report.groups}
+    assert list(by) == [("mt", None), ("mt", "coding"), ("mt", "writing"), ("gsm8k", None)]
+    assert by[("mt", "coding")]["acceptance_length"] == pytest.approx(1 + 7 / 3)
+    assert by[("mt", "coding")]["per_position_acceptance"] == pytest.approx([1, 2 / 3, 2 / 3])
+    assert by[("mt", "writing")]["acceptance_length"] == 1.0
+    assert (by[("mt", None)]["num_prompts"], by[("mt", None)]["num_drafts"]) == (3, 7)
+    assert by[("mt", None)]["acceptance_length"] == pytest.approx(1 + 7 / 7)
+    assert by[("gsm8k", None)]["acceptance_length"] == pytest.approx(3.0)
+    # 1.5 s per sample without the draft, 1 s with it: each group's speedup is 1.5
+    assert {round(g["speedup"], 6) for g in report.groups} == {1.5}
+    assert report.samples.column("category").to_pylist() == ["coding", "writing", "coding", None]
+    table = format_table(report)
+    assert "    mt/coding                2       3  3.333   1.00 0.67 0.67       1.50" in table
+    assert "    gsm8k                    1       3  3.000" in table
+
+
+def test_a_v1_report_still_validates_and_reads_as_one_group(tmp_path: Path) -> None:
+    from eagle3_schemas.testing.edits import rewrite_header
+
+    out = write_report(make_result([[3, 1, 0], [2, 2]]), tmp_path / "report")
+
+    def as_v1(header: dict) -> None:
+        header["schema_version"] = 1
+        del header["groups"]
+
+    rewrite_header(out, as_v1)
+    assert validate(out) == []
+    [whole] = read_report(out).groups
+    assert whole["acceptance_length"] == pytest.approx(2.6) and whole["num_prompts"] == 2

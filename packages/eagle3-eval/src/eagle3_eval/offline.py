@@ -51,6 +51,9 @@ from eagle3_schemas.hidden_states import resolve_shard_path
 from eagle3_schemas.lineage import fingerprint_artifact
 from eagle3_schemas.validate import validate
 
+# The one group of an offline report: the held-out dataset's samples.
+OFFLINE_SET = "hidden_states"
+
 
 @dataclass
 class Sample:
@@ -166,6 +169,7 @@ def simulate(
         counts = SampleCounts(sample.sample_id, k)
         counts.num_generated_tokens = int(sample.loss_mask.sum())
         counts.num_prompt_tokens = int((~sample.loss_mask).sum())
+        counts.extra["prompt_set"] = OFFLINE_SET
         expected = 0.0
         if rows.numel():
             accepted, expected = score(drafted, target_logits, temperature, generator)

@@ -1,14 +1,17 @@
-"""What the reference and vllm modes share: preflight, the prompt set, result assembly."""
+"""What the reference and vllm modes share: preflight of each draft, the prompt sets, the
+follow-up turns, result assembly."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3_eval.acceptance import SampleCounts, summarize
 from eagle3_eval.config import OnlineConfig
+from eagle3_eval.groups import GroupKey
 from eagle3_eval.preflight import (
     DraftInfo,
     check_cuda_driver,
@@ -16,26 +19,76 @@ from eagle3_eval.preflight import (
     check_target_shape,
     inspect_draft,
 )
-from eagle3_eval.prompts import PromptSet, build_prompt_set
+from eagle3_eval.prompts import (
+    Prompt,
+    PromptSet,
+    Renderer,
+    awaiting_answer,
+    build_prompt_set,
+    follow_up_prompts,
+    renderer,
+)
 from eagle3_eval.report import Baseline, EvalResult
 from eagle3_schemas.lineage import fingerprint_model_dir
 
 
 @dataclass
+class MeasuredDraft:
+    """One ``--draft``: its name (table row, folder under ``--out``) and what preflight read."""
+
+    name: str
+    info: DraftInfo
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class OnlineInputs:
     config: OnlineConfig
-    draft: DraftInfo
+    drafts: list[MeasuredDraft]
     target_fingerprint: str
     prompts: PromptSet
     stop_token_ids: list[int]
+    tokenizer: Any  # renders the follow-up turns once the target has answered
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def lineage(self) -> dict[str, str]:
+    def lineage(self, draft: MeasuredDraft) -> dict[str, str]:
         return {
-            "draft_fingerprint": self.draft.fingerprint,
+            "draft_fingerprint": draft.info.fingerprint,
             "target_fingerprint": self.target_fingerprint,
             "prompts_fingerprint": self.prompts.fingerprint,
+        }
+
+    def render(self) -> Renderer:
+        return renderer(self.tokenizer, self.config.chat_template_kwargs)
+
+    def follow_ups(
+        self, asked: list[Prompt], answers: dict[str, list[int]]
+    ) -> tuple[list[Prompt], list[str]]:
+        """The next turns' prompts, given the target's greedy answers to turns of ``asked``,
+        and which of them a further turn awaits (their answers are needed next)."""
+        new = follow_up_prompts(self.prompts, asked, answers, self.tokenizer, self.render())
+        return new, awaiting_answer(self.prompts, new)
+
+    def all_turns(self, answer: Callable[[list[Prompt]], dict[str, list[int]]]) -> list[Prompt]:
+        """Every prompt, later turns included: ``answer`` gives the target's greedy answers
+        to the prompts a later turn follows, round by round (MT-Bench: one round)."""
+        prompts = list(self.prompts.prompts)
+        pending = awaiting_answer(self.prompts, prompts)
+        while pending:
+            answers = answer([p for p in prompts if p.sample_id in pending])
+            new, pending = self.follow_ups(prompts, answers)
+            prompts += new
+        return prompts
+
+    def prompt_tags(self, prompts: list[Prompt]) -> dict[str, dict[str, Any]]:
+        return {
+            p.sample_id: {
+                "source": p.source,
+                "prompt_set": p.prompt_set,
+                "category": p.category,
+                "turn": p.turn,
+            }
+            for p in prompts
         }
 
 
@@ -59,52 +112,69 @@ def prepare(config: OnlineConfig) -> OnlineInputs:
     from transformers import AutoTokenizer
 
     driver_notes = check_cuda_driver()
-    draft = inspect_draft(config.draft, strict=not config.ignore_lineage)
     target_config_path = config.target / "config.json"
     if not target_config_path.is_file():
         raise FileNotFoundError(f"{config.target}: no config.json; expected a model directory")
     target_config = json.loads(target_config_path.read_text(encoding="utf-8"))
-    check_target_shape(draft.spec, target_config, f"target {config.target}")
     target_fp = fingerprint_model_dir(config.target)
-    notes = list(draft.notes) + driver_notes
-    notes += check_lineage(
-        draft, {"target_fingerprint": target_fp}, f"target {config.target}", config.ignore_lineage
-    )
+    drafts = []
+    for source in config.drafts:
+        info = inspect_draft(source.path, strict=not config.ignore_lineage)
+        check_target_shape(info.spec, target_config, f"target {config.target}")
+        notes = list(info.notes) + check_lineage(
+            info,
+            {"target_fingerprint": target_fp},
+            f"target {config.target}",
+            config.ignore_lineage,
+        )
+        drafts.append(MeasuredDraft(source.name, info, notes))
     tokenizer = AutoTokenizer.from_pretrained(
         config.target, local_files_only=True, trust_remote_code=config.trust_remote_code
     )
     prompts = build_prompt_set(config.prompts, tokenizer, config.chat_template_kwargs)
     return OnlineInputs(
-        config, draft, target_fp, prompts, stop_token_ids(config.target, tokenizer), notes
+        config,
+        drafts,
+        target_fp,
+        prompts,
+        stop_token_ids(config.target, tokenizer),
+        tokenizer,
+        driver_notes,
     )
 
 
 def assemble(
     inputs: OnlineInputs,
+    draft: MeasuredDraft,
     mode: str,
     temperature: float,
     samples: list[SampleCounts],
-    seconds: float,
+    timing: tuple[float, dict[GroupKey, float]],
     baseline: Baseline | None,
     engine: dict[str, Any],
     extra: dict[str, Any],
+    tags: dict[str, dict[str, Any]],
 ) -> EvalResult:
+    """One draft's report at one temperature. ``timing``: generation seconds in all and per
+    group; ``tags``: each sample's source, set, category and turn."""
     config = inputs.config
-    sources = {p.sample_id: p.source for p in inputs.prompts.prompts}
     for s in samples:
-        s.extra.setdefault("source", sources.get(s.sample_id, ""))
+        s.extra.update(tags[s.sample_id])
     summary = summarize(samples, config.k)
+    seconds, group_seconds = timing
     return EvalResult(
         mode=mode,
         summary=summary,
         samples=samples,
         temperature=temperature,
         engine=engine,
-        lineage=inputs.lineage,
+        lineage=inputs.lineage(draft),
         tokens_per_second=summary.num_generated_tokens / seconds if seconds > 0 else None,
         baseline=baseline,
+        group_seconds=group_seconds,
         extra={
-            "inputs": {"target": str(config.target), "draft": str(config.draft)},
+            "inputs": {"target": str(config.target), "draft": str(draft.info.path)},
+            "draft_name": draft.name,
             "prompts": inputs.prompts.description,
             "sampling": {
                 "temperature": temperature,
@@ -113,9 +183,11 @@ def assemble(
                 "stop_token_ids": inputs.stop_token_ids,
                 "draft_proposal": config.draft_proposal if mode == "reference" else "greedy",
                 "chat_template_kwargs": config.chat_template_kwargs,
+                # MT-Bench's later turns follow the target's own greedy answer to the turn before.
+                "follow_up_turns_after": "the target's greedy answer",
             },
             "trust_remote_code": config.trust_remote_code,
-            "notes": inputs.notes,
+            "notes": inputs.notes + draft.notes,
             **extra,
         },
     )

@@ -1,4 +1,5 @@
-"""acceptance.png: per-position acceptance, acceptance-length distribution, speedup.
+"""acceptance.png: per-position acceptance, acceptance-length distribution, speedup, and the
+acceptance length and speedup of each prompt set and category.
 
 Rendered from the report directory itself (report.json + samples.parquet), so a report can be
 re-rendered later with ``eagle3-eval report DIR --figure``. matplotlib is the ``plot`` extra.
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from eagle3_eval.groups import group_label
 from eagle3_schemas.atomic import atomic_path
 
-WIDTH_INCHES, HEIGHT_INCHES, DPI = 13.5, 4.0, 100
+WIDTH_INCHES, HEIGHT_INCHES, DPI = 18.0, 4.0, 100
 
 
 class PlotUnavailable(RuntimeError):
@@ -42,7 +44,7 @@ def render(report_dir: str | Path, out: str | Path | None = None) -> Path:
         f"{f['mode']} mode ({engine}) · k={k} · T={f['temperature']} · "
         f"{f['num_prompts']} prompts · acceptance length {f['acceptance_length']:.2f}"
     )
-    fig, axes = plt.subplots(1, 3, figsize=(WIDTH_INCHES, HEIGHT_INCHES), dpi=DPI)
+    fig, axes = plt.subplots(1, 4, figsize=(WIDTH_INCHES, HEIGHT_INCHES), dpi=DPI)
     fig.suptitle(title, fontsize=10)
 
     # 1. Per-position acceptance (vLLM's definition) and the conditional rate beside it.
@@ -95,6 +97,20 @@ def render(report_dir: str | Path, out: str | Path | None = None) -> Path:
     else:
         ax.text(0.5, 0.5, "no throughput\n(offline mode)", ha="center", va="center")
         ax.set_axis_off()
+
+    # 4. Per prompt set and category: acceptance length, speedup printed on the bar.
+    ax = axes[3]
+    groups = f.get("groups") or []
+    labels = [group_label(g) for g in groups]
+    ax.bar(range(len(groups)), [g["acceptance_length"] for g in groups], color="tab:blue")
+    for x, g in enumerate(groups):
+        speedup = g.get("speedup")
+        note = f"{g['acceptance_length']:.2f}" + (f"\n{speedup:.2f}x" if speedup else "")
+        ax.text(x, g["acceptance_length"], note, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(groups)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylim(1, k + 1)
+    ax.set_ylabel("acceptance length")
+    ax.set_title("per prompt set / category", fontsize=9)
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png")

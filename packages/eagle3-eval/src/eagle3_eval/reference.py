@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from eagle3_eval.acceptance import SampleCounts
 from eagle3_eval.draft import KV, Eagle3Draft
+from eagle3_eval.groups import timed_per_sample
 from eagle3_eval.online import OnlineInputs, assemble
+from eagle3_eval.prompts import Prompt
 from eagle3_eval.rejection import sample, target_probs, verify_greedy, verify_sampled
 from eagle3_eval.report import Baseline, EvalResult, versions
 from eagle3_eval.target import DTYPES, Target, capture_aux, crop_cache, load_target
@@ -239,16 +242,16 @@ def run_requests(
     return results
 
 
-def run_reference(inputs: OnlineInputs) -> list[EvalResult]:
-    """Every temperature with the draft, and (unless disabled) the target alone as baseline."""
+def run_reference(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:
+    """Per draft, every temperature; the target alone (unless disabled) once per temperature
+    as every draft's baseline. Later turns (MT-Bench) are asked after the target's own answer
+    to the turn before: its greedy output, decoded here by the target alone, first."""
     config = inputs.config
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     target = load_target(config.target, config.dtype, config.trust_remote_code)
     device = torch.device(config.device)
     target.model.to(device)
-    draft = Eagle3Draft.load(config.draft, target.embed_tokens).to(device, DTYPES[config.dtype])
-    requests = [Request(p.sample_id, p.token_ids) for p in inputs.prompts.prompts]
     engine = {
         "name": "transformers",
         "versions": versions("eagle3-eval", "torch", "transformers"),
@@ -257,40 +260,67 @@ def run_reference(inputs: OnlineInputs) -> list[EvalResult]:
         "threads": torch.get_num_threads(),
         "batch_size": 1,
     }
-    speculative = SpeculativeDecoder(target, draft, config.k)
     plain = SpeculativeDecoder(target, None, 0)
-    results = []
-    for temperature in config.temperatures:
-        settings = DecodeSettings(
-            config.max_new_tokens,
-            temperature,
-            config.seed,
-            tuple(inputs.stop_token_ids),
-            config.draft_proposal,
+    stops = tuple(inputs.stop_token_ids)
+
+    def settings(temperature: float) -> DecodeSettings:
+        return DecodeSettings(
+            config.max_new_tokens, temperature, config.seed, stops, config.draft_proposal
         )
-        with device:  # the decoders' step tensors are made where the models are
-            samples = run_requests(speculative, requests, settings)
-            alone = run_requests(plain, requests, settings) if config.baseline else None
-        baseline = None
-        if alone is not None:
-            seconds = sum(s.seconds or 0.0 for s in alone)
-            baseline = Baseline(
-                tokens_per_second=sum(s.num_generated_tokens for s in alone) / seconds,
+
+    def greedy_answers(prompts: list[Prompt]) -> dict[str, list[int]]:
+        with device:
+            done = run_requests(plain, requests_of(prompts), settings(0.0))
+        return {c.sample_id: list(c.output_token_ids or []) for c in done}
+
+    prompts = inputs.all_turns(greedy_answers)
+    requests, tags = requests_of(prompts), inputs.prompt_tags(prompts)
+    baselines: dict[float, Baseline] = {}
+    if config.baseline:
+        for temperature in config.temperatures:
+            with device:
+                alone = run_requests(plain, requests, settings(temperature))
+            baselines[temperature] = Baseline(
+                tokens_per_second=sum(s.num_generated_tokens for s in alone)
+                / sum(s.seconds or 0.0 for s in alone),
                 per_sample={
                     s.sample_id: (s.num_generated_tokens, s.seconds, s.output_token_ids)
                     for s in alone
                 },
+                group_seconds=timed_per_sample(tag(alone, tags)),
             )
-        results.append(
-            assemble(
-                inputs,
-                "reference",
-                temperature,
-                samples,
-                sum(s.seconds or 0.0 for s in samples),
-                baseline,
-                engine,
-                {},
+    out: dict[str, list[EvalResult]] = {}
+    for measured in inputs.drafts:
+        draft = Eagle3Draft.load(measured.info.path, target.embed_tokens)
+        speculative = SpeculativeDecoder(target, draft.to(device, DTYPES[config.dtype]), config.k)
+        out[measured.name] = []
+        for temperature in config.temperatures:
+            with device:  # the decoders' step tensors are made where the models are
+                samples = tag(run_requests(speculative, requests, settings(temperature)), tags)
+            timing = (sum(s.seconds or 0.0 for s in samples), timed_per_sample(samples))
+            out[measured.name].append(
+                assemble(
+                    inputs,
+                    measured,
+                    "reference",
+                    temperature,
+                    samples,
+                    timing,
+                    baselines.get(temperature),
+                    engine,
+                    {},
+                    tags,
+                )
             )
-        )
-    return results
+    return out
+
+
+def requests_of(prompts: list[Prompt]) -> list[Request]:
+    return [Request(p.sample_id, p.token_ids) for p in prompts]
+
+
+def tag(samples: list[SampleCounts], tags: dict[str, dict[str, Any]]) -> list[SampleCounts]:
+    """Each sample's set, category and turn, so it can be timed by group."""
+    for s in samples:
+        s.extra.update(tags[s.sample_id])
+    return samples

