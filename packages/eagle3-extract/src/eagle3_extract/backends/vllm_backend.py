@@ -32,13 +32,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from eagle3_extract.plan import ShardPlan
-from eagle3_extract.preflight import Finding
+from eagle3_extract.preflight import Finding, raise_on_errors
 from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
 from eagle3_extract.writer import CaptureError
 
 if TYPE_CHECKING:
-    from eagle3_extract.run import RunContext
+    from eagle3_extract.context import RunContext
     from eagle3_extract.workdir import WorkDir
 
 log = logging.getLogger(__name__)
@@ -283,8 +283,6 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
     from eagle3_extract.backends.connector import ERRORS_DIR
 
     if ctx.config.preflight:
-        from eagle3_extract.preflight import raise_on_errors
-
         raise_on_errors(
             introspect()
             + model_findings(
