@@ -205,3 +205,43 @@ def test_a_planted_circle_is_named_with_its_lines(tmp_path: Path, form: str) -> 
     assert "pkg.b -> pkg" in found[0] and "b.py:" in found[0], found[0]
     acyclic = _write(tmp_path / "clean", {"pkg/__init__.py": init, "pkg/a.py": "x = 1\n"})
     assert circles([acyclic]) == []
+
+
+def _test_files() -> list[Path]:
+    return sorted(
+        {
+            *ROOT.glob("conftest.py"),
+            *ROOT.glob("tests/**/*.py"),
+            *ROOT.glob("packages/*/tests/**/*.py"),
+        }
+    )
+
+
+def _reaches_into_tools(tree: ast.AST, tool_modules: set[str]) -> Iterator[tuple[int, str]]:
+    """Imports of a tools/ module by name, and edits of sys.path (how such imports are made)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            for name in names:
+                if not getattr(node, "level", 0) and (name or "").split(".")[0] in tool_modules:
+                    yield node.lineno, f"imports {name} (tools/)"
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ):
+            yield node.lineno, "uses sys.path (tests import through pytest's pythonpath)"
+
+
+def test_no_test_imports_from_tools() -> None:
+    """tools/ is what a person runs by hand; tests share tests/support or a package's testing
+    module instead (found here by name, and any sys.path edit that would make a tool importable)."""
+    tool_modules = {p.stem for p in ROOT.glob("tools/**/*.py")}
+    assert tool_modules, "no Python file under tools/: the check would see nothing"
+    found = [
+        f"{_shown(file)}:{line}: {what}"
+        for file in _test_files()
+        for line, what in _reaches_into_tools(ast.parse(file.read_text()), tool_modules)
+    ]
+    assert not found, "tests reaching into tools/:\n" + "\n".join(found)

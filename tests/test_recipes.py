@@ -2,7 +2,7 @@
 
 Each recipe is a GPU-node pipeline. What can stop it before or between its GPU stages is checked
 here, in seconds, on a scaled-down stand-in of the same architecture built at test time
-(tools/targets/recipe_targets.py: same model_type, architectures and config.json layout, the real
+(recipes/recipe_targets.py: same model_type, architectures and config.json layout, the real
 vocabulary, depth / 4 and hidden 64): chat data → ingest → tokenize + vocab → `eagle3-extract
 preflight` and `run` (transformers backend: the vLLM one needs a GPU) → `eagle3-train
 --preflight`.
@@ -23,14 +23,11 @@ Llama stand-in uses the project's BPE with Llama-3's special tokens and Llama-3.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pyarrow.parquet as pq
 import pytest
@@ -41,6 +38,9 @@ from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_extract.config import default_aux_layer_ids
 
+from support.recipes import recipe_targets
+from support.stage_cli import Outcome, run_cli, run_train_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ["llama-3.1-8b", "qwen3-8b"]
 # Knobs of flags.sh that size the run for this machine; every flag stays the recipe's.
@@ -48,22 +48,6 @@ CPU_KNOBS = {"NGPU": "1", "CPU_WORKERS": "1"}
 FLAG_ARRAYS = ("TOKENIZE_ARGS", "VOCAB_ARGS", "EXTRACT_ARGS", "ACCELERATE_ARGS", "EVAL_ARGS")
 EXIT_OK = 0
 
-
-def _load_tool(name: str, folder: str) -> ModuleType:
-    """Import <folder>/<name>.py (tools/ is not a package; tests import in importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-recipe_targets = _load_tool("recipe_targets", "tools/targets")
-stage_cli = _load_tool("stage_cli", "tests")
-Outcome, run_cli, run_train_cli = stage_cli.Outcome, stage_cli.run_cli, stage_cli.run_train_cli
 
 # A few conversations of the shapes real chat data has: single and multi-turn, a system prompt,
 # code with blank lines, and a Qwen3-style answer with its thinking block.

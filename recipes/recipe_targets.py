@@ -5,8 +5,8 @@ on the hub (architecture, sizes, RoPE, vocabulary, special ids, in that file's o
 module is the one reader of those facts, used by:
 
 - the recipe's ``pipeline.sh``, before any GPU work:
-      python tools/targets/recipe_targets.py check RECIPE_DIR MODEL_DIR   # is MODEL the recipe's target?
-      python tools/targets/recipe_targets.py aux-ids RECIPE_DIR           # train.yaml's ids, for extract
+      python recipes/recipe_targets.py check RECIPE_DIR MODEL_DIR   # is MODEL the recipe's target?
+      python recipes/recipe_targets.py aux-ids RECIPE_DIR           # train.yaml's ids, for extract
 - ``tests/test_recipes.py``, which builds a scaled-down stand-in of the same architecture
   (``build_standin``) and runs every stage's preflight on it with the recipe's own flags.
 
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_TOKENIZER = REPO_ROOT / "recipes" / "tiny" / "target"
 FACTS_FILE = "target_config.json"
 TRAIN_FILE = "train.yaml"
