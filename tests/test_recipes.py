@@ -2,7 +2,7 @@
 
 Each recipe is a GPU-node pipeline. What can stop it before or between its GPU stages is checked
 here, in seconds, on a scaled-down stand-in of the same architecture built at test time
-(recipes/recipe_targets.py: same model_type, architectures and config.json layout, the real
+(tests/support/recipe_standins.py: same model_type, architectures and config.json layout, the real
 vocabulary, depth / 4 and hidden 64): chat data → ingest → tokenize + vocab → `eagle3-extract
 preflight` and `run` (transformers backend: the vLLM one needs a GPU) → `eagle3-train
 --preflight`.
@@ -38,6 +38,7 @@ from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_extract.config import default_aux_layer_ids
 
+from support import recipe_standins
 from support.recipes import recipe_targets
 from support.stage_cli import Outcome, run_cli, run_train_cli
 
@@ -121,7 +122,7 @@ class StagesRun:
 
 def run_stages(recipe: str, work: Path) -> StagesRun:
     flags = stage_flags(recipe)
-    standin = recipe_targets.build_standin(recipe_dir(recipe), work / "target")
+    standin = recipe_standins.build_standin(recipe_dir(recipe), work / "target")
     layers = json.loads((standin / "config.json").read_text())["num_hidden_layers"]
     aux = recipe_targets.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
     raw = work / "chat.jsonl"
@@ -197,7 +198,7 @@ def test_aux_layer_ids_are_eagle3s_rule_at_the_targets_depth(recipe: str) -> Non
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_standin_is_the_targets_architecture_scaled_down(recipe: str) -> None:
     facts = recipe_targets.target_facts(recipe_dir(recipe))
-    scaled = recipe_targets.standin_config(facts)
+    scaled = recipe_standins.standin_config(facts)
     assert scaled.keys() == facts.keys()  # same layout: rope_scaling, head_dim only where real
     same = {
         "model_type",
@@ -225,7 +226,7 @@ def test_the_pipeline_refuses_a_model_that_is_not_the_recipes_target(
     assert recipe_targets.check_target(recipe_dir(recipe), real) == []
     other = tmp_path / "other"
     other.mkdir()
-    scaled = recipe_targets.standin_config(recipe_targets.target_facts(recipe_dir(recipe)))
+    scaled = recipe_standins.standin_config(recipe_targets.target_facts(recipe_dir(recipe)))
     (other / "config.json").write_text(json.dumps(scaled))
     problems = recipe_targets.check_target(recipe_dir(recipe), other)
     assert any(p.startswith("num_hidden_layers:") for p in problems), problems
@@ -315,7 +316,7 @@ def test_stored_bytes_per_token_are_the_sheets_formula(stages: StagesRun) -> Non
 def test_llama31_answers_with_surrounding_whitespace_are_trained(tmp_path: Path) -> None:
     """Llama-3.1's template trims contents: an answer with surrounding whitespace is still
     found (stripped) and trained, not rejected as a template rewrite."""
-    standin = recipe_targets.build_standin(recipe_dir("llama-3.1-8b"), tmp_path / "target")
+    standin = recipe_standins.build_standin(recipe_dir("llama-3.1-8b"), tmp_path / "target")
     raw = tmp_path / "chat.jsonl"
     padded = [
         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there.\n"}],
