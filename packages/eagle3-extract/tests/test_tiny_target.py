@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from support import tiny_corpus, tiny_target, tiny_targets
+from support import random_targets, tiny_corpus, tiny_target
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TARGET_DIR = REPO_ROOT / "recipes" / "tiny" / "target"
@@ -207,14 +207,14 @@ def _forward_hidden_states(model_dir: Path) -> tuple:
 
 
 def test_tiny_qwen3_runs_forward_with_hidden_states(tmp_path: Path) -> None:
-    model_dir = tiny_targets.build_tiny_qwen3(tmp_path / "qwen3")
+    model_dir = random_targets.build_tiny_qwen3(tmp_path / "qwen3")
     model, _ = _forward_hidden_states(model_dir)
     assert model.config.model_type == "qwen3"
     assert model.dtype == torch.bfloat16
 
 
 def test_tiny_deepseek_v3_is_mla_and_moe_like_kimi(tmp_path: Path) -> None:
-    model_dir = tiny_targets.build_tiny_deepseek_v3(tmp_path / "dsv3")
+    model_dir = random_targets.build_tiny_deepseek_v3(tmp_path / "dsv3")
     saved = json.loads((model_dir / "config.json").read_text())
     assert saved["model_type"] == "deepseek_v3"
     assert saved["kv_lora_rank"] + saved["qk_rope_head_dim"] == 576
@@ -228,8 +228,8 @@ def test_tiny_deepseek_v3_is_mla_and_moe_like_kimi(tmp_path: Path) -> None:
 
 
 def test_tiny_targets_are_deterministic(tmp_path: Path) -> None:
-    a = tiny_targets.build_tiny_qwen3(tmp_path / "a")
-    b = tiny_targets.build_tiny_qwen3(tmp_path / "b")
+    a = random_targets.build_tiny_qwen3(tmp_path / "a")
+    b = random_targets.build_tiny_qwen3(tmp_path / "b")
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
 

@@ -35,7 +35,7 @@ from eagle3_extract.verify import VerifyReport, default_tolerance, verify
 from eagle3_extract.writer import CapturedSample
 from eagle3_schemas import read_header, validate
 
-from support import tiny_targets
+from support import random_targets
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"
@@ -139,7 +139,7 @@ def mla_capture(
     tmp_path_factory: pytest.TempPathFactory, write_chat_tokenized: Callable[..., Path]
 ) -> MlaCapture:
     tmp_path = tmp_path_factory.mktemp("mla")
-    model = tiny_targets.build_tiny_deepseek_v3(tmp_path / "deepseek")
+    model = random_targets.build_tiny_deepseek_v3(tmp_path / "deepseek")
     n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     tokenized = write_chat_tokenized(model, tmp_path / "tokenized.parquet", count=8)
     out = tmp_path / "vllm"
