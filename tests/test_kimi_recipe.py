@@ -1,6 +1,6 @@
 """The Kimi-K2.5 recipe, every command, on CPU against the Kimi-shaped stand-in.
 
-The stand-in (tools/targets/kimi_standin.py) has Kimi-K2.5's wrapper architecture and config nesting,
+The stand-in (tests/support/kimi_standin.py) has Kimi-K2.5's wrapper architecture and config nesting,
 MLA + MoE text model, TikToken tokenizer as custom code behind ``auto_map``, the full 163,840-token
 vocabulary and a thinking chat template — at hidden 128 and 7 layers. Every stage runs with the
 arrays of recipes/kimi-k2.5/flags.sh, only sizes and device counts changed (NGPU=1, small
@@ -11,9 +11,10 @@ lengths), and where the GPU run's tool cannot run on CPU the substitute is named
 - training: in this process with the recipe's train.yaml (the recipe's ZeRO-2 launch over 8 GPUs
   is the distributed tier's concern, exercised on the tiny target);
 - evaluation: ``eagle3-eval reference`` (transformers) and ``offline``: vLLM on CPU cannot serve a
-  Llama-style EAGLE-3 draft beside an MLA target (no KV block size both CPU attention backends
-  accept; tools/repro/vllm_cpu_block_size_repro.py states that failure), so the vllm tier serves the
-  MLA draft (the recipe's train.yaml with ``draft.architecture=mla``), checked against the
+  Llama-style EAGLE-3 draft beside an MLA target (vllm-cpu 0.32: the CPU MLA backend takes KV
+  blocks of exactly 16 tokens, vllm/v1/attention/backends/mla/cpu_mla.py, the draft's CPU backend
+  multiples of 32, cpu_attn.py, and the engine stops with "No common block size",
+  vllm/v1/worker/utils.py), so the vllm tier serves the MLA draft (the recipe's train.yaml with ``draft.architecture=mla``), checked against the
   reference.
 
 Drafts trained 6 steps on a random stand-in accept about nothing, so agreement on ~0 accepted
@@ -30,15 +31,12 @@ resource sheet's 11.47 TB and 594 GB are that arithmetic.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -52,6 +50,10 @@ from eagle3_eval.cli import main as eval_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import read_header
 from eagle3_schemas.failures import failure_report
+
+from support import kimi_standin
+from support.recipes import recipe_targets
+from support.stage_cli import run_cli, run_train_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "kimi-k2.5"
@@ -77,23 +79,6 @@ DRAFT_SIZES = {
     "draft.intermediate_size": "256",
 }
 
-
-def _load(path: Path) -> ModuleType:
-    name = path.stem
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-recipe_targets = _load(ROOT / "tools" / "targets" / "recipe_targets.py")
-kimi_standin = _load(ROOT / "tools" / "targets" / "kimi_standin.py")
-stage_cli = _load(ROOT / "tests" / "stage_cli.py")
-run_cli = stage_cli.run_cli
 
 # Chats with what Kimi's data has: Chinese (Han runs are their own pre-tokens), a system prompt,
 # several turns, code. Train and held-out sets come from different files.
@@ -282,7 +267,7 @@ def train(
         "train.trackers=[]",
         *extra,
     ]
-    return stage_cli.run_train_cli(
+    return run_train_cli(
         ["--config", str(RECIPE / "train.yaml"), "--output-dir", str(out), "--max-steps", "6"]
         + [arg for s in sets for arg in ("--set", s)]
     )

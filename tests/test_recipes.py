@@ -2,7 +2,7 @@
 
 Each recipe is a GPU-node pipeline. What can stop it before or between its GPU stages is checked
 here, in seconds, on a scaled-down stand-in of the same architecture built at test time
-(tools/targets/recipe_targets.py: same model_type, architectures and config.json layout, the real
+(tests/support/recipe_standins.py: same model_type, architectures and config.json layout, the real
 vocabulary, depth / 4 and hidden 64): chat data → ingest → tokenize + vocab → `eagle3-extract
 preflight` and `run` (transformers backend: the vLLM one needs a GPU) → `eagle3-train
 --preflight`.
@@ -23,14 +23,11 @@ Llama stand-in uses the project's BPE with Llama-3's special tokens and Llama-3.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pyarrow.parquet as pq
 import pytest
@@ -41,6 +38,10 @@ from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_extract.config import default_aux_layer_ids
 
+from support import recipe_standins
+from support.recipes import recipe_targets
+from support.stage_cli import Outcome, run_cli, run_train_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ["llama-3.1-8b", "qwen3-8b"]
 # Knobs of flags.sh that size the run for this machine; every flag stays the recipe's.
@@ -48,22 +49,6 @@ CPU_KNOBS = {"NGPU": "1", "CPU_WORKERS": "1"}
 FLAG_ARRAYS = ("TOKENIZE_ARGS", "VOCAB_ARGS", "EXTRACT_ARGS", "ACCELERATE_ARGS", "EVAL_ARGS")
 EXIT_OK = 0
 
-
-def _load_tool(name: str, folder: str) -> ModuleType:
-    """Import <folder>/<name>.py (tools/ is not a package; tests import in importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-recipe_targets = _load_tool("recipe_targets", "tools/targets")
-stage_cli = _load_tool("stage_cli", "tests")
-Outcome, run_cli, run_train_cli = stage_cli.Outcome, stage_cli.run_cli, stage_cli.run_train_cli
 
 # A few conversations of the shapes real chat data has: single and multi-turn, a system prompt,
 # code with blank lines, and a Qwen3-style answer with its thinking block.
@@ -137,7 +122,7 @@ class StagesRun:
 
 def run_stages(recipe: str, work: Path) -> StagesRun:
     flags = stage_flags(recipe)
-    standin = recipe_targets.build_standin(recipe_dir(recipe), work / "target")
+    standin = recipe_standins.build_standin(recipe_dir(recipe), work / "target")
     layers = json.loads((standin / "config.json").read_text())["num_hidden_layers"]
     aux = recipe_targets.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
     raw = work / "chat.jsonl"
@@ -213,7 +198,7 @@ def test_aux_layer_ids_are_eagle3s_rule_at_the_targets_depth(recipe: str) -> Non
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_standin_is_the_targets_architecture_scaled_down(recipe: str) -> None:
     facts = recipe_targets.target_facts(recipe_dir(recipe))
-    scaled = recipe_targets.standin_config(facts)
+    scaled = recipe_standins.standin_config(facts)
     assert scaled.keys() == facts.keys()  # same layout: rope_scaling, head_dim only where real
     same = {
         "model_type",
@@ -241,7 +226,7 @@ def test_the_pipeline_refuses_a_model_that_is_not_the_recipes_target(
     assert recipe_targets.check_target(recipe_dir(recipe), real) == []
     other = tmp_path / "other"
     other.mkdir()
-    scaled = recipe_targets.standin_config(recipe_targets.target_facts(recipe_dir(recipe)))
+    scaled = recipe_standins.standin_config(recipe_targets.target_facts(recipe_dir(recipe)))
     (other / "config.json").write_text(json.dumps(scaled))
     problems = recipe_targets.check_target(recipe_dir(recipe), other)
     assert any(p.startswith("num_hidden_layers:") for p in problems), problems
@@ -331,7 +316,7 @@ def test_stored_bytes_per_token_are_the_sheets_formula(stages: StagesRun) -> Non
 def test_llama31_answers_with_surrounding_whitespace_are_trained(tmp_path: Path) -> None:
     """Llama-3.1's template trims contents: an answer with surrounding whitespace is still
     found (stripped) and trained, not rejected as a template rewrite."""
-    standin = recipe_targets.build_standin(recipe_dir("llama-3.1-8b"), tmp_path / "target")
+    standin = recipe_standins.build_standin(recipe_dir("llama-3.1-8b"), tmp_path / "target")
     raw = tmp_path / "chat.jsonl"
     padded = [
         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there.\n"}],

@@ -30,10 +30,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from bench_stream import tiny_inputs
 from safetensors.torch import load_file
-from stage_cli import run_cli, run_train_cli
 
+from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import validate
 from eagle3_schemas.stream import (
@@ -46,6 +45,9 @@ from eagle3_schemas.stream import (
 )
 from eagle3_train.testing import REPO, env_for_subprocess
 
+from support.stage_cli import run_cli, run_train_cli
+from support.tiny_corpus import build_corpus, write_corpus_jsonl
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 TARGET = REPO / "recipes" / "tiny" / "target"
@@ -57,11 +59,35 @@ SHARD_MB = "1.5"
 WINDOW_SHARDS = 2
 
 
+def _tiny_inputs(root: Path) -> tuple[Path, Path]:
+    """The tiny recipe's training corpus, tokenized by the tiny target, and its vocab map."""
+    corpus, conversations = root / "corpus.jsonl", root / "conversations.parquet"
+    tokenized, vocab = root / "tokenized.parquet", root / "vocab_map.safetensors"
+    write_corpus_jsonl(build_corpus(), corpus)
+    for argv in (
+        ["ingest", str(corpus), "--keep", "split=train", "--out", str(conversations)],
+        [
+            "tokenize",
+            str(conversations),
+            "--tokenizer",
+            str(TARGET),
+            "--max-length",
+            "512",
+            "--out",
+            str(tokenized),
+        ],
+        ["vocab", str(tokenized), "--draft-vocab-size", "512", "--out", str(vocab)],
+    ):
+        result = run_cli(data_main, argv)
+        assert result.code == 0, f"eagle3-data {argv[0]}: {result.log[-3000:]}"
+    return tokenized, vocab
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Tokenized corpus, vocab map, the finished dataset, and a budget below its size."""
     root = tmp_path_factory.mktemp("stream")
-    tokenized, vocab = tiny_inputs(root)
+    tokenized, vocab = _tiny_inputs(root)
     offline = root / "offline"
     result = run_cli(extract_main, _extract_args(tokenized, offline))
     assert result.code == 0, result.log[-3000:]

@@ -1,5 +1,5 @@
 """Every refusal of the streaming hand-off, one fast test per message and exit code, on small
-synthetic streams (tests/synthetic_stream.py: a finished synthetic dataset laid out as a
+synthetic streams (tests/support/synthetic_stream.py: a finished synthetic dataset laid out as a
 stream, no extraction): the stream config refusals of both stages (exit 2), train preflight's
 stream check (the deadlocks it refuses, exit 2; the wait it warns of), and a stream that fails
 during training (exit 4: the producer ended or stalled, a shard reclaimed too early); a stream
@@ -18,8 +18,6 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from stage_cli import Outcome, run_cli, run_train_cli
-from synthetic_stream import stream_of
 
 from eagle3_extract.cli import main as extract_main
 from eagle3_schemas.stream import (
@@ -31,6 +29,9 @@ from eagle3_schemas.stream import (
     reclaim,
 )
 from eagle3_train.testing import REPO, Inputs, make_inputs, write_config
+
+from support.stage_cli import Outcome, run_cli, run_train_cli
+from support.synthetic_stream import seal_rest, stream_of
 
 EXIT_CONFIG = EXIT_PREFLIGHT = 2
 EXIT_STREAM = 4
@@ -311,8 +312,6 @@ def test_the_trainer_reports_the_time_it_waited_for_the_producer(inputs, tmp_pat
     shows in its per-log stream_wait_s, in the run's total, and as the idle share of its
     time (the bound 0 <= share <= 1 alone could not fail)."""
     import threading
-
-    from synthetic_stream import seal_rest
 
     out = tmp_path / "hs"
     stream = stream_of(inputs.hidden_states, out, sealed=2, end=False)  # window 0 only

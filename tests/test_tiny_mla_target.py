@@ -10,16 +10,23 @@ learned something, so that drafts measured on it are judged against a target tha
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-import build_tiny_mla_target as mla
-import build_tiny_target as tiny
 import pytest
 import torch
 from safetensors import safe_open
+from transformers import PreTrainedTokenizerFast
 
+from eagle3_eval.target import load_target
 from eagle3_schemas.target_config import text_config
 
-TARGET = mla.TARGET_DIR
+from support import tiny_corpus, tiny_target
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "recipes" / "tiny-mla" / "target"
+KIMI_RECIPE = ROOT / "recipes" / "kimi-k2.5"
+# What the builder copies from the tiny target (tools/targets/build_tiny_mla_target.py).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +36,11 @@ def config() -> dict:
 
 @pytest.fixture(scope="module")
 def build_info() -> dict:
-    return json.loads((TARGET / mla.BUILD_INFO).read_text())
+    return json.loads((TARGET / tiny_target.BUILD_INFO).read_text())
 
 
 def test_the_wrapper_and_the_backbone_are_kimis(config: dict) -> None:
-    real = json.loads((mla.kimi_standin.RECIPE / "target_config.json").read_text())
+    real = json.loads((KIMI_RECIPE / "target_config.json").read_text())
     text = text_config(config)
     assert config["architectures"] == real["architectures"] == ["KimiK25ForConditionalGeneration"]
     assert (config["model_type"], text["model_type"]) == ("kimi_k25", "kimi_k2")
@@ -56,9 +63,9 @@ def test_the_wrapper_and_the_backbone_are_kimis(config: dict) -> None:
 def test_it_shares_the_tiny_targets_tokenizer_and_heldout_files(
     config: dict, build_info: dict
 ) -> None:
-    for name in mla.TOKENIZER_FILES:
-        assert (TARGET / name).read_bytes() == (tiny.TARGET_DIR / name).read_bytes(), name
-    tiny_info = json.loads((tiny.TARGET_DIR / tiny.BUILD_INFO).read_text())
+    for name in TOKENIZER_FILES:
+        assert (TARGET / name).read_bytes() == (tiny_target.TARGET_DIR / name).read_bytes(), name
+    tiny_info = json.loads((tiny_target.TARGET_DIR / tiny_target.BUILD_INFO).read_text())
     assert build_info["heldout_sources"] == tiny_info["heldout_sources"]
     assert build_info["corpus_fingerprint"] == tiny_info["corpus_fingerprint"]
     assert text_config(config)["vocab_size"] == tiny_info["vocab_size"] == 4096
@@ -73,9 +80,12 @@ def test_the_shipped_target_is_small(build_info: dict) -> None:
 
 def test_heldout_answer_ce_is_far_below_unigram(build_info: dict) -> None:
     torch.set_num_threads(2)
-    model = mla.load_target(TARGET)
-    heldout = [c for c in tiny.build_corpus() if c.split == "heldout"]
-    ce, n_tokens = tiny.heldout_answer_ce(model, mla.load_tokenizer(), heldout, 50)
+    model = load_target(TARGET, dtype="float32").model  # as eagle3-eval loads a target
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(
+        tiny_target.TARGET_DIR, local_files_only=True
+    )
+    heldout = [c for c in tiny_corpus.build_corpus() if c.split == "heldout"]
+    ce, n_tokens = tiny_target.heldout_answer_ce(model, tokenizer, heldout, 50)
     assert n_tokens > 2000
-    assert ce < mla.CHECK_MAX_CE
+    assert ce < build_info["check_max_ce"]
     assert ce < build_info["unigram_heldout_answer_ce"] - 1.0

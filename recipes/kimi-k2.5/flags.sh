@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2034  # every variable here is read by the script sourcing it
 # Kimi-K2.5: every stage's flags, in one place. Sourced by pipeline.sh beside it (the one
 # pipeline every recipe shares) and by tests/test_kimi_recipe.py, which runs every stage on CPU
-# with exactly these arrays against the Kimi-shaped stand-in (tools/targets/kimi_standin.py), setting
+# with exactly these arrays against the Kimi-shaped stand-in (tests/support/kimi_standin.py), setting
 # only the size and device-count knobs below (and the transformers backend / the reference
 # evaluator where vLLM on CPU cannot do the GPU run's part: see RESOURCES.md).
 #

@@ -46,8 +46,8 @@ step "setup: the workspace with vLLM (CUDA build, from uv.lock)"
 uv sync --frozen --all-packages --extra vllm
 bin="$(uv run --frozen --no-sync python -c 'import os, sys; print(os.path.dirname(sys.executable))')"
 # MODEL must be the recipe's target: its layer count fixes the aux layer ids, its sizes the sheet.
-"$bin/python" tools/targets/recipe_targets.py check "$recipe" "$MODEL"
-aux="$("$bin/python" tools/targets/recipe_targets.py aux-ids "$recipe")"  # train.yaml's, e.g. 2,16,29
+"$bin/python" recipes/recipe_targets.py check "$recipe" "$MODEL"
+aux="$("$bin/python" recipes/recipe_targets.py aux-ids "$recipe")"  # train.yaml's, e.g. 2,16,29
 echo "target $MODEL matches $recipe/target_config.json; aux layer ids $aux; $NGPU GPU(s)"
 
 step "plan: disk for the hidden states, GPU memory and parallelism, from the target's config"

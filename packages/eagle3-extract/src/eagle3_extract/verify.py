@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle3_extract.backends.hf import HFBackend
 from eagle3_extract.config import MODEL_EXPECTED
 from eagle3_extract.reader import DatasetReader
 from eagle3_extract.samples import Sample, read_tokenized
@@ -165,8 +166,6 @@ def verify(
         report.problems += check_tokens(reader, tokenized)
     if report.problems:
         return report
-
-    from eagle3_extract.backends.hf import HFBackend
 
     aux = list(fields["aux_layer_ids"])
     n_layers = fields["target"]["num_hidden_layers"]

@@ -5,6 +5,7 @@ versioned schema files under ``schemas/``, writes artifacts atomically with thei
 lineage, and validates any artifact, naming every violation with its location.
 """
 
+from eagle3_schemas.artifact import Violation
 from eagle3_schemas.atomic import atomic_directory, atomic_path, write_json_atomic
 from eagle3_schemas.header import ArtifactError, Header, read_header
 from eagle3_schemas.lineage import (
@@ -17,7 +18,7 @@ from eagle3_schemas.lineage import (
     lineage_mismatches,
 )
 from eagle3_schemas.paths import PathArgumentError
-from eagle3_schemas.validate import Violation, detect_kind, validate
+from eagle3_schemas.validate import detect_kind, validate
 
 __all__ = [
     "ArtifactError",

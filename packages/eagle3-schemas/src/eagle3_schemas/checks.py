@@ -12,16 +12,16 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from eagle3_schemas.artifact import Artifact, Violation
 from eagle3_schemas.conversations import conversation_problem
+from eagle3_schemas.fingerprint import fingerprint_vocab_map
 from eagle3_schemas.hidden_states import (
     UnsafeShardPath,
     checksum_algorithm,
     resolve_shard_path,
     row_checksum,
 )
-from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_schemas.safetensors_format import nonfinite_count
-from eagle3_schemas.validate import Artifact, Violation
 
 Check = Callable[[Artifact], list[Violation]]
 MAX_REPORTED = 5  # per check, so a fully corrupt file does not print millions of lines

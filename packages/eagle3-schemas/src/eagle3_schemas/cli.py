@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eagle3_schemas.registry import freeze, meta_check
+from eagle3_schemas.meta_check import freeze, meta_check
 from eagle3_schemas.validate import validate
 
 

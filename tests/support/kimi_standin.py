@@ -1,6 +1,6 @@
 """A Kimi-K2.5-shaped stand-in, built at test time: the flagship's traps at a size CPUs run.
 
-    python tools/targets/kimi_standin.py OUT_DIR        (about 20 s; random weights, seeded)
+    PYTHONPATH=tests uv run python -m support.kimi_standin OUT_DIR   (about 20 s; random weights, seeded)
 
 What it keeps of the real model (recipes/kimi-k2.5/target_config.json, the hub's config.json):
 - the multimodal wrapper: ``architectures: ["KimiK25ForConditionalGeneration"]``, ``model_type:
@@ -307,5 +307,5 @@ def save_wrapper_files(out_dir: Path, config: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tools/targets/kimi_standin.py OUT_DIR")
+        sys.exit("usage: python -m support.kimi_standin OUT_DIR")
     print(build_standin(Path(sys.argv[1])))

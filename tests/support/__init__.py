@@ -1,0 +1,6 @@
+"""What the tests share: stage entry points run in-process, the embedded tiny targets' corpus
+and scoring, stand-ins of real targets, synthetic streams, the eval tests' tiny draft.
+
+Importable as ``support`` from every test (pyproject's pytest ``pythonpath``); scripts that run
+in another interpreter (vLLM's) run as ``python -m support.NAME`` with ``tests`` on PYTHONPATH.
+"""
