@@ -74,6 +74,7 @@ def test_an_unknown_preempt_signal_is_refused(llama_target: Path, tmp_path: Path
         )
 
 
+@pytest.mark.tmpfs
 def test_a_disk_that_fills_up_stops_naming_the_shard_and_the_rerun_resumes(
     llama_target: Path, tmp_path: Path
 ) -> None:

@@ -412,6 +412,7 @@ def reference(tmp_path, in_process):
     return inputs, train, _series(run), sizes
 
 
+@pytest.mark.tmpfs
 def test_no_room_for_the_next_checkpoint_stops_before_writing_it(
     tmp_path, in_process, reference, caplog
 ):
@@ -437,6 +438,7 @@ def test_no_room_for_the_next_checkpoint_stops_before_writing_it(
         assert _series(run) == series
 
 
+@pytest.mark.tmpfs
 def test_a_full_disk_during_the_export_keeps_nothing_half_written(
     tmp_path, in_process, reference, caplog
 ):
