@@ -4,6 +4,8 @@ parameter names vs the checkpoint schema."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -181,6 +183,59 @@ def test_bf16_autocast_keeps_softmax_statistics_in_float32():
             g.flatten(), model.get_parameter(name).grad.flatten(), dim=0
         )
         assert cos > 0.98, (name, float(cos))
+
+
+def _gamma(k: int, u: float) -> float:
+    """Higham's gamma_k: the relative error bound of k float operations of unit round-off u."""
+    return k * u / (1 - k * u)
+
+
+def _cascade(k: int) -> int:
+    """Roundings along one torch reduction of k terms (a cascade sum), with a few to spare."""
+    return math.ceil(math.log2(k)) + 4
+
+
+def test_fused_linear_kl_with_bf16_gemms_is_within_float32_round_off_of_float64():
+    """The fused LM-head KL with bf16 GEMM inputs (the autocast path) against a float64
+    reference on the same bf16 values. Products of bf16 numbers are exact in float32, so the
+    only errors are float32 sums and the softmax in float32, bounded to first order by:
+    each logit z_tv within gamma_H·(|h_t|·|W_v|) (a dot product of H exact products), which
+    moves KL_t by at most sum_v |q - p|_tv of that; the log-softmax and KL reductions (torch's
+    cascade sums: log2 of the length, plus a few) on their terms' magnitudes; then the sum over
+    rows. The gradients add one rounding of d/dz = w·(q - p) to bf16, the GEMM's input. A
+    float32 result rounded to bf16 anywhere in the forward exceeds the bound several times."""
+    u32, u16 = 2.0**-24, 2.0**-8
+    n, hidden, vocab = 97, 16, 301
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(n, hidden, generator=g) * 2).bfloat16().float().requires_grad_(True)
+    w = (torch.randn(vocab, hidden, generator=g) * 0.25).bfloat16().float().requires_grad_(True)
+    target = torch.log_softmax(2 * torch.randn(n, vocab, generator=g), -1)
+    rows = (torch.rand(n, generator=g) < 0.7).float() / 30
+    loss, _, _ = fused_linear_kl(h, w, target, rows, chunk=32, mm_dtype=torch.bfloat16)
+    loss.backward()
+    h64, w64 = (x.detach().double().requires_grad_(True) for x in (h, w))
+    ref, _, _ = reference_linear_kl(h64, w64, target.double(), rows.double())
+    ref.backward()
+
+    hd, wd, logp, r = h64.detach(), w64.detach(), target.double(), rows.double()[:, None]
+    z = hd @ wd.T
+    scale = hd.abs() @ wd.abs().T  # each logit's float32 dot product error is gamma_H of it
+    logq = torch.log_softmax(z, -1)
+    p, q = logp.exp(), logq.exp()
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    kl_bound = _gamma(hidden, u32) * ((q - p).abs() * scale).sum(-1) + _gamma(
+        _cascade(vocab), u32
+    ) * (p * (logp.abs() + logq.abs() + z.abs() + lse.abs())).sum(-1)
+    kl = (p * (logp - logq)).sum(-1)
+    loss_bound = (r[:, 0] * kl_bound).sum() + _gamma(_cascade(n), u32) * (r[:, 0] * kl).sum()
+    got, want = float(loss.detach()), float(ref.detach())
+    assert abs(got - want) <= float(loss_bound), (got, want, float(loss_bound))
+    logit_error = _gamma(hidden, u32) * scale.amax(-1, keepdim=True)  # moves log q twice
+    dz = r * (u16 + 2 * logit_error + _gamma(_cascade(vocab) + 4, u32)) * (q + p)
+    grad_h_bound = dz @ wd.abs() + _gamma(vocab, u32) * ((r * (q + p)) @ wd.abs())
+    grad_w_bound = dz.T @ hd.abs() + _gamma(n, u32) * ((r * (q + p)).T @ hd.abs())
+    assert ((h.grad.double() - h64.grad).abs() <= grad_h_bound).all()
+    assert ((w.grad.double() - w64.grad).abs() <= grad_w_bound).all()
 
 
 MLA_SHAPE = dict(
