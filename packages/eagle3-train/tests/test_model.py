@@ -390,7 +390,13 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
 def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
     """train.compile as it runs on CUDA (decoder layers compiled with the attention opaque,
     the loss chunk body compiled), here with inductor's CPU code: the same loss and gradients
-    as eager, for the Llama and the MLA draft, with the default objective's top-k term."""
+    as eager, for the Llama and the MLA draft, with the default objective's top-k term. That
+    something was compiled is shown, not assumed: inductor received the layers' graphs (a
+    counting backend around it) and the loss chunk's, and dynamo broke no graph but at the
+    attention (a break or an eager fallback would make this eager against eager)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
     from eagle3_train.config import ObjectiveConfig
     from eagle3_train.loss import compile_kl_chunk
 
@@ -400,13 +406,25 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
             results = []
             for compiled in (False, True):
                 model = _model(attention="flash", **extra)
+                torch._dynamo.reset()
+                counters.clear()
+                layers = CompileCounterWithBackend("inductor")
                 if compiled:
                     for layer in model.layers:
-                        layer.compile()
+                        layer.compile(backend=layers)
                 compile_kl_chunk(compiled)
                 loss, _ = model(*batch, ttt_steps=3, objective=ObjectiveConfig(topk_weight=1.0))
                 loss.backward()
                 results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
+                graphs = counters["stats"]["unique_graphs"]
+                if compiled:
+                    assert layers.frame_count >= 1 and layers.op_count > 0, extra
+                    assert graphs > layers.frame_count, f"no graph of the loss chunk: {extra}"
+                    # the one break by design: the attention, opaque to the compiler
+                    breaks = [r for r in counters["graph_break"] if "ttt_attend" not in r]
+                    assert not breaks, breaks
+                else:
+                    assert graphs == 0, f"the eager run compiled {graphs} graphs"
             (l1, g1), (l2, g2) = results
             torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
             for name in g1:
