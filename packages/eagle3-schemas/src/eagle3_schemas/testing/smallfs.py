@@ -5,6 +5,7 @@ to leave exactly some room."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import shutil
 import subprocess
 import tempfile
@@ -53,10 +54,16 @@ def small_tmpfs(directory: Path, size_mib: int = 8) -> Iterator[Path]:
 
 
 def leave_free(directory: Path, free: int, name: str = "filler") -> Path:
-    """Fill the filesystem of ``directory`` until about ``free`` bytes are left."""
+    """Fill the filesystem of ``directory`` until about ``free`` bytes are left (none, where
+    a writer beside this one takes some of the room meanwhile: the disk is full either way)."""
     filler = directory / name
     filler.unlink(missing_ok=True)
-    room = shutil.disk_usage(directory).free - free
-    with open(filler, "wb") as f:
-        f.write(b"\0" * max(0, room))
+    data = memoryview(b"\0" * max(0, shutil.disk_usage(directory).free - free))
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while data:
+                data = data[f.write(data) :]
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
     return filler
