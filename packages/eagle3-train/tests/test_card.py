@@ -70,12 +70,22 @@ def test_the_export_carries_a_card_the_hub_reader_parses(run):
     counts = parameter_counts(draft / "model.safetensors")
     assert f"{counts['draft']:,} parameters" in body
     assert "24 samples" in body and "stored as float32" in body
-    assert f"{header['training']['steps']} optimizer steps" in body
+    assert header["training"]["steps"] == 2  # train.max_steps, not the card's own source
+    assert "2 optimizer steps" in body
     assert "draft vocabulary 24 of the target's 64 tokens" in body
     assert "layers [1, 2, 3]" in body
     for fingerprint in header["lineage"].values():
         if isinstance(fingerprint, str):
             assert fingerprint in body
+
+
+def _files_but(directory, card) -> dict[str, bytes]:
+    """Every file under ``directory`` but ``card``: relative path -> bytes."""
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p != card
+    }
 
 
 def test_card_only_refreshes_the_card_and_keeps_evals_tables(run, in_process):
@@ -96,12 +106,16 @@ def test_card_only_refreshes_the_card_and_keeps_evals_tables(run, in_process):
     }
     card = draft / "README.md"
     card.write_text(put_acceptance(card.read_text(), report))
+    others = _files_but(draft, card)
+    assert {"config.json", "model.safetensors", "eagle3.json"} <= set(others)
     assert (
         in_process(
             ["--config", str(config), "--card-only", str(draft), "--set", "export.card.license=mit"]
         )
         == 0
     )
+    # the draft's other files are left as they were, byte for byte
+    assert _files_but(draft, card) == others
     refreshed = ModelCard.load(card)
     assert refreshed.data.license == "mit"
     [table] = read_acceptance(refreshed.text)

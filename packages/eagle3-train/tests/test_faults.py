@@ -29,7 +29,14 @@ from eagle3_train.data import CorruptSample, HiddenStateDataset
 from eagle3_train.loader import ShardReader
 from eagle3_train.nonfinite import NonFiniteSkip, fused_found_inf
 from eagle3_train.synthetic import write_dataset
-from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
+from eagle3_train.testing import (
+    REPO,
+    Inputs,
+    env_for_subprocess,
+    make_inputs,
+    run_cli,
+    write_config,
+)
 
 
 def _records(run: Path) -> list[dict]:
@@ -195,13 +202,18 @@ def test_the_loader_checks_whole_rows_even_of_a_sample_cut_to_the_batch(tmp_path
     rows = f"rows {entry['row_start']}..{entry['row_start'] + entry['num_tokens'] - 1}"
     assert str(path) in message and repr(ds.sample_ids[3]) in message and rows in message
     assert "data.on_corrupt: skip" in message
-    ShardReader(ds).read(plan)  # (unchecked, the damage passes unseen)
+    unchecked = ShardReader(ds).read(plan)  # (the damage passes unseen)
     batch = ShardReader(ds, verify="skip").read(plan)
     (problem,) = batch["corrupt"]
     assert problem["sample_id"] == ds.sample_ids[3]
     cut = slice(3 * 20, 4 * 20)  # the skipped sample has no loss token and zero states
     assert not batch["loss_mask"][cut].any() and not batch["aux_hidden_states"][cut].any()
-    assert batch["loss_mask"][: 3 * 20].any()
+    others = torch.ones(len(plan) * 20, dtype=torch.bool)  # every other sample: as read
+    others[cut] = False
+    rows = {k: v for k, v in unchecked.items() if torch.is_tensor(v) and len(v) == len(others)}
+    assert {"input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state"} <= set(rows)
+    for name, tensor in rows.items():
+        assert torch.equal(batch[name][others], tensor[others]), name
 
 
 def test_a_flipped_byte_stops_the_run_naming_shard_sample_and_rows(tmp_path, in_process, caplog):
@@ -227,14 +239,22 @@ def test_a_flipped_byte_stops_the_run_naming_shard_sample_and_rows(tmp_path, in_
 
 
 def test_on_corrupt_skip_trains_without_the_sample_and_counts_it(tmp_path, in_process):
+    """Also: the steps before the batch that holds the damaged sample are the clean run's,
+    loss for loss, bit for bit (skipping changes nothing it does not have to)."""
     inputs = make_inputs(tmp_path / "inputs", num_samples=24, samples_per_shard=8)
-    _flip(inputs.hidden_states, "synthetic-000013", "input_ids", 0)
-    run = tmp_path / "run"
     train = {"validate_inputs": False, "max_steps": None, "epochs": 2, "save_every": 0}
     data = {"validation_fraction": 0.0, "on_corrupt": "skip"}
+    clean = tmp_path / "clean"
+    assert in_process(["--config", str(write_config(inputs, clean, data=data, train=train))]) == 0
+    AcceleratorState._reset_state(reset_partial_state=True)
+    _flip(inputs.hidden_states, "synthetic-000013", "input_ids", 0)
+    run = tmp_path / "run"
     config = write_config(inputs, run, data=data, train=train)
     assert in_process(["--config", str(config)]) == 0
     records = _records(run)
+    bad_step = next(r["step"] for r in records if r["event"] == "corrupt")
+    before = [(step, loss) for step, loss in _series(run) if step < bad_step]
+    assert len(before) >= 2 and before == _series(clean)[: len(before)]
     corrupt = [r for r in records if r["event"] == "corrupt"]
     assert [r["sample_id"] for r in corrupt] == ["synthetic-000013"] * 2  # once per epoch
     assert corrupt[0]["expected"] != corrupt[0]["found"]
@@ -251,21 +271,37 @@ def test_on_corrupt_skip_trains_without_the_sample_and_counts_it(tmp_path, in_pr
 # Preemption: a signal, a checkpoint at the step boundary, exit 5, an exact resume
 
 
+def _complete_records(metrics: Path) -> list[dict]:
+    """The lines of a metrics file the trainer is still writing: its last line counts once
+    its newline is there (before that it may be half-written)."""
+    text = metrics.read_text()
+    return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]
+
+
 def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"ended early ({proc.returncode}):\n{log.read_text()[-3000:]}"
         metrics = run / "metrics.jsonl"
         if metrics.is_file() and any(
-            r["event"] == "train" and r["step"] >= step for r in _records(run)
+            r["event"] == "train" and r["step"] >= step for r in _complete_records(metrics)
         ):
             return
         time.sleep(0.01)
     raise AssertionError(f"step {step} not logged within 120 s:\n{log.read_text()[-3000:]}")
 
 
-def _series(run: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in _records(run) if r["event"] == "train"}
+def _series(run: Path) -> list[tuple[int, float]]:
+    """(step, loss) in the order logged. Steps an attempt logged past the checkpoint the next
+    attempt resumed from are dropped (they were redone); anything else logged twice stays
+    twice, where a dict keyed by step would hide it."""
+    series: list[tuple[int, float]] = []
+    for record in _records(run):
+        if record["event"] == "start":
+            series = [(step, loss) for step, loss in series if step <= record["step"]]
+        elif record["event"] == "train":
+            series.append((record["step"], record["loss"]))
+    return series
 
 
 def _same_draft(a: Path, b: Path) -> None:
@@ -300,7 +336,7 @@ def test_sigterm_checkpoints_at_the_step_and_the_rerun_resumes_bit_equal(tmp_pat
             proc.kill()
     (stop,) = [r for r in _records(preempted) if r["event"] == "preempted"]
     assert 3 <= stop["step"] < 40 and "SIGTERM" in stop["message"]
-    assert max(_series(preempted)) == stop["step"]  # the step in flight was finished
+    assert _series(preempted)[-1][0] == stop["step"]  # the step in flight was finished
     latest = json.loads((preempted / "checkpoints" / "latest.json").read_text())
     assert latest["step"] == stop["step"]
     assert not (preempted / "draft").exists()
@@ -413,6 +449,7 @@ def reference(tmp_path, in_process):
     return inputs, train, _series(run), sizes
 
 
+@pytest.mark.tmpfs
 def test_no_room_for_the_next_checkpoint_stops_before_writing_it(
     tmp_path, in_process, reference, caplog
 ):
@@ -438,6 +475,7 @@ def test_no_room_for_the_next_checkpoint_stops_before_writing_it(
         assert _series(run) == series
 
 
+@pytest.mark.tmpfs
 def test_a_full_disk_during_the_export_keeps_nothing_half_written(
     tmp_path, in_process, reference, caplog
 ):
@@ -468,44 +506,60 @@ def test_a_full_disk_during_the_export_keeps_nothing_half_written(
 # A dead rank: 2-process ZeRO-2 on two "machines" (one launcher each, as MULTINODE.md)
 
 
+ZERO2_TRAIN = {"max_steps": 60, "epochs": 20, "save_every": 2, "log_every": 1}
+ZERO2_TRAIN["collective_timeout_s"] = 5
+
+
+def _launch_two_machines(config: Path, logs: list[Path]) -> list[subprocess.Popen]:
+    """``accelerate launch`` of ZeRO-2 once per "machine" (one process each), as MULTINODE.md."""
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    env = {**env_for_subprocess(), "DS_ACCELERATOR": "cpu"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [accelerate, "launch", "--config_file", "recipes/accelerate/zero2_multinode.yaml"]
+    cmd += ["--num_machines", "2", "--num_processes", "2"]
+    cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+    procs = []
+    for r in (0, 1):
+        with logs[r].open("a") as err:
+            command = [*cmd, "--machine_rank", str(r), "-m", "eagle3_train"]
+            command += ["--config", str(config)]
+            procs.append(
+                subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            )
+    return procs
+
+
+@pytest.fixture(scope="module")
+def zero2_straight(tmp_path_factory) -> tuple[Inputs, Path]:
+    """The two-machine ZeRO-2 run without a fault: what a relaunched run must reproduce."""
+    tmp_path = tmp_path_factory.mktemp("zero2")
+    inputs = make_inputs(tmp_path / "inputs", num_samples=64, min_len=24, max_len=96)
+    run = tmp_path / "straight"
+    logs = [tmp_path / f"machine{r}.log" for r in (0, 1)]
+    procs = _launch_two_machines(write_config(inputs, run, train=ZERO2_TRAIN), logs)
+    for r, p in enumerate(procs):
+        assert p.wait(timeout=400) == 0, logs[r].read_text()[-4000:]
+    return inputs, run
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
 def test_a_dead_or_frozen_rank_stops_the_survivor_in_bounded_time_and_the_rerun_resumes(
-    tmp_path, fault
+    tmp_path, fault, zero2_straight
 ):
     """kill -9 of rank 1 (its connections close) or SIGSTOP (alive, silent: only the collective
     timeout can tell): rank 0 stops within train.collective_timeout_s (5 s here) plus a margin,
-    exit 8, naming what happened and the last checkpoint; relaunched, the run resumes there."""
-    accelerate = str(Path(sys.executable).parent / "accelerate")
-    inputs = make_inputs(tmp_path / "inputs", num_samples=64, min_len=24, max_len=96)
-    train = {"max_steps": 60, "epochs": 20, "save_every": 2, "log_every": 1}
-    train["collective_timeout_s"] = 5
+    exit 8, naming what happened and the last checkpoint; relaunched, the run resumes there and
+    ends as the run without a fault: the same loss at every step and the same draft, bit for
+    bit."""
+    inputs, straight = zero2_straight
     run = tmp_path / "run"
-    config = write_config(inputs, run, train=train)
-    env = {**env_for_subprocess(), "DS_ACCELERATOR": "cpu"}
-
-    def launch() -> tuple[list[subprocess.Popen], list[Path]]:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [accelerate, "launch", "--config_file", "recipes/accelerate/zero2_multinode.yaml"]
-        cmd += ["--num_machines", "2", "--num_processes", "2"]
-        cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
-        logs = [tmp_path / f"machine{r}.log" for r in (0, 1)]
-        procs = []
-        for r in (0, 1):
-            with logs[r].open("a") as err:
-                command = [*cmd, "--machine_rank", str(r), "-m", "eagle3_train"]
-                command += ["--config", str(config)]
-                procs.append(
-                    subprocess.Popen(
-                        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err
-                    )
-                )
-        return procs, logs
-
-    procs, logs = launch()
+    config = write_config(inputs, run, train=ZERO2_TRAIN)
+    logs = [tmp_path / f"machine{r}.log" for r in (0, 1)]
+    procs = _launch_two_machines(config, logs)
     victim = None
     try:
         _wait_for_step(run, 5, procs[0], logs[0])
@@ -534,11 +588,13 @@ def test_a_dead_or_frozen_rank_stops_the_survivor_in_bounded_time_and_the_rerun_
     assert "train.collective_timeout_s=5 s" in text
     last = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
     assert f"last checkpoint: {run / 'checkpoints' / f'step-{last:08d}'}" in text
-    procs, logs = launch()  # the same command on both machines resumes
+    procs = _launch_two_machines(config, logs)  # the same command on both machines resumes
     for r, p in enumerate(procs):
         assert p.wait(timeout=400) == 0, logs[r].read_text()[-4000:]
     starts = [r for r in _records(run) if r["event"] == "start"]
     assert starts[-1]["step"] == last and _records(run)[-1]["event"] == "done"
+    assert _series(run) == _series(straight)  # every step once, bit-equal
+    _same_draft(run, straight)
 
 
 def test_the_watchdog_ends_a_process_stuck_past_the_timeout_and_not_a_paused_one():

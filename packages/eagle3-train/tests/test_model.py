@@ -4,6 +4,8 @@ parameter names vs the checkpoint schema."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -180,6 +182,59 @@ def test_bf16_autocast_keeps_softmax_statistics_in_float32():
         assert cos > 0.98, (name, float(cos))
 
 
+def _gamma(k: int, u: float) -> float:
+    """Higham's gamma_k: the relative error bound of k float operations of unit round-off u."""
+    return k * u / (1 - k * u)
+
+
+def _cascade(k: int) -> int:
+    """Roundings along one torch reduction of k terms (a cascade sum), with a few to spare."""
+    return math.ceil(math.log2(k)) + 4
+
+
+def test_fused_linear_kl_with_bf16_gemms_is_within_float32_round_off_of_float64():
+    """The fused LM-head KL with bf16 GEMM inputs (the autocast path) against a float64
+    reference on the same bf16 values. Products of bf16 numbers are exact in float32, so the
+    only errors are float32 sums and the softmax in float32, bounded to first order by:
+    each logit z_tv within gamma_H·(|h_t|·|W_v|) (a dot product of H exact products), which
+    moves KL_t by at most sum_v |q - p|_tv of that; the log-softmax and KL reductions (torch's
+    cascade sums: log2 of the length, plus a few) on their terms' magnitudes; then the sum over
+    rows. The gradients add one rounding of d/dz = w·(q - p) to bf16, the GEMM's input. A
+    float32 result rounded to bf16 anywhere in the forward exceeds the bound several times."""
+    u32, u16 = 2.0**-24, 2.0**-8
+    n, hidden, vocab = 97, 16, 301
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(n, hidden, generator=g) * 2).bfloat16().float().requires_grad_(True)
+    w = (torch.randn(vocab, hidden, generator=g) * 0.25).bfloat16().float().requires_grad_(True)
+    target = torch.log_softmax(2 * torch.randn(n, vocab, generator=g), -1)
+    rows = (torch.rand(n, generator=g) < 0.7).float() / 30
+    loss, _, _ = fused_linear_kl(h, w, target, rows, chunk=32, mm_dtype=torch.bfloat16)
+    loss.backward()
+    h64, w64 = (x.detach().double().requires_grad_(True) for x in (h, w))
+    ref, _, _ = reference_linear_kl(h64, w64, target.double(), rows.double())
+    ref.backward()
+
+    hd, wd, logp, r = h64.detach(), w64.detach(), target.double(), rows.double()[:, None]
+    z = hd @ wd.T
+    scale = hd.abs() @ wd.abs().T  # each logit's float32 dot product error is gamma_H of it
+    logq = torch.log_softmax(z, -1)
+    p, q = logp.exp(), logq.exp()
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    kl_bound = _gamma(hidden, u32) * ((q - p).abs() * scale).sum(-1) + _gamma(
+        _cascade(vocab), u32
+    ) * (p * (logp.abs() + logq.abs() + z.abs() + lse.abs())).sum(-1)
+    kl = (p * (logp - logq)).sum(-1)
+    loss_bound = (r[:, 0] * kl_bound).sum() + _gamma(_cascade(n), u32) * (r[:, 0] * kl).sum()
+    got, want = float(loss.detach()), float(ref.detach())
+    assert abs(got - want) <= float(loss_bound), (got, want, float(loss_bound))
+    logit_error = _gamma(hidden, u32) * scale.amax(-1, keepdim=True)  # moves log q twice
+    dz = r * (u16 + 2 * logit_error + _gamma(_cascade(vocab) + 4, u32)) * (q + p)
+    grad_h_bound = dz @ wd.abs() + _gamma(vocab, u32) * ((r * (q + p)) @ wd.abs())
+    grad_w_bound = dz.T @ hd.abs() + _gamma(n, u32) * ((r * (q + p)).T @ hd.abs())
+    assert ((h.grad.double() - h64.grad).abs() <= grad_h_bound).all()
+    assert ((w.grad.double() - w64.grad).abs() <= grad_w_bound).all()
+
+
 MLA_SHAPE = dict(
     q_lora_rank=12, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
 )
@@ -332,7 +387,13 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
 def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
     """train.compile as it runs on CUDA (decoder layers compiled with the attention opaque,
     the loss chunk body compiled), here with inductor's CPU code: the same loss and gradients
-    as eager, for the Llama and the MLA draft, with the default objective's top-k term."""
+    as eager, for the Llama and the MLA draft, with the default objective's top-k term. That
+    something was compiled is shown, not assumed: inductor received the layers' graphs (a
+    counting backend around it) and the loss chunk's, and dynamo broke no graph but at the
+    attention (a break or an eager fallback would make this eager against eager)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
     from eagle3_train.config import ObjectiveConfig
     from eagle3_train.loss import compile_kl_chunk
 
@@ -342,13 +403,25 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
             results = []
             for compiled in (False, True):
                 model = _model(attention="flash", **extra)
+                torch._dynamo.reset()
+                counters.clear()
+                layers = CompileCounterWithBackend("inductor")
                 if compiled:
                     for layer in model.layers:
-                        layer.compile()
+                        layer.compile(backend=layers)
                 compile_kl_chunk(compiled)
                 loss, _ = model(*batch, ttt_steps=3, objective=ObjectiveConfig(topk_weight=1.0))
                 loss.backward()
                 results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
+                graphs = counters["stats"]["unique_graphs"]
+                if compiled:
+                    assert layers.frame_count >= 1 and layers.op_count > 0, extra
+                    assert graphs > layers.frame_count, f"no graph of the loss chunk: {extra}"
+                    # the one break by design: the attention, opaque to the compiler
+                    breaks = [r for r in counters["graph_break"] if "ttt_attend" not in r]
+                    assert not breaks, breaks
+                else:
+                    assert graphs == 0, f"the eager run compiled {graphs} graphs"
             (l1, g1), (l2, g2) = results
             torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
             for name in g1:

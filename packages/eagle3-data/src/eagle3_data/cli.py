@@ -26,6 +26,7 @@ from eagle3_data.config import (
     TokenizeConfig,
     VocabConfig,
 )
+from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
 from eagle3_schemas.signals import EXIT_PREEMPTED
 from eagle3_schemas.validate import validate
 
@@ -226,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:  # PathArgumentError included: bad usage, exit 2
         print(f"eagle3-data {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except DiskFull as e:  # what was written is kept whole; rerun resumes once space is freed
+        print(f"eagle3-data {args.command}: disk full: {e}", file=sys.stderr)
+        return EXIT_DISK_FULL
     violations = validate(args.out)
     output = args.out
     if violations:

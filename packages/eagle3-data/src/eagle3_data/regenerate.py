@@ -13,7 +13,6 @@ left out of the journal, and the artifact is only published once none remain.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ from tqdm import tqdm
 
 from eagle3_data.config import RegenerateConfig
 from eagle3_data.ingest import SCHEMA
+from eagle3_data.journal import Journal, read_journal, truncate_torn_tail
 from eagle3_data.rejects import RejectsFile
 from eagle3_schemas.conversations import describe_selection, select_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
@@ -56,31 +56,6 @@ class RegenerateSummary:
     failed: int = 0
     published: bool = False
     preempted: str | None = None  # the signal that stopped the run (answers in flight kept)
-
-
-# ---- journal: what makes a run resumable ---------------------------------------------------
-
-
-def read_journal(path: Path) -> dict[str, int]:
-    """Sample id → byte offset of its journal line. A torn last line (killed writer) is ignored."""
-    offsets: dict[str, int] = {}
-    if not path.exists():
-        return offsets
-    with open(path, "rb") as f:
-        offset = 0
-        for line in f:
-            with contextlib.suppress(json.JSONDecodeError, KeyError, UnicodeDecodeError):
-                offsets[json.loads(line)["id"]] = offset
-            offset += len(line)
-    return offsets
-
-
-def _truncate_torn_tail(path: Path) -> None:
-    """Drop a partial last line so appended entries start on a fresh line."""
-    if path.exists() and path.stat().st_size:
-        data = path.read_bytes()
-        if not data.endswith(b"\n"):
-            path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
 # ---- the endpoint engine -----------------------------------------------------------------
@@ -153,7 +128,7 @@ async def _regenerate_one(
 async def _run_endpoint(
     config: RegenerateConfig,
     todo: Iterator[tuple[str, Messages]],
-    journal: Any,
+    journal: Journal,
     rejects: RejectsFile,
     bar: tqdm,
     summary: RegenerateSummary,
@@ -166,33 +141,41 @@ async def _run_endpoint(
     async with httpx.AsyncClient(
         base_url=config.endpoint.rstrip("/") + "/", limits=limits
     ) as client:  # type: ignore[union-attr]
+        # A worker that stopped on an error (a full disk: DiskFull) leaves the others to drain
+        # the queue without asking anything new, then the run raises the first error.
+        errors: list[Exception] = []
+
+        async def answer(sample_id: str, messages: Messages) -> None:
+            try:
+                journal.done(sample_id, await _regenerate_one(client, config, messages))
+                summary.regenerated += 1
+            except AnswerRejected as e:
+                _journal_rejected(journal, rejects, sample_id, str(e), messages)
+                summary.rejected += 1
+            except EndpointFailed as e:
+                rejects.add(sample_id, f"endpoint_failed: {e}", messages)
+                summary.failed += 1
 
         async def worker() -> None:
             while (item := await queue.get()) is not None:
-                if stop.requested:  # preempted: only the conversations already asked finish
+                if stop.requested or errors:  # only the conversations already asked finish
                     continue
-                sample_id, messages = item
                 try:
-                    _journal_done(
-                        journal, sample_id, await _regenerate_one(client, config, messages)
-                    )
-                    summary.regenerated += 1
-                except AnswerRejected as e:
-                    _journal_rejected(journal, rejects, sample_id, str(e), messages)
-                    summary.rejected += 1
-                except EndpointFailed as e:
-                    rejects.add(sample_id, f"endpoint_failed: {e}", messages)
-                    summary.failed += 1
+                    await answer(*item)
+                except Exception as e:  # not journaled: that sample is asked again on rerun
+                    errors.append(e)
                 bar.update(1)
 
         workers = [asyncio.create_task(worker()) for _ in range(config.concurrency)]
         for item in todo:
-            if stop.requested:
+            if stop.requested or errors:
                 break
             await queue.put(item)
         for _ in workers:
             await queue.put(None)
         await asyncio.gather(*workers)
+        if errors:
+            raise errors[0]
 
 
 # ---- the vLLM offline engine -------------------------------------------------------------
@@ -218,7 +201,7 @@ def _engine_args(config: RegenerateConfig) -> dict[str, Any]:
 def _run_vllm(
     config: RegenerateConfig,
     todo: Iterator[tuple[str, Messages]],
-    journal: Any,
+    journal: Journal,
     rejects: RejectsFile,
     bar: tqdm,
     summary: RegenerateSummary,
@@ -275,7 +258,7 @@ def _run_vllm(
                 _journal_rejected(journal, rejects, sid, failed[sid], messages)
                 summary.rejected += 1
             else:
-                _journal_done(journal, sid, histories[sid])
+                journal.done(sid, histories[sid])
                 summary.regenerated += 1
             bar.update(1)
         batch = []
@@ -284,17 +267,11 @@ def _run_vllm(
 # ---- the command -------------------------------------------------------------------------
 
 
-def _journal_done(journal: Any, sample_id: str, messages: Messages) -> None:
-    journal.write(json.dumps({"id": sample_id, "messages": messages}, ensure_ascii=False) + "\n")
-    journal.flush()
-
-
 def _journal_rejected(
-    journal: Any, rejects: RejectsFile, sample_id: str, reason: str, messages: Messages
+    journal: Journal, rejects: RejectsFile, sample_id: str, reason: str, messages: Messages
 ) -> None:
     rejects.add(sample_id, reason, messages)
-    journal.write(json.dumps({"id": sample_id, "rejected": reason}) + "\n")
-    journal.flush()
+    journal.rejected(sample_id, reason)
 
 
 def _conversations(
@@ -317,7 +294,7 @@ def _conversations(
 def run(config: RegenerateConfig) -> RegenerateSummary:
     config.check()
     source = read_header(config.conversations)  # its kind was checked by config.check()
-    _truncate_torn_tail(config.journal)
+    truncate_torn_tail(config.journal)
     done = read_journal(config.journal)
     total = sum(1 for _ in _conversations(config.conversations, config.limit, config.sample_seed))
     summary = RegenerateSummary(total=total, already_done=len(done))
@@ -329,7 +306,7 @@ def run(config: RegenerateConfig) -> RegenerateSummary:
     attempt_rejects = config.rejects.with_name(config.rejects.name + ".last-run.jsonl")
     with (
         RejectsFile(attempt_rejects) as rejects,
-        open(config.journal, "a", encoding="utf-8") as journal,
+        Journal(config.journal) as journal,
         tqdm(total=total, initial=len(done), desc="regenerate", unit="conv") as bar,
         StopSignals(config.preempt_signals, "--preempt-signals") as stop,
     ):

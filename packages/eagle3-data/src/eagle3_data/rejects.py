@@ -7,6 +7,7 @@ Written to a temporary name and renamed when the command ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import Counter
@@ -46,8 +47,12 @@ class RejectsFile:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._file.close()
         if exc_type is None:
+            self._file.close()
             os.replace(self._tmp, self.path)
-        else:
-            self._tmp.unlink(missing_ok=True)
+            return
+        # the command failed (a full disk, maybe): what the buffer still holds is dropped
+        # with the file, and a second error from flushing it would hide the first
+        with contextlib.suppress(OSError):
+            self._file.close()
+        self._tmp.unlink(missing_ok=True)

@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3_extract.plan import ShardPlan
+from eagle3_extract.plan import ShardPlan, bytes_per_token
 from eagle3_extract.samples import Sample
 from eagle3_extract.storage import TORCH_DTYPES, encode
 from eagle3_schemas.atomic import atomic_path, write_json_atomic
-from eagle3_schemas.hidden_states import PER_TOKEN_TENSORS, checksum_rows
+from eagle3_schemas.diskspace import check_free, disk_full, is_disk_full
+from eagle3_schemas.hidden_states import PER_TOKEN_TENSORS, SHARD_DIR, checksum_rows
 from eagle3_schemas.stream import Fragment, ManifestRow
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ SAFETENSORS_DTYPES = {
     torch.int64: "I64",
     torch.uint8: "U8",
 }
+
+
+# Beside a shard's states: its safetensors header, per-sample tensors and its fragment.
+SHARD_MARGIN = 64 << 10
 
 
 class CaptureError(RuntimeError):
@@ -364,6 +369,19 @@ def _reject(
     return kept
 
 
+def shard_room(plans: Sequence[ShardPlan], per_token: int) -> int:
+    """Bytes the shards of ``plans`` need on disk (``per_token``: ``plan.bytes_per_token``)."""
+    return sum(p.num_tokens * per_token + SHARD_MARGIN for p in plans)
+
+
+def check_room(dataset_dir: Path, plans: Sequence[ShardPlan], per_token: int) -> None:
+    """Raise ``DiskFull`` naming the shards folder unless the shards of ``plans`` fit: called
+    before their capture (and again before each write), so a full disk stops before work that
+    could not be kept."""
+    what = f"shard {plans[0].name}" + (f"..{plans[-1].name}" if len(plans) > 1 else "")
+    check_free(dataset_dir / SHARD_DIR, what, shard_room(plans, per_token))
+
+
 def write_shard(
     dataset_dir: Path,
     fragments_dir: Path,
@@ -377,14 +395,22 @@ def write_shard(
     """Encode, check, pack and write one shard, then its fragment. Returns the fragment.
 
     Samples with NaN/Inf (as computed, or after conversion to the storage dtype) are left out
-    and logged; the fragment lists them. If all are, no shard file is written.
+    and logged; the fragment lists them. If all are, no shard file is written. A write that
+    hits a full disk leaves nothing half-written and raises ``DiskFull`` naming the shards
+    folder.
     """
     check_captured(plan, captured, n_aux + 1, hidden_size)
     fragment = Fragment(name=plan.name, shard=None, file_bytes=0)
     kept = list(captured)
-    with _SCRATCH.lock:
-        _write_kept(dataset_dir, plan, kept, fragment, n_aux, hidden_size, storage_dtype)
-    write_json_atomic(fragments_dir / f"{plan.name}.json", fragment.to_json())
+    try:
+        with _SCRATCH.lock:
+            _write_kept(dataset_dir, plan, kept, fragment, n_aux, hidden_size, storage_dtype)
+        write_json_atomic(fragments_dir / f"{plan.name}.json", fragment.to_json())
+    except Exception as e:  # the writes are atomic: no partial shard or fragment is left
+        if not is_disk_full(e):
+            raise
+        needed = shard_room([plan], bytes_per_token(n_aux, hidden_size, storage_dtype))
+        raise disk_full(dataset_dir / SHARD_DIR, f"shard {plan.name}", needed, e) from e
     return fragment
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,10 +39,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-from eagle3_extract.plan import ShardPlan
+from eagle3_extract.plan import ShardPlan, bytes_per_token
 from eagle3_extract.samples import Sample
-from eagle3_extract.writer import CapturedSample, CaptureError, write_shard
+from eagle3_extract.writer import CapturedSample, CaptureError, check_room, write_shard
 from eagle3_schemas.atomic import atomic_path
+from eagle3_schemas.diskspace import DiskFull, disk_full, is_disk_full
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -54,6 +56,9 @@ MODULE_PATH = __name__
 # Key of kv_transfer_params (per request) and of kv_connector_extra_config (per run).
 PARAMS_KEY = "eagle3"
 ERRORS_DIR = "errors"
+# Name ending of an error record that is a full disk (the driver stops with exit 7).
+DISK_FULL_SUFFIX = ".disk-full.txt"
+RESERVE_BYTES = 64 << 10  # room kept to write that record on a disk that has none left
 
 
 def ids_digest(token_ids: Any) -> str:
@@ -119,6 +124,9 @@ class Eagle3ShardConnector(ExampleHiddenStatesConnector):
         self._finished_seen: set[str] = set()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagle3-shard")
         self._writes: list[Future[Any]] = []
+        self._per_token = bytes_per_token(len(self._aux), self._hidden, run["storage_dtype"])
+        self._reserve = self._fragments_dir.parent / ERRORS_DIR / f"reserve-{os.getpid()}"
+        self._reserve_room()
 
     # ---- scheduler side ------------------------------------------------------------------
 
@@ -213,6 +221,7 @@ class Eagle3ShardConnector(ExampleHiddenStatesConnector):
 
     def _write(self, plan: ShardPlan, captured: list[CapturedSample]) -> None:
         try:
+            check_room(self._work_dir, [plan], self._per_token)
             write_shard(
                 self._work_dir,
                 self._fragments_dir,
@@ -229,21 +238,37 @@ class Eagle3ShardConnector(ExampleHiddenStatesConnector):
     def _write_dry_run(self, path: Path, states: torch.Tensor, token_ids: list[int]) -> None:
         from safetensors.torch import save_file
 
-        with atomic_path(path) as tmp:
-            save_file(
-                {
-                    "states": states.to(torch.float32).contiguous(),
-                    "token_ids": torch.tensor(token_ids, dtype=torch.int32),
-                },
-                str(tmp),
-            )
+        try:
+            with atomic_path(path) as tmp:
+                save_file(
+                    {
+                        "states": states.to(torch.float32).contiguous(),
+                        "token_ids": torch.tensor(token_ids, dtype=torch.int32),
+                    },
+                    str(tmp),
+                )
+        except Exception as e:
+            if not is_disk_full(e):
+                raise
+            raise disk_full(path.parent, "the dry-run capture", None, e) from e
+
+    def _reserve_room(self) -> None:
+        """A small file given back when the disk is full, so the error can still be written."""
+        self._reserve.parent.mkdir(parents=True, exist_ok=True)
+        self._reserve.write_bytes(b"\0" * RESERVE_BYTES)
 
     def _record_error(self, params: dict[str, Any], error: BaseException) -> None:
-        """Leave the error where the driver looks while it waits (the engine may hide it)."""
+        """Leave the error where the driver looks while it waits (the engine may hide it); a
+        full disk as its message alone, which the driver raises as ``DiskFull`` (exit 7)."""
         name = str(params.get("shard") or params.get("sample_id") or "unknown")
-        path = self._fragments_dir.parent / ERRORS_DIR / f"{name}.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
+        errors = self._fragments_dir.parent / ERRORS_DIR
+        errors.mkdir(parents=True, exist_ok=True)
+        if isinstance(error, DiskFull):
+            self._reserve.unlink(missing_ok=True)
+            (errors / f"{name}{DISK_FULL_SUFFIX}").write_text(str(error), encoding="utf-8")
+        else:
+            text = "".join(traceback.format_exception(error))
+            (errors / f"{name}.txt").write_text(text, encoding="utf-8")
 
     def _raise_write_errors(self) -> None:
         still = []

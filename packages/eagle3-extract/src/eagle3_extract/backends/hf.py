@@ -23,8 +23,7 @@ from eagle3_extract.plan import ShardPlan, bytes_per_token
 from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
 from eagle3_extract.target import read_target, transformers_refusal
-from eagle3_extract.writer import CapturedSample, CaptureError, write_shard
-from eagle3_schemas.diskspace import check_free, disk_full, is_disk_full
+from eagle3_extract.writer import CapturedSample, CaptureError, check_room, write_shard
 
 if TYPE_CHECKING:
     from eagle3_extract.context import RunContext
@@ -294,24 +293,16 @@ def run_shards_hf(
         )
         for number, plan in enumerate(pending, 1):
             ctx.make_room([plan])
-            # a full disk stops before the capture, not after it (64 KiB: header, fragment)
-            needed = plan.num_tokens * per_token + (64 << 10)
-            check_free(work.root / "shards", f"shard {plan.name}", needed)
-            captured = backend.capture(plan.samples, bar)
-            try:
-                fragment = write_shard(
-                    work.root,
-                    work.fragments_dir,
-                    plan,
-                    captured,
-                    n_aux=len(ctx.aux_layer_ids),
-                    hidden_size=ctx.target.hidden_size,
-                    storage_dtype=config.storage_dtype,
-                )
-            except Exception as e:  # the writer is atomic: no partial shard is left
-                if not is_disk_full(e):
-                    raise
-                raise disk_full(work.root / "shards", f"shard {plan.name}", needed, e) from e
+            check_room(work.root, [plan], per_token)  # a full disk stops before the capture
+            fragment = write_shard(
+                work.root,
+                work.fragments_dir,
+                plan,
+                backend.capture(plan.samples, bar),
+                n_aux=len(ctx.aux_layer_ids),
+                hidden_size=ctx.target.hidden_size,
+                storage_dtype=config.storage_dtype,
+            )
             tokens += plan.num_tokens
             elapsed = time.perf_counter() - started
             log.info(

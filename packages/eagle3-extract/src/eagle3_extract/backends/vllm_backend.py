@@ -32,11 +32,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from eagle3_extract.plan import ShardPlan
+from eagle3_extract.plan import ShardPlan, bytes_per_token
 from eagle3_extract.preflight import Finding, raise_on_errors
 from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
-from eagle3_extract.writer import CaptureError
+from eagle3_extract.writer import CaptureError, check_room
+from eagle3_schemas.diskspace import DiskFull
 from eagle3_schemas.target_config import (
     cpu_engine_args,
     cpu_kv_cache_tokens,
@@ -256,9 +257,14 @@ def _generate(
 
 
 def _wait(paths: Sequence[Path], errors_dir: Path, what: str) -> None:
+    from eagle3_extract.backends.connector import DISK_FULL_SUFFIX
+
     deadline = time.monotonic() + WRITE_TIMEOUT_S
     while True:
         errors = sorted(errors_dir.glob("*.txt")) if errors_dir.is_dir() else []
+        full = [e for e in errors if e.name.endswith(DISK_FULL_SUFFIX)]
+        if full:  # the connector's words name the folder, what it needed and what was free
+            raise DiskFull(full[0].read_text(encoding="utf-8"))
         if errors:
             raise CaptureError(
                 f"the connector failed while writing {what}:\n"
@@ -323,8 +329,8 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
         )
     _propagate_pythonpath()
     errors_dir = work.fragments_dir.parent / ERRORS_DIR
-    if errors_dir.is_dir():  # left by an earlier, failed attempt
-        for stale in errors_dir.glob("*.txt"):
+    if errors_dir.is_dir():  # records (and the room reserved for them) of an earlier attempt
+        for stale in errors_dir.iterdir():
             stale.unlink()
     started = time.perf_counter()
     llm = LLM(**engine_kwargs(ctx, work))
@@ -338,10 +344,14 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
     started = time.perf_counter()
     step = ctx.config.shards_per_call
     total_samples = sum(len(p.samples) for p in pending)
+    per_token = bytes_per_token(
+        len(ctx.aux_layer_ids), ctx.target.hidden_size, ctx.config.storage_dtype
+    )
     with capture_progress(total_samples, sum(p.num_tokens for p in pending)) as bar:
         for first in range(0, len(pending), step):
             group = pending[first : first + step]
             ctx.make_room(group)
+            check_room(work.root, group, per_token)  # before the engine computes the group
             requests, samples = [], []
             for plan in group:
                 for position, sample in enumerate(plan.samples):
