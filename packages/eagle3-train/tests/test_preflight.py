@@ -105,6 +105,7 @@ def test_cli_preflight_stops_in_seconds_with_both_sides(tmp_path):
         ({"train": {"lrr": 1}}, "unknown key(s) lrr"),
         ({"train": {"ttt_steps": "three"}}, "train.ttt_steps: expected an integer, found 'three'"),
         ({"draft": {"attention": "triton"}}, "draft.attention: 'triton' is not one of"),
+        ({"export": {"speculative_tokens": 0}}, "export.speculative_tokens: 0 < 1"),
     ],
 )
 def test_config_errors_name_the_key(inputs, tmp_path, override, message):
