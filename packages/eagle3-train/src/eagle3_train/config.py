@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import yaml
 
+from eagle3_schemas.signals import parse_signals
 from eagle3_train.coerce import ConfigError, build, merge
-from eagle3_train.preempt import parse_signals
 
 
 @dataclass
@@ -342,7 +342,7 @@ def check_config(config: Config) -> list[str]:
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps: {t.max_steps} < 1")
     try:
-        parse_signals(t.preempt_signals)
+        parse_signals(t.preempt_signals, "train.preempt_signals")
     except ValueError as e:
         p.append(str(e))
     if t.collective_timeout_s <= 0:

@@ -20,7 +20,7 @@ from eagle3_train.faults import EXIT_PEER, EXIT_PREEMPTED
 from eagle3_train.loader import make_loader
 from eagle3_train.metrics import MetricWindow, note_corrupt, stream_totals, write_metrics
 from eagle3_train.nonfinite import BadStep, NonFiniteSkip, NonFiniteWatch
-from eagle3_train.preempt import Preemption, parse_signals
+from eagle3_train.preempt import Preemption
 from eagle3_train.run import Run
 from eagle3_train.validation import Validation
 from eagle3_train.watchdog import StepWatchdog
@@ -58,7 +58,7 @@ class Loop:
             else NonFiniteWatch(accelerator, self.lag)
         )
         self.done = self.state.step >= run.total_steps
-        self.preempt = Preemption(parse_signals(t.preempt_signals), accelerator, self.lag)
+        self.preempt = Preemption(t.preempt_signals, accelerator, self.lag)
         self.preempt.install()
         cleanup.append(self.preempt.uninstall)
         self.preempted = False
