@@ -598,6 +598,10 @@ def test_a_dead_or_frozen_rank_stops_the_survivor_in_bounded_time_and_the_rerun_
     inputs, straight = zero2_straight
     run = tmp_path / "run"
     config = write_config(inputs, run, train=ZERO2_TRAIN)
+    # an earlier attempt's record of rank 1's fault: not this attempt's cause (causes.py)
+    (run / "faults").mkdir(parents=True)
+    stale = {"rank": 1, "status": 6, "message": "damaged shard: an earlier attempt"}
+    (run / "faults" / "rank-1.json").write_text(json.dumps(stale))
     logs = [tmp_path / f"machine{r}.log" for r in (0, 1)]
     procs = _launch_two_machines(config, logs)
     victim = None
@@ -626,6 +630,7 @@ def test_a_dead_or_frozen_rank_stops_the_survivor_in_bounded_time_and_the_rerun_
         or "rank 0: no training step finished for" in text
     ), text[-4000:]
     assert "train.collective_timeout_s=5 s" in text
+    assert "an earlier attempt" not in text
     last = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
     assert f"last checkpoint: {run / 'checkpoints' / f'step-{last:08d}'}" in text
     procs = _launch_two_machines(config, logs)  # the same command on both machines resumes

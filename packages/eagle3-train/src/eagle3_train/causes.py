@@ -7,7 +7,7 @@ the collective failure's 8. The ranks share output_dir, as their checkpoints alr
 
 Each rank removes its own record as it starts, before it joins the process group: a peer sees
 a collective fail only after every rank has joined, so an earlier attempt's record is never
-read as this one's.
+read as this one's (and ranks an earlier, larger attempt had are not read at all).
 """
 
 from __future__ import annotations
@@ -68,16 +68,20 @@ def _read(path: Path) -> Cause | None:
         return None
 
 
-def find_cause(output_dir: str | Path, me: int, wait_s: float = WAIT_S) -> Cause | None:
+def find_cause(output_dir: str | Path, me: int, world: int, wait_s: float = WAIT_S) -> Cause | None:
     """Another rank's record (the lowest rank's, where several stopped), looked for up to
-    ``wait_s`` seconds; None when no other rank left one (it was killed, or froze)."""
-    folder = Path(output_dir) / FAULTS_DIR
+    ``wait_s`` seconds; None when no other rank left one (it was killed, or froze). Only this
+    attempt's ranks (0 .. world-1) are read: a record of a rank an earlier, larger attempt had
+    is not this attempt's."""
+    paths = [_record_path(output_dir, r) for r in range(world) if r != me]
+    if not paths:
+        return None
     deadline = time.monotonic() + wait_s
     while True:
-        found = [c for p in sorted(folder.glob("rank-*.json")) if (c := _read(p)) is not None]
-        others = sorted((c for c in found if c.rank != me), key=lambda c: c.rank)
-        if others:
-            return others[0]
+        for path in paths:
+            cause = _read(path)
+            if cause is not None:
+                return cause
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.1)

@@ -53,7 +53,7 @@ def exit_status(error: Exception, config: Config) -> int | None:
     None for an error that is no known fault: a bug, to be raised with its traceback. Under
     several ranks a fault of this rank's own is left for the others (causes.py), and a failed
     collective ends with the status of what stopped another rank, where it left one."""
-    rank, world = _rank(), int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = _rank_and_world()
     where = f" (rank {rank})" if world > 1 else ""
     if isinstance(error, TrainingStopped):  # (logged by the raiser)
         status, what = EXIT_NAN, "a non-finite loss stopped training"
@@ -81,15 +81,15 @@ def exit_status(error: Exception, config: Config) -> int | None:
 def after_collective_failure(config: Config, message: str) -> tuple[int, str]:
     """(status, message) of a rank whose collective with the others failed: the cause's, where
     another rank left one (causes.py), else EXIT_PEER and ``message``."""
-    me = _rank()
-    cause = find_cause(config.output_dir, me)
+    me, world = _rank_and_world()
+    cause = find_cause(config.output_dir, me, world)
     if cause is None:
         return EXIT_PEER, message
     return cause.status, peer_message(me, cause)
 
 
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+def _rank_and_world() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def is_collective_failure(error: BaseException) -> bool:
