@@ -5,8 +5,9 @@ but groups created later without a timeout — DeepSpeed's data-parallel groups,
 reduce-scatter and all-gather use — get torch's default (30 min for gloo, 10 for NCCL). So
 each rank also runs this watchdog: a thread that, when no training micro-batch has finished
 for ``timeout_s`` while training is under way, logs what happened and ends the process with
-the status its ``verdict`` gives (the cause's, where another rank stopped on a fault). Phases where a rank legitimately waits or works alone (checkpoints, validation,
-exports) pause it; their collectives run on the default group, bounded by its timeout.
+the status its ``verdict`` gives (the cause's, where another rank stopped on a fault). Phases
+where a rank legitimately waits or works alone (checkpoints, validation, exports) pause it;
+their collectives run on the default group, bounded by its timeout.
 """
 
 from __future__ import annotations
