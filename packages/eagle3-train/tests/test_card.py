@@ -31,8 +31,9 @@ def run(tmp_path, in_process):
     config = write_config(
         inputs,
         out,
-        train={"max_steps": 2, "save_every": 0, "warmup_steps": 1},
-        export={"dtype": "float32", "card": CARD},
+        # trains more TTT steps (4) than it serves (export.speculative_tokens: 2)
+        train={"max_steps": 2, "save_every": 0, "warmup_steps": 1, "ttt_steps": 4},
+        export={"dtype": "float32", "speculative_tokens": 2, "card": CARD},
     )
     assert in_process(["--config", str(config)]) == 0
     return out, config
@@ -65,7 +66,7 @@ def test_the_export_carries_a_card_the_hub_reader_parses(run):
     ]
     assert words[3:5] == ["--tensor-parallel-size", "8"]
     spec = json.loads(words[words.index("--speculative-config") + 1])
-    assert spec == {"method": "eagle3", "model": "acme/tiny-eagle3", "num_speculative_tokens": 3}
+    assert spec == {"method": "eagle3", "model": "acme/tiny-eagle3", "num_speculative_tokens": 2}
     # facts from the files: sizes, data, training totals, lineage
     counts = parameter_counts(draft / "model.safetensors")
     assert f"{counts['draft']:,} parameters" in body
@@ -77,6 +78,27 @@ def test_the_export_carries_a_card_the_hub_reader_parses(run):
     for fingerprint in header["lineage"].values():
         if isinstance(fingerprint, str):
             assert fingerprint in body
+
+
+def test_the_served_k_is_export_speculative_tokens_not_ttt_steps(run):
+    out, _ = run
+    draft = out / "draft"
+    speculators = json.loads((draft / "config.json").read_text())["speculators_config"]
+    [greedy] = speculators["proposal_methods"]
+    assert greedy["speculative_tokens"] == 2  # export.speculative_tokens; train.ttt_steps is 4
+    body = ModelCard.load(draft / "README.md").text
+    assert "proposing 2 tokens per step" in body
+    assert "test-time-training unroll of 4 steps" in body
+
+
+def test_the_card_says_what_accept_len_proxy_estimates(run):
+    out, _ = run
+    body = ModelCard.load(out / "draft" / "README.md").text
+    [at_export] = [line for line in body.splitlines() if line.startswith("- at export:")]
+    assert "val/accept_len_proxy" in at_export
+    assert (
+        "`val/accept_len_proxy` is the training-time estimate of vLLM's acceptance length" in body
+    )
 
 
 def _files_but(directory, card) -> dict[str, bytes]:

@@ -27,6 +27,7 @@ from eagle3_schemas.testing.edits import rewrite_checksums
 from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
 from eagle3_train.data import CorruptSample, HiddenStateDataset
 from eagle3_train.loader import ShardReader
+from eagle3_train.metrics import read_metrics
 from eagle3_train.nonfinite import NonFiniteSkip, fused_found_inf
 from eagle3_train.synthetic import write_dataset
 from eagle3_train.testing import (
@@ -40,6 +41,7 @@ from eagle3_train.testing import (
 
 
 def _records(run: Path) -> list[dict]:
+    """Every line of a finished run's metrics: each must be whole."""
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -271,20 +273,13 @@ def test_on_corrupt_skip_trains_without_the_sample_and_counts_it(tmp_path, in_pr
 # Preemption: a signal, a checkpoint at the step boundary, exit 5, an exact resume
 
 
-def _complete_records(metrics: Path) -> list[dict]:
-    """The lines of a metrics file the trainer is still writing: its last line counts once
-    its newline is there (before that it may be half-written)."""
-    text = metrics.read_text()
-    return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]
-
-
 def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"ended early ({proc.returncode}):\n{log.read_text()[-3000:]}"
         metrics = run / "metrics.jsonl"
         if metrics.is_file() and any(
-            r["event"] == "train" and r["step"] >= step for r in _complete_records(metrics)
+            r["event"] == "train" and r["step"] >= step for r in read_metrics(metrics)
         ):
             return
         time.sleep(0.01)
@@ -502,6 +497,51 @@ def test_a_full_disk_during_the_export_keeps_nothing_half_written(
         assert _records(run)[-1]["event"] == "done"
 
 
+@pytest.mark.tmpfs
+def test_a_full_disk_while_logging_metrics_stops_by_name_and_the_rerun_drops_the_torn_line(
+    tmp_path, in_process, caplog
+):
+    """metrics.jsonl alone lies on a real tmpfs with one page (4 KiB) left (a symlink from the
+    run directory: the disk fills while a metrics line is appended, not while a checkpoint is
+    written). The line that does not fit stops the run (exit 7, the file named), the complete
+    lines before it are kept and the torn one is left out by the reader; once space is freed
+    the same command drops the torn line, resumes from the last checkpoint and logs what a run
+    without the fault logs, bit for bit."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=48)
+    train = {"max_steps": 12, "save_every": 2, "keep_checkpoints": 1}
+    straight = tmp_path / "straight"
+    assert in_process(["--config", str(write_config(inputs, straight, train=train))]) == 0
+    AcceleratorState._reset_state(reset_partial_state=True)
+    run = tmp_path / "run"
+    config = write_config(inputs, run, train=train)
+    with small_tmpfs(tmp_path / "small", size_mib=1) as disk:
+        run.mkdir()
+        metrics = run / "metrics.jsonl"
+        metrics.symlink_to(disk / "metrics.jsonl")
+        filler = leave_free(disk, 4096)
+        assert in_process(["--config", str(config)]) == 7
+        assert f"{metrics}: no room for the 'train' line of step" in caplog.text
+        assert "No space left on device" in caplog.text
+        data = metrics.read_bytes()
+        assert len(data) == 4096 and not data.endswith(b"\n")  # ENOSPC cut the last line
+        kept = read_metrics(metrics)
+        assert len(kept) == data.count(b"\n") and kept[-1]["event"] == "train"
+        torn_step = kept[-1]["step"] + 1
+        last = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
+        assert 2 <= last < torn_step <= 12 and not (run / "draft").exists()
+
+        filler.unlink()
+        caplog.clear()
+        AcceleratorState._reset_state(reset_partial_state=True)
+        assert in_process(["--config", str(config)]) == 0
+        assert f"{metrics}: dropping a torn last line" in caplog.text
+        records = _records(run)  # every line whole again
+        assert [r["step"] for r in records if r["event"] == "start"] == [0, last]
+        assert _series(run) == _series(straight)
+        assert records[-1]["event"] == "done"
+        _same_draft(run, straight)
+
+
 # ---------------------------------------------------------------------------------------
 # A dead rank: 2-process ZeRO-2 on two "machines" (one launcher each, as MULTINODE.md)
 
@@ -558,6 +598,10 @@ def test_a_dead_or_frozen_rank_stops_the_survivor_in_bounded_time_and_the_rerun_
     inputs, straight = zero2_straight
     run = tmp_path / "run"
     config = write_config(inputs, run, train=ZERO2_TRAIN)
+    # an earlier attempt's record of rank 1's fault: not this attempt's cause (causes.py)
+    (run / "faults").mkdir(parents=True)
+    stale = {"rank": 1, "status": 6, "message": "damaged shard: an earlier attempt"}
+    (run / "faults" / "rank-1.json").write_text(json.dumps(stale))
     logs = [tmp_path / f"machine{r}.log" for r in (0, 1)]
     procs = _launch_two_machines(config, logs)
     victim = None
@@ -586,6 +630,7 @@ def test_a_dead_or_frozen_rank_stops_the_survivor_in_bounded_time_and_the_rerun_
         or "rank 0: no training step finished for" in text
     ), text[-4000:]
     assert "train.collective_timeout_s=5 s" in text
+    assert "an earlier attempt" not in text
     last = json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
     assert f"last checkpoint: {run / 'checkpoints' / f'step-{last:08d}'}" in text
     procs = _launch_two_machines(config, logs)  # the same command on both machines resumes
@@ -597,6 +642,46 @@ def test_a_dead_or_frozen_rank_stops_the_survivor_in_bounded_time_and_the_rerun_
     _same_draft(run, straight)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_corrupt_sample_on_one_rank_stops_every_rank_with_its_status_naming_the_rank(tmp_path):
+    """Two "machines" (one launcher each, so no launcher ends the other rank), ZeRO-2,
+    data.on_corrupt: stop and one damaged sample that only the loader sees: the rank that
+    reads it stops with exit 6 naming shard and sample; the other, whose collective with it
+    fails, reads what it left under OUTPUT/faults and exits 6 too, naming that rank, not 8.
+    Records an earlier attempt left (exit 7 here) are not read as this one's."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=64, min_len=24, max_len=96)
+    _flip(inputs.hidden_states, "synthetic-000013", "last_hidden_state", 2)
+    run = tmp_path / "run"
+    for rank in (0, 1):  # an earlier attempt's records
+        stale = {"rank": rank, "status": 7, "message": "disk full: an earlier attempt"}
+        (run / "faults").mkdir(parents=True, exist_ok=True)
+        (run / "faults" / f"rank-{rank}.json").write_text(json.dumps(stale))
+    train = {**ZERO2_TRAIN, "validate_inputs": False}
+    config = write_config(inputs, run, data={"validation_fraction": 0.0}, train=train)
+    logs = [tmp_path / f"machine{r}.log" for r in (0, 1)]
+    procs = _launch_two_machines(config, logs)
+    try:
+        for p in procs:
+            p.wait(timeout=400)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    texts = [log.read_text() for log in logs]
+    readers = [r for r in (0, 1) if f"damaged shard (rank {r}): " in texts[r]]
+    assert len(readers) == 1, "\n".join(t[-3000:] for t in texts)
+    cause = readers[0]
+    peer = 1 - cause
+    assert "'synthetic-000013'" in texts[cause]
+    for r in (0, 1):  # what each launcher reports of its rank
+        assert "exitcode  : 6" in texts[r], texts[r][-4000:]
+    expected = f"rank {peer}: stopped with exit 6 because rank {cause} stopped"
+    assert expected in texts[peer], texts[peer][-4000:]
+    assert "damaged shard: " in texts[peer] and "'synthetic-000013'" in texts[peer]
+    assert "an earlier attempt" not in texts[peer]
+
+
 def test_the_watchdog_ends_a_process_stuck_past_the_timeout_and_not_a_paused_one():
     """A process whose main thread is stuck (here: sleeping) after its first micro-batch ends
     with the watchdog's status and message; time spent paused (a checkpoint) does not count."""
@@ -604,7 +689,7 @@ def test_the_watchdog_ends_a_process_stuck_past_the_timeout_and_not_a_paused_one
         "import logging, time\n"
         "from eagle3_train.watchdog import StepWatchdog\n"
         "logging.basicConfig()\n"
-        "dog = StepWatchdog(1.0, lambda idle: f'stuck for {idle:.1f} s', 8)\n"
+        "dog = StepWatchdog(1.0, lambda idle: (8, f'stuck for {idle:.1f} s'))\n"
         "dog.start()\n"
         "dog.kick()\n"
         "with dog.paused():\n"

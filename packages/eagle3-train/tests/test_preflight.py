@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.validate import validate
@@ -105,6 +106,7 @@ def test_cli_preflight_stops_in_seconds_with_both_sides(tmp_path):
         ({"train": {"lrr": 1}}, "unknown key(s) lrr"),
         ({"train": {"ttt_steps": "three"}}, "train.ttt_steps: expected an integer, found 'three'"),
         ({"draft": {"attention": "triton"}}, "draft.attention: 'triton' is not one of"),
+        ({"export": {"speculative_tokens": 0}}, "export.speculative_tokens: 0 < 1"),
     ],
 )
 def test_config_errors_name_the_key(inputs, tmp_path, override, message):
@@ -124,6 +126,28 @@ def test_cli_overrides_win_over_the_file(inputs, tmp_path):
     )
     assert config.train.lr == 3e-4 and config.draft.num_layers == 2
     assert config.train.ttt_steps == 3  # defaults below the file
+
+
+def test_mixed_precision_no_is_the_word_no_in_yaml_and_in_set(inputs, tmp_path):
+    """YAML 1.1 (PyYAML) reads a bare `no` as False; a choice the user typed is meant."""
+    from eagle3_train.config import ConfigError, dump_config, parse_override
+
+    path = write_config(inputs, tmp_path / "run")
+    text = path.read_text()
+    assert "\ntrain:\n" in text
+    bare = tmp_path / "bare-no.yaml"
+    bare.write_text(text.replace("\ntrain:\n", "\ntrain:\n  mixed_precision: no\n", 1))
+    assert yaml.safe_load(bare.read_text())["train"]["mixed_precision"] is False
+    from_yaml = load_config(bare)
+    assert from_yaml.train.mixed_precision == "no"
+    from_set = load_config(path, [parse_override("train.mixed_precision=no")])
+    assert from_set.train.mixed_precision == "no"
+    saved = tmp_path / "saved.yaml"  # run.yaml as the trainer writes it reads back the same
+    saved.write_text(dump_config(from_set))
+    assert load_config(saved).train.mixed_precision == "no"
+    # a boolean that is none of the choices is still refused, naming the key
+    with pytest.raises(ConfigError, match=r"train\.on_non_finite: False is not one of"):
+        load_config(path, [parse_override("train.on_non_finite=no")])
 
 
 # ---------------------------------------------------------------------------------------

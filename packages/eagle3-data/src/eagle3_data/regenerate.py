@@ -26,10 +26,11 @@ from tqdm import tqdm
 
 from eagle3_data.config import RegenerateConfig
 from eagle3_data.ingest import SCHEMA
-from eagle3_data.journal import Journal, read_journal, truncate_torn_tail
+from eagle3_data.journal import Journal, read_journal
 from eagle3_data.rejects import RejectsFile
 from eagle3_schemas.conversations import describe_selection, select_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
+from eagle3_schemas.jsonl import truncate_torn_tail
 from eagle3_schemas.lineage import fingerprint_json
 from eagle3_schemas.signals import StopSignals
 from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens, text_config

@@ -37,7 +37,8 @@ def parse_signals(names: Sequence[str], where: str = "preempt signals") -> list[
 
 
 class StopSignals:
-    """Context manager: while inside, the given signals are recorded instead of acted on."""
+    """While installed (``install``/``uninstall``, or as a context manager), the given signals
+    are recorded instead of acted on."""
 
     def __init__(self, names: Sequence[str], where: str = "preempt signals") -> None:
         self.signals = parse_signals(names, where)
@@ -55,9 +56,19 @@ class StopSignals:
             return
         self.received = signal.Signals(signum)
 
-    def __enter__(self) -> StopSignals:
+    def install(self) -> None:
+        """Record the signals from now on (until ``uninstall``)."""
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        """The handlers found at ``install`` again."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def __enter__(self) -> StopSignals:
+        self.install()
         return self
 
     def __exit__(
@@ -66,6 +77,4 @@ class StopSignals:
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
+        self.uninstall()

@@ -87,7 +87,7 @@ def render_card(draft_dir: Path, config: Config, served_as: str) -> str:
     counts = parameter_counts(draft_dir / "model.safetensors")
     target = config.target.name_or_path or config.target.path or "the target"
     base_model = card.base_model or config.target.name_or_path
-    k = config.train.ttt_steps
+    k = config.export.speculative_tokens  # the served k (train.ttt_steps may be more)
 
     fm = {
         "base_model": base_model if base_model and HUB_ID.match(base_model) else None,
@@ -181,6 +181,12 @@ def render_card(draft_dir: Path, config: Config, served_as: str) -> str:
     }
     if shown:
         lines.append("- at export: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items())))
+    if "val/accept_len_proxy" in shown:
+        lines.append(
+            "- `val/accept_len_proxy` is the training-time estimate of vLLM's acceptance length "
+            "(1 + the sum of the chain's full accuracies over the "
+            f"{t.ttt_steps} trained positions, on the validation split); `eagle3-eval` measures it"
+        )
     lines += [
         "",
         "## Acceptance",

@@ -15,7 +15,8 @@ at a step boundary (rerun to resume), 6 a
 sample's stored rows do not match their checksum (data.on_corrupt: stop), 7 a full disk
 (the checkpoint, export or published draft did not fit; nothing half-written is kept), 8 a
 collective with the other ranks failed (a rank died, or answered nothing for
-train.collective_timeout_s).
+train.collective_timeout_s). Under several ranks a fault one rank meets (6, 7, ...) is every
+rank's status, the others naming that rank (causes.py).
 """
 
 from __future__ import annotations

@@ -17,6 +17,22 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+# What PyYAML (YAML 1.1) reads as a boolean: `mixed_precision: no` arrives as False.
+_YAML11_BOOLS = {
+    False: ("no", "n", "off", "false"),
+    True: ("yes", "y", "on", "true"),
+}
+
+
+def _yaml11_word(value: Any, choices: tuple[Any, ...]) -> Any:
+    """The one choice a boolean was typed as (``no`` for a Literal holding "no"), else
+    ``value`` unchanged."""
+    if not isinstance(value, bool):
+        return value
+    typed = [c for c in choices if isinstance(c, str) and c.lower() in _YAML11_BOOLS[value]]
+    return typed[0] if len(typed) == 1 else value
+
+
 def coerce(value: Any, tp: Any, where: str) -> Any:
     """``value`` checked (and widened where lossless) against the annotation ``tp``."""
     origin = typing.get_origin(tp)
@@ -36,6 +52,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             errors[0] if len(errors) == 1 else f"{where}: {value!r} fits none of {tp}"
         )
     if origin is Literal:
+        value = _yaml11_word(value, args)
         if value not in args:
             raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
         return value

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import yaml
 
+from eagle3_schemas.signals import parse_signals
 from eagle3_train.coerce import ConfigError, build, merge
-from eagle3_train.preempt import parse_signals
 
 
 @dataclass
@@ -240,6 +240,10 @@ class CardConfig:
 class ExportConfig:
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     include_embeddings: bool = False
+    # The `speculative_tokens` hint of the export's config.json and the card's `vllm serve`
+    # line: the k vLLM is meant to serve the draft with (its num_speculative_tokens). Not
+    # train.ttt_steps: a run may unroll more TTT steps than it serves.
+    speculative_tokens: int = 3
     card: CardConfig = field(default_factory=CardConfig)
 
 
@@ -338,7 +342,7 @@ def check_config(config: Config) -> list[str]:
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps: {t.max_steps} < 1")
     try:
-        parse_signals(t.preempt_signals)
+        parse_signals(t.preempt_signals, "train.preempt_signals")
     except ValueError as e:
         p.append(str(e))
     if t.collective_timeout_s <= 0:
@@ -373,6 +377,11 @@ def check_config(config: Config) -> list[str]:
         p.append("data.window_passes: passes over a window need data.order: shard_window")
     if data.stream_timeout_s <= 0:
         p.append(f"data.stream_timeout_s: {data.stream_timeout_s} must be > 0")
+    if config.export.speculative_tokens < 1:
+        p.append(
+            f"export.speculative_tokens: {config.export.speculative_tokens} < 1 (the number of "
+            "tokens vLLM proposes per step, e.g. 3)"
+        )
     if d.num_layers < 1:
         p.append(f"draft.num_layers: {d.num_layers} < 1")
     if d.architecture not in ("llama", "mla"):

@@ -46,7 +46,7 @@ class Delivery:
             inputs.aux_layer_ids,
             cfg.target.name_or_path or cfg.target.path,
             list(target_arch),
-            cfg.train.ttt_steps,
+            cfg.export.speculative_tokens,
         )
         weights = export_weights(
             full,

@@ -16,11 +16,11 @@ from tqdm.auto import tqdm
 
 from eagle3_train.batch import forward, verify_mode
 from eagle3_train.deliver import Delivery
-from eagle3_train.faults import EXIT_PEER, EXIT_PREEMPTED
+from eagle3_train.faults import EXIT_PREEMPTED, after_collective_failure
 from eagle3_train.loader import make_loader
 from eagle3_train.metrics import MetricWindow, note_corrupt, stream_totals, write_metrics
 from eagle3_train.nonfinite import BadStep, NonFiniteSkip, NonFiniteWatch
-from eagle3_train.preempt import Preemption, parse_signals
+from eagle3_train.preempt import Preemption
 from eagle3_train.run import Run
 from eagle3_train.validation import Validation
 from eagle3_train.watchdog import StepWatchdog
@@ -58,7 +58,7 @@ class Loop:
             else NonFiniteWatch(accelerator, self.lag)
         )
         self.done = self.state.step >= run.total_steps
-        self.preempt = Preemption(parse_signals(t.preempt_signals), accelerator, self.lag)
+        self.preempt = Preemption(t.preempt_signals, accelerator, self.lag)
         self.preempt.install()
         cleanup.append(self.preempt.uninstall)
         self.preempted = False
@@ -72,7 +72,8 @@ class Loop:
 
     def _start_watchdog(self, cleanup: list[Callable[[], None]]) -> StepWatchdog | None:
         """Several ranks, no stream (a stream's waits for the producer are not hangs): a rank
-        whose training step has not advanced for train.collective_timeout_s leaves (exit 8)."""
+        whose training step has not advanced for train.collective_timeout_s leaves (exit 8, or the
+        status of what stopped another rank, where it left its cause)."""
         if self.world <= 1 or self.stream is not None:
             return None
         t, rank, state = self.t, self.rank, self.state
@@ -86,7 +87,10 @@ class Loop:
                 "relaunch the same command on every node to resume from it"
             )
 
-        dog = StepWatchdog(t.collective_timeout_s, hang_message, EXIT_PEER)
+        def verdict(idle: float) -> tuple[int, str]:
+            return after_collective_failure(self.run.config, hang_message(idle))
+
+        dog = StepWatchdog(t.collective_timeout_s, verdict)
         dog.start()
         cleanup.append(dog.stop)
         return dog

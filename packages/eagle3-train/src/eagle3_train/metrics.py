@@ -1,5 +1,6 @@
 """What a run records: the metric window summed on the device and reduced over ranks when
-logged, and the lines of ``metrics.jsonl`` (one JSON object per event)."""
+logged, and the lines of ``metrics.jsonl`` (one JSON object per event, appended whole or torn
+only by a kill or a full disk: readers take complete lines, a resumed run drops the torn one)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from eagle3_schemas.jsonl import append_to, complete_lines
 from eagle3_train.loss import NUM_STATS, summarize, unpack_stats
 from eagle3_train.stream import StreamWindows
 
@@ -54,9 +56,17 @@ class MetricWindow:
 
 
 def write_metrics(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
-        f.flush()
+    """Append ``record`` as one line (eagle3_schemas.jsonl): a full disk stops the run by
+    name (DiskFull, exit 7) with a torn line at most, dropped when the run resumes."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+    what = f"the {record.get('event')!r} line of step {record.get('step')}"
+    append_to(path, line, what)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The events of a metrics file, complete lines only (one still being written, or torn
+    by a kill or a full disk, is left out)."""
+    return [json.loads(line) for line in complete_lines(path)]
 
 
 def note_corrupt(batch: dict[str, Any], step: int, rank: int, metrics_path: Path | None) -> int:

@@ -11,57 +11,27 @@ of the same kind restores the default action and delivers it (stop now, as kill 
 
 from __future__ import annotations
 
-import os
-import signal
-from types import FrameType
 from typing import Any
 
-
-def parse_signals(names: list[str]) -> list[signal.Signals]:
-    """``["SIGTERM", "USR1"]`` as signals; a clear error naming the unknown one."""
-    out = []
-    for name in names:
-        key = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
-        try:
-            out.append(signal.Signals[key])
-        except KeyError:
-            raise ValueError(
-                f"train.preempt_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)"
-            ) from None
-        if out[-1] in (signal.SIGKILL, signal.SIGSTOP):
-            raise ValueError(f"train.preempt_signals: {name} cannot be caught")
-    return out
+from eagle3_schemas.signals import StopSignals
 
 
 class Preemption:
-    """Records the preemption signals and tells the loop, on every rank at the same optimizer
-    step, when to checkpoint and leave."""
+    """Records the preemption signals (eagle3_schemas.signals.StopSignals, every stage's
+    handler) and tells the loop, on every rank at the same optimizer step, when to checkpoint
+    and leave."""
 
-    def __init__(self, signals: list[signal.Signals], accelerator: Any, lag: int) -> None:
-        self.signals = signals
+    def __init__(self, signal_names: list[str], accelerator: Any, lag: int) -> None:
+        self.signals = StopSignals(signal_names, "train.preempt_signals")
         self.accelerator = accelerator
         self.lag = lag
-        self.received: signal.Signals | None = None
-        self._count = 0
-        self._previous: dict[signal.Signals, Any] = {}
         self._pending: list[tuple[Any, Any]] = []  # (host tensor, CUDA event)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self._count += 1
-        if self.received is not None and signum == self.received and self._count > 1:
-            signal.signal(signum, signal.SIG_DFL)  # asked twice: stop now
-            os.kill(os.getpid(), signum)
-            return
-        self.received = signal.Signals(signum)
-
     def install(self) -> None:
-        for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self.signals.install()
 
     def uninstall(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
+        self.signals.uninstall()
 
     def poll(self) -> bool:
         """Called once per optimizer step on every rank: True when all ranks stop here."""
@@ -69,8 +39,10 @@ class Preemption:
 
         world = self.accelerator.num_processes
         if world == 1:
-            return self.received is not None
-        flag = torch.tensor([1.0 if self.received else 0.0], device=self.accelerator.device)
+            return self.signals.requested
+        flag = torch.tensor(
+            [1.0 if self.signals.requested else 0.0], device=self.accelerator.device
+        )
         flag = self.accelerator.reduce(flag, reduction="sum")
         if flag.is_cuda:
             host = torch.empty(1, pin_memory=True)
@@ -88,6 +60,7 @@ class Preemption:
         return float(host[0]) > 0
 
     def describe(self) -> str:
-        if self.received is not None:
-            return self.received.name
+        received = self.signals.received
+        if received is not None:
+            return received.name
         return "a signal to another rank"

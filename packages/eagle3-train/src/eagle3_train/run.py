@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from eagle3_schemas.jsonl import truncate_torn_tail
 from eagle3_schemas.stream import CONSUMER_STOPPED
 from eagle3_train.accelerator import agree_on_failure
 from eagle3_train.arch import DraftArch
@@ -78,13 +79,19 @@ def load_and_check_inputs(
     return inputs, arch, resume_from
 
 
+def metrics_file(config: Config) -> Path:
+    return Path(config.output_dir) / "metrics.jsonl"
+
+
 def prepare_output_dir(config: Config, accelerator) -> None:
-    """run.yaml written, temporary checkpoints of a killed save removed (main process)."""
+    """run.yaml written, temporary checkpoints of a killed save and a metrics line torn by a
+    kill or a full disk removed (main process)."""
     out_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / RUN_CONFIG_FILE).write_text(dump_config(config), encoding="utf-8")
         Checkpoints.of(config).remove_partial()
+        truncate_torn_tail(metrics_file(config))
     accelerator.wait_for_everyone()
 
 
@@ -156,7 +163,7 @@ def set_up_run(
             state.batches_done,
         )
     start_trackers(accelerator, config)
-    metrics_path = Path(config.output_dir) / "metrics.jsonl"
+    metrics_path = metrics_file(config)
     if main:
         write_metrics(
             metrics_path,

@@ -18,15 +18,19 @@ Files under ``output_dir``:
   checkpoints/latest.json  the newest complete checkpoint
   exports/step-N/          speculators-format drafts (validated exports at evaluations)
   draft/                   the deliverable: the best export (or the last without validation)
+  faults/rank-R.json       several ranks: what stopped rank R (exit status, message), for
+                           the others to exit with (causes.py); removed when R starts again
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
 from eagle3_train.accelerator import is_deepspeed, start_accelerator
+from eagle3_train.causes import clear_record
 from eagle3_train.config import Config
 from eagle3_train.faults import EXIT_PREFLIGHT
 from eagle3_train.loop import Loop
@@ -53,6 +57,8 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
             "optimizer inside backward, before the step's verdict is known); use stop"
         )
         return EXIT_PREFLIGHT
+    # an earlier attempt's fault record of this rank goes before the ranks meet (causes.py)
+    clear_record(config.output_dir, int(os.environ.get("RANK", "0")))
     accelerator = start_accelerator(config, preflight_only)
     checked = load_and_check_inputs(config, accelerator, preflight_only)
     if isinstance(checked, int):

@@ -5,8 +5,9 @@ but groups created later without a timeout — DeepSpeed's data-parallel groups,
 reduce-scatter and all-gather use — get torch's default (30 min for gloo, 10 for NCCL). So
 each rank also runs this watchdog: a thread that, when no training micro-batch has finished
 for ``timeout_s`` while training is under way, logs what happened and ends the process with
-``exit_code``. Phases where a rank legitimately waits or works alone (checkpoints, validation,
-exports) pause it; their collectives run on the default group, bounded by its timeout.
+the status its ``verdict`` gives (the cause's, where another rank stopped on a fault). Phases
+where a rank legitimately waits or works alone (checkpoints, validation, exports) pause it;
+their collectives run on the default group, bounded by its timeout.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class StepWatchdog:
-    def __init__(self, timeout_s: float, message: Callable[[float], str], exit_code: int) -> None:
+    def __init__(self, timeout_s: float, verdict: Callable[[float], tuple[int, str]]) -> None:
         self.timeout_s = timeout_s
-        self.message = message
-        self.exit_code = exit_code
+        self.verdict = verdict  # idle seconds -> (exit status, message), asked when it fires
         self._last = time.monotonic()
         self._armed = False  # set by the first kick: start-up (compilation) is not watched
         self._paused = 0
@@ -58,8 +58,9 @@ class StepWatchdog:
         while not self._stop.wait(interval):
             idle = time.monotonic() - self._last
             if self._armed and not self._paused and idle > self.timeout_s:
-                log.error("%s", self.message(idle))
+                status, message = self.verdict(idle)
+                log.error("%s", message)
                 for handler in logging.getLogger().handlers + log.handlers:
                     handler.flush()
                 sys.stderr.flush()
-                os._exit(self.exit_code)  # the main thread is stuck inside a collective
+                os._exit(status)  # the main thread is stuck inside a collective
