@@ -171,6 +171,8 @@ def render_card(draft_dir: Path, config: Config, served_as: str) -> str:
         f"x {t.gradient_accumulation_steps} accumulation, mixed precision {t.mixed_precision}",
         f"- LM head {'trained' if config.draft.train_lm_head else 'frozen'} from the target's "
         f"rows; norm_before_residual {config.draft.norm_before_residual}",
+        f"- EAGLE 3.1 norms: fc_norm {config.draft.fc_norm}, norm_before_fc "
+        f"{config.draft.norm_before_fc}, norm_output {config.draft.norm_output}",
     ]
     metrics = training.get("metrics") or {}
     shown = {

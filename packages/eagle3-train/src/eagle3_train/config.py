@@ -69,7 +69,15 @@ class DraftConfig:
     # recipe (tools/bench/bench_vs_speculators.py): acceptance length 2.93 without, 3.12 with.
     # It is also what vLLM assumes when a speculators config omits the key.
     norm_before_residual: bool = True
+    # norm_before_fc: one RMSNorm over the concatenated aux states before fc (gpt-oss style;
+    # Llama-style draft only: vLLM's MLA draft has no such norm).
     norm_before_fc: bool = False
+    # fc_norm (EAGLE 3.1): one RMSNorm per aux state before their concatenation and fc, so
+    # no captured layer's scale dominates fc's input; exclusive with norm_before_fc (as in
+    # speculators). Both draft kinds.
+    fc_norm: bool = False
+    # norm_output: the state fed to the next TTT step is the final norm's output, not the
+    # pre-norm residual, so its scale cannot drift with speculation depth.
     norm_output: bool = False
     # EAGLE-3's paper trains the draft's LM head (initialised from the target's rows);
     # speculators 0.9.0 keeps it frozen. Measured by vLLM on the tiny recipe: 3.12 frozen,
@@ -379,6 +387,11 @@ def check_config(config: Config) -> list[str]:
         p.append(f"draft.architecture {d.architecture!r}: expected 'llama' or 'mla'")
     if d.architecture == "mla" and d.norm_before_fc:
         p.append("draft.norm_before_fc: vLLM's MLA draft has no input norm before fc")
+    if d.fc_norm and d.norm_before_fc:
+        p.append(
+            "draft.fc_norm and draft.norm_before_fc: two norms of fc's input, choose one "
+            "(fc_norm: one per aux layer, EAGLE 3.1; norm_before_fc: one over the concatenation)"
+        )
     if d.attention_chunk < 1 or d.loss_chunk < 1:
         p.append("draft.attention_chunk and draft.loss_chunk must be >= 1")
     if d.aux_layer_ids is not None and (
