@@ -161,6 +161,24 @@ class ObjectiveConfig:
 
 
 @dataclass
+class MuonConfig:
+    """train.optimizer: muon. Defaults are speculators 0.9.0's (``speculators/train/config/
+    schema.py`` OptimizerArgs; split and construction in ``speculators/train/optimizers.py``)."""
+
+    # null = train.lr (speculators: --muon-lr defaults to --lr); the schedule scales both.
+    lr: float | None = None
+    momentum: float = 0.95
+    weight_decay: float = 0.1
+    ns_steps: int = 5  # Newton–Schulz iterations orthogonalising each update
+    # match_rms_adamw: the update's RMS made AdamW's (lr x 0.2·sqrt(max(rows, cols))), so one
+    # lr suits both groups; original: Keller Jordan's sqrt(max(1, rows/cols)).
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+    # Weight decay of the AdamW group (norms and the LM head) under muon; train.weight_decay
+    # is AdamW's under train.optimizer: adamw.
+    adamw_weight_decay: float = 0.01
+
+
+@dataclass
 class TrainLoopConfig:
     ttt_steps: int = 3
     # TTT step k's loss weighs decay^k. Measured by vLLM on the tiny recipe (3 seeds): 0.8 with
@@ -173,6 +191,14 @@ class TrainLoopConfig:
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    # "adamw": AdamW on every trained tensor. "muon": torch.optim.Muon on the hidden 2-D
+    # matrices (fc, attention, MLP) and AdamW on the rest (norms and the LM head: embedding-like
+    # rows never go to Muon), with train.muon's settings. Not under DeepSpeed (refused at
+    # start): ZeRO hands the optimizer flat partitions of the parameters, and Newton–Schulz
+    # needs each matrix whole; several processes run Muon under DDP (every rank holds the
+    # whole draft).
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon: MuonConfig = field(default_factory=MuonConfig)
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adam_eps: float = 1e-8
@@ -339,6 +365,13 @@ def check_config(config: Config) -> list[str]:
         p.append(f"train.lr: {t.lr} must be > 0")
     if not 0 <= t.min_lr_ratio <= 1:
         p.append(f"train.min_lr_ratio: {t.min_lr_ratio} not in [0, 1]")
+    m = t.muon
+    if m.lr is not None and m.lr <= 0:
+        p.append(f"train.muon.lr: {m.lr} must be > 0")
+    if m.momentum < 0 or m.weight_decay < 0 or m.adamw_weight_decay < 0:
+        p.append("train.muon.momentum, weight_decay and adamw_weight_decay must be >= 0")
+    if m.ns_steps < 1:
+        p.append(f"train.muon.ns_steps: {m.ns_steps} < 1")
     if len(t.betas) != 2:
         p.append(f"train.betas: expected two numbers, found {t.betas}")
     if t.epochs < 1:

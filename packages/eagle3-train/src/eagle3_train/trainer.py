@@ -53,6 +53,13 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
             "optimizer inside backward, before the step's verdict is known); use stop"
         )
         return EXIT_PREFLIGHT
+    if config.train.optimizer == "muon" and is_deepspeed():
+        log.error(
+            "train.optimizer: muon is not available under DeepSpeed (ZeRO hands the optimizer "
+            "flat partitions of the parameters, and Muon's Newton–Schulz step needs each "
+            "matrix whole); launch without DeepSpeed (DDP keeps whole matrices) or use adamw"
+        )
+        return EXIT_PREFLIGHT
     accelerator = start_accelerator(config, preflight_only)
     checked = load_and_check_inputs(config, accelerator, preflight_only)
     if isinstance(checked, int):
