@@ -158,6 +158,14 @@ class ObjectiveConfig:
     # without. 0 = off (plain EAGLE-3, what speculators trains).
     topk: int = 10
     topk_weight: float = 1.0
+    # The per-slot divergence from the target that the draft minimises (the top-k term adds
+    # to any). "kl": KL(p || q), EAGLE-3's. "tv": total variation 1 - sum_i min(p_i, q_i);
+    # 1 - TV is the probability that speculative sampling accepts the draft's token. "lk":
+    # the LK hybrid (Samarin et al., arXiv 2602.23881; speculators' lk_hybrid)
+    # λ·KL + (1 - λ)·TV with λ = exp(-lk_eta·(1 - TV)) held constant: KL's gradient while the
+    # draft is far from the target, the acceptance rate's once it is close.
+    divergence: Literal["kl", "tv", "lk"] = "kl"
+    lk_eta: float = 3.0
 
 
 @dataclass
@@ -357,6 +365,8 @@ def check_config(config: Config) -> list[str]:
     o = t.objective
     if o.topk < 1:
         p.append(f"train.objective.topk: {o.topk} < 1")
+    if o.lk_eta < 0:
+        p.append(f"train.objective.lk_eta: {o.lk_eta} must be >= 0")
     if o.topk_weight < 0:
         p.append(f"train.objective.topk_weight: {o.topk_weight} must be >= 0")
     if t.gradient_accumulation_steps < 1:

@@ -102,12 +102,22 @@ class DraftLMHead(nn.Module):
         row_weights: Tensor | None = None,
         chunk: int = 1024,
         top: TargetTopK | None = None,
+        objective: ObjectiveConfig = PLAIN_TTT,
     ) -> tuple[Tensor, ...]:
         """(logits, argmax) without a target; with one, ``fused_linear_kl``'s (loss, KL, argmax)."""
         if target_logp is None or row_weights is None:
             logits = h @ self.weight.T
             return logits, logits.argmax(-1)
-        return fused_linear_kl(h, self.weight, target_logp, row_weights, chunk, top=top)
+        return fused_linear_kl(
+            h,
+            self.weight,
+            target_logp,
+            row_weights,
+            chunk,
+            top=top,
+            divergence=objective.divergence,
+            lk_eta=objective.lk_eta,
+        )
 
 
 class Eagle3Draft(nn.Module):
@@ -252,6 +262,7 @@ class Eagle3Draft(nn.Module):
                 row_w,
                 self.arch.loss_chunk,
                 target_top[loss_rows + 1 + k] if target_top else None,
+                obj,
             )
             loss = loss + step_loss
             with torch.no_grad():
