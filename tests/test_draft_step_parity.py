@@ -338,6 +338,11 @@ def test_trainer_step_k_logits_match_eval_vllm_forward_on_the_export(runs, varia
     assert fc_norms == ([f"fc_norm.{i}.weight" for i in range(3)] if draft_cfg.fc_norm else [])
     for name in fc_norms:  # trained through the TTT unroll
         assert float((weights[name] - 1).abs().max()) > 0.05, name
+    card = (export / "README.md").read_text()  # the model card states the norms it was given
+    assert (
+        f"EAGLE 3.1 norms: fc_norm {draft_cfg.fc_norm}, norm_before_fc "
+        f"{draft_cfg.norm_before_fc}, norm_output {draft_cfg.norm_output}"
+    ) in card
 
     docs = _three_documents(run)
     train_logits, cu, sample_ids = trainer_step_logits(run, docs)
