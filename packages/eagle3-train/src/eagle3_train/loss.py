@@ -197,8 +197,9 @@ def kl_chunk(
         if divergence == "tv":
             loss, grad = tv, tv_grad
         else:
-            lam = torch.exp(-lk_eta * (1 - tv)).unsqueeze(-1)
-            loss = lam.squeeze(-1) * kl + (1 - lam.squeeze(-1)) * tv
+            lam = torch.exp(-lk_eta * (1 - tv))
+            loss = lam * kl + (1 - lam) * tv
+            lam = lam.unsqueeze(-1)
             grad = lam * grad + (1 - lam) * tv_grad
     if top_logp is not None and top_ids is not None:
         top_p = top_logp.exp()
