@@ -429,7 +429,10 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
             (l1, g1), (l2, g2) = results
             torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
             for name in g1:
-                torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
+                # float32 rounding is relative to a tensor's scale (fc's gradient reaches ~25
+                # with fc_norm: its small entries carry the large ones' absolute error)
+                scale = max(1.0, float(g1[name].abs().max()))
+                torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6 * scale)
     finally:
         compile_kl_chunk(False)
 
