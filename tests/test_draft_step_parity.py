@@ -10,8 +10,8 @@ Two implementations that share no code (issue 14, item 1):
 
 A short real training run produces both (weights well away from init, the draft lm_head
 trained too), for each flag the exported config.json carries and vLLM reads:
-``norm_before_residual``, ``norm_before_fc``, ``norm_output``, ``num_hidden_layers`` — and
-for the MLA draft (native Eagle3DeepseekV2 export; plain RoPE and Kimi's YaRN). The
+``norm_before_residual``, ``norm_before_fc``, EAGLE 3.1's ``fc_norm``, ``norm_output``,
+``num_hidden_layers`` — and for the MLA draft (native Eagle3DeepseekV2 export; plain RoPE and Kimi's YaRN). The
 packed batch holds three documents of different lengths, longer than the attention chunk.
 
 Slot t of step k (trainer) is anchor t's chain step k (eval): fed the draft's step-(k-1)
@@ -77,6 +77,9 @@ VARIANTS = {
     "norm_before_residual": {"norm_before_residual": True},
     "norm_before_fc": {"norm_before_fc": True},
     "norm_output": {"norm_output": True},
+    # EAGLE 3.1's per-aux norms (the aux states here differ in scale by layer, so they work)
+    "fc_norm": {"fc_norm": True},
+    "fc_norm_norm_output_2_layers": {"fc_norm": True, "norm_output": True, "num_layers": 2},
     "all_flags_2_layers_sdpa": {
         "norm_before_residual": True,
         "norm_before_fc": True,
@@ -87,6 +90,7 @@ VARIANTS = {
     # The MLA draft (vLLM's Eagle3DeepseekV2ForCausalLM, native export): small latent sizes
     # (the 576 that vLLM's kernels take is a preflight rule, off in these runs).
     "mla": MLA,
+    "mla_fc_norm_norm_output": {**MLA, "fc_norm": True, "norm_output": True},
     "mla_yarn_norm_before_residual_sdpa": {
         **MLA,
         "norm_before_residual": True,
@@ -320,6 +324,7 @@ def test_trainer_step_k_logits_match_eval_vllm_forward_on_the_export(runs, varia
     # the flags under test really are in the served config
     assert config["norm_before_residual"] is draft_cfg.norm_before_residual
     assert config["norm_output"] is draft_cfg.norm_output
+    assert config["fc_norm"] is draft_cfg.fc_norm
     if draft_cfg.architecture == "mla":  # vLLM's native Eagle3DeepseekV2 layout
         assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
         assert config["num_hidden_layers"] == draft_cfg.num_layers
@@ -329,6 +334,15 @@ def test_trainer_step_k_logits_match_eval_vllm_forward_on_the_export(runs, varia
     # weights are well away from init (std-0.02 normals, norms at one)
     weights = load_file(str(export / "model.safetensors"))
     assert float((weights["layers.0.hidden_norm.weight"] - 1).abs().max()) > 0.05
+    fc_norms = sorted(n for n in weights if n.startswith("fc_norm."))
+    assert fc_norms == ([f"fc_norm.{i}.weight" for i in range(3)] if draft_cfg.fc_norm else [])
+    for name in fc_norms:  # trained through the TTT unroll
+        assert float((weights[name] - 1).abs().max()) > 0.05, name
+    card = (export / "README.md").read_text()  # the model card states the norms it was given
+    assert (
+        f"EAGLE 3.1 norms: fc_norm {draft_cfg.fc_norm}, norm_before_fc "
+        f"{draft_cfg.norm_before_fc}, norm_output {draft_cfg.norm_output}"
+    ) in card
 
     docs = _three_documents(run)
     train_logits, cu, sample_ids = trainer_step_logits(run, docs)
@@ -357,5 +371,30 @@ def test_the_comparison_sees_a_flipped_norm_before_residual(runs, tmp_path: Path
     train_logits, cu, sample_ids = trainer_step_logits(run, docs)
     dataset = Path(load_config(run / "run.yaml").data.hidden_states)
     _, eval_logits = eval_step_logits(flipped, dataset, sample_ids)
+    worst = compare(train_logits, cu, sample_ids, eval_logits)
+    assert min(worst) > 100 * REL_TOL, worst
+
+
+def test_the_comparison_sees_an_ignored_fc_norm(runs, tmp_path: Path):
+    """Negative control for fc_norm: the same export read by a server that ignores the flag
+    (fc_norm false in config.json, its weights dropped) disagrees at every step."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    run = runs("fc_norm")
+    export = _latest(run / "exports")
+    ignored = tmp_path / "ignored"
+    shutil.copytree(export, ignored)
+    config = json.loads((ignored / "config.json").read_text())
+    config["fc_norm"] = False
+    (ignored / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(export / "model.safetensors"))
+    kept = {n: t for n, t in weights.items() if not n.startswith("fc_norm.")}
+    save_file(kept, str(ignored / "model.safetensors"))
+    docs = _three_documents(run)
+    train_logits, cu, sample_ids = trainer_step_logits(run, docs)
+    dataset = Path(load_config(run / "run.yaml").data.hidden_states)
+    _, eval_logits = eval_step_logits(ignored, dataset, sample_ids)
     worst = compare(train_logits, cu, sample_ids, eval_logits)
     assert min(worst) > 100 * REL_TOL, worst

@@ -17,11 +17,26 @@ be read on both evaluators.
 - ours: `accelerate launch -m eagle3_train` with the recipe's train.yaml, as a user runs it.
   `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
   `--arm ours=` is the defaults, always run).
+  `--eagle31-arms` adds issue 30's arms of ours (ARMS_EAGLE31: fc_norm, norm_output, both,
+  speculators' norm pair, muon, tv, lk), each one option away from the defaults.
 - speculators: its own training entry point wants CUDA (FlexAttention, fused Triton loss,
-  FSDP), so a plain loop around its `Eagle3DraftModel` with the defaults of its eagle3 CLI
-  (norm_before_residual / norm_before_fc / norm_output true, AdamW weight decay 0.01, gradient
-  clip 1.0, linear schedule) and sdpa attention + eager kl_div loss, saved with its own
-  `save_pretrained` — the format vLLM serves.
+  FSDP), so a plain loop around its `Eagle3DraftModel` and its own optimizer, schedule and loss
+  builders, configured by its own `speculators train` argument parser (speculators/train/
+  config/resolution.py `resolve`) with only the verifier, --lr and --max-steps given, so every
+  other setting is the 0.9.0 eagle3 default as a user gets it. Read in speculators 0.9.0
+  (the installed package): train/config/schema.py — unset norm_before_fc / norm_output become
+  true for eagle3, norm_before_residual true, fc_norm false, embed_requires_grad false (and
+  model.py freezes the draft's lm_head); OptimizerArgs: optimizer muon, lr 1e-3, muon_lr = lr,
+  muon momentum 0.95, weight decay 0.1, ns_steps 5, adjust_lr_fn match_rms_adamw, AdamW weight
+  decay 0.01; SchedulerArgs: linear, warmup unset = 1 % of the steps (train/trainer.py
+  `_resolve_scheduler_steps`), one schedule per optimizer; LossArgs: kl_div, ttt_steps 3,
+  ttt_step_loss_decay 1.0; train/trainer.py: gradient clip 1.0. train/optimizers.py
+  `build_optimizers` splits Muon (2-D matrices but embeddings / lm_head) from AdamW (torch
+  defaults betas 0.9/0.999). Two departures, both forced by the CPU: sdpa attention (its
+  FlexAttention default has no CPU backward) and the eager loss (the fused one is Triton).
+  Saved with its own `save_pretrained` — the format vLLM serves.
+- speculators-adamw: the same with `--optimizer adamw --scheduler-warmup-steps 20`, the
+  anchor the README's tables measured before 0.9.0 made Muon the default.
 
 Finished (arm, seed) runs are kept under OUT/ARM/seed-S and reused when their overrides are
 the same, so a run can be extended by more seeds or arms. Whole-run time is start to exported
@@ -32,6 +47,7 @@ for. Tokens are the packed tokens of the batches the steps consume.
     uv run --frozen python tools/bench/bench_vs_speculators.py --recipe recipes/tiny-mla --run runs/tiny-mla
     uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny --no-speculators \\
         --arm plain='train.objective.topk_weight=0'                   # one ablation, vLLM-measured
+    uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny --eagle31-arms
 """
 
 from __future__ import annotations
@@ -50,6 +66,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS, VALIDATION_FRACTION = 2048, 0.05
+# speculators' arms: `speculators train` arguments beyond the verifier, --lr and --max-steps
+SPECULATORS_ARMS = {
+    "speculators": [],  # the 0.9.0 eagle3 defaults (EAGLE 3.1 norms, Muon, linear, kl_div)
+    "speculators-adamw": ["--optimizer", "adamw", "--scheduler-warmup-steps", "20"],
+}
+NORM_FLAGS = {"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}
+# issue 30's arms of ours (--eagle31-arms): each one option away from our defaults
+ARMS_EAGLE31 = {
+    "fc_norm": ["draft.fc_norm=true"],
+    "norm_output": ["draft.norm_output=true"],
+    "fc_norm+norm_output": ["draft.fc_norm=true", "draft.norm_output=true"],
+    "norm_before_fc+norm_output": ["draft.norm_before_fc=true", "draft.norm_output=true"],
+    "muon": ["train.optimizer=muon"],
+    "tv": ["train.objective.divergence=tv"],
+    "lk": ["train.objective.divergence=lk"],
+}
 
 
 class Recipe:
@@ -108,10 +140,10 @@ def train_ours(
 
 
 def train_speculators(
-    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int
+    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, arm: str
 ) -> float:
     command = [sys.executable, __file__, "--speculators-child", str(run), str(out)]
-    command += ["--recipe", str(recipe.folder)]
+    command += ["--recipe", str(recipe.folder), "--speculators-arm", arm]
     command += ["--steps", str(steps), "--lr", str(lr), "--seeds", str(seed)]
     began = time.perf_counter()
     _run(command, out.with_suffix(".log"))
@@ -145,11 +177,22 @@ def speculators_layer_config(recipe: Recipe):
     )
 
 
+def speculators_cli(recipe: Recipe, steps: int, lr: float, arm: str):
+    """speculators' own `speculators train` argument parsing and default resolution."""
+    from speculators.train.config.resolution import resolve
+    from speculators.train.config.schema import TrainConfig
+
+    argv = ["--verifier-name-or-path", str(recipe.target), "--speculator-type", "eagle3"]
+    argv += ["--lr", str(lr), "--max-steps", str(steps), *SPECULATORS_ARMS[arm]]
+    return resolve(TrainConfig, argv)
+
+
 def speculators_child(
-    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int
+    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, arm: str
 ) -> None:
     """The plain loop (runs in its own process, so its time includes its own imports)."""
     import warnings
+    from types import SimpleNamespace
 
     import torch
     from safetensors.numpy import load_file
@@ -158,11 +201,16 @@ def speculators_child(
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.models.eagle3.data import shift_batch
     from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators.train.optimizers import build_optimizers
+    from speculators.train.trainer import _resolve_scheduler_steps
     from transformers import get_linear_schedule_with_warmup
 
     from eagle3_train.data import HiddenStateDataset
     from eagle3_train.loader import make_loader, to_device
 
+    cli = speculators_cli(recipe, steps, lr, arm)
+    if cli.scheduler.scheduler_type != "linear":
+        raise SystemExit(f"speculators arm {arm}: schedule {cli.scheduler.scheduler_type!r}")
     torch.manual_seed(seed)
     dataset = HiddenStateDataset(run / "hidden_states")
     layer = speculators_layer_config(recipe)
@@ -172,9 +220,11 @@ def speculators_child(
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layer,
         draft_vocab_size=int(vocab["d2t"].shape[0]),
-        norm_before_residual=True,
-        norm_before_fc=True,
-        norm_output=True,
+        norm_before_residual=cli.draft.norm_before_residual,
+        norm_before_fc=cli.draft.norm_before_fc,
+        fc_norm=cli.draft.fc_norm,
+        norm_output=cli.draft.norm_output,
+        embed_requires_grad=cli.draft.embed_requires_grad,
         eagle_aux_hidden_state_layer_ids=list(dataset.aux_layer_ids),
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3",
@@ -188,11 +238,14 @@ def speculators_child(
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(torch.from_numpy(vocab["t2d"]), torch.from_numpy(vocab["d2t"]))
     model.load_verifier_weights()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    schedule = get_linear_schedule_with_warmup(optimizer, 20, steps)
-    loss_config = resolve_loss_config("kl_div", "eager")
+    optimizers = build_optimizers(model, SimpleNamespace(**cli.optimizer.model_dump()))
     plan = epoch_batches(run / "hidden_states", steps, seed)
+    timing = SimpleNamespace(num_epochs=cli.trainer.epochs, max_steps=steps)
+    warmup, total = _resolve_scheduler_steps(
+        SimpleNamespace(**vars(timing), **cli.scheduler.model_dump()), len(plan)
+    )
+    schedules = [get_linear_schedule_with_warmup(o, warmup, total) for o in optimizers]
+    loss_config = resolve_loss_config(cli.loss.loss_fn, "eager")
     for batch in make_loader(dataset, plan, num_workers=0):
         b = to_device(batch, torch.device("cpu"))
         cu = b["cu_seqlens"].tolist()
@@ -222,14 +275,16 @@ def speculators_child(
                 loss_mask=cat["loss_mask"],
                 position_ids=cat["position_ids"],
                 verifier_last_hidden_states=cat["verifier_last_hidden_states"],
-                ttt_steps=3,
+                ttt_steps=cli.loss.ttt_steps,
+                ttt_step_loss_decay=cli.loss.ttt_step_loss_decay,
                 loss_config=loss_config,
             )
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # its trainer's fixed clip
+        for optimizer, schedule in zip(optimizers, schedules, strict=True):
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
     model.save_pretrained(str(out / "draft"))
 
 
@@ -260,7 +315,7 @@ def _run(command: list[str], log: Path) -> None:
 def parse_arm(text: str) -> tuple[str, list[str]]:
     """``NAME=KEY=VALUE;KEY=VALUE`` (``NAME=`` alone: the defaults)."""
     name, _, sets = text.partition("=")
-    if not name or name == "speculators" or "/" in name:
+    if not name or name in SPECULATORS_ARMS or "/" in name:
         raise SystemExit(f"--arm {text!r}: expected NAME=KEY=VALUE[;KEY=VALUE...]")
     return name, [x for x in sets.split(";") if x]
 
@@ -283,7 +338,9 @@ def run_arm(
     done = where / "result.json"
     key = {"steps": args.steps, "lr": args.lr, "prompts": args.prompts, "overrides": overrides}
     key["evaluator"] = args.evaluator
-    if arm != "speculators":  # ours' defaults live in the code: a change reruns its arms
+    if arm in SPECULATORS_ARMS:
+        key["speculators_args"] = SPECULATORS_ARMS[arm]
+    else:  # ours' defaults live in the code: a change reruns its arms
         key["code"] = code_fingerprint(recipe)
     if done.exists():
         result = json.loads(done.read_text())
@@ -291,8 +348,8 @@ def run_arm(
             return result
     shutil.rmtree(where, ignore_errors=True)
     where.mkdir(parents=True)
-    if arm == "speculators":
-        seconds = train_speculators(recipe, run, where, args.steps, args.lr, seed)
+    if arm in SPECULATORS_ARMS:
+        seconds = train_speculators(recipe, run, where, args.steps, args.lr, seed, arm)
         draft = where / "draft"
     else:
         seconds = train_ours(recipe, run, where / "train", args.steps, args.lr, seed, overrides)
@@ -340,7 +397,13 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=40)
     p.add_argument("--seeds", default="0,1,2", help="comma-separated; each arm runs once per seed")
     p.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE[;...]")
+    p.add_argument("--eagle31-arms", action="store_true", help="add ARMS_EAGLE31 (issue 30)")
     p.add_argument("--no-speculators", action="store_true", help="ours' arms only")
+    p.add_argument(
+        "--speculators-check",
+        action="store_true",
+        help="resolve each speculators arm's `speculators train` arguments, print them, exit",
+    )
     p.add_argument(
         "--evaluator",
         choices=["auto", "reference"],
@@ -350,11 +413,20 @@ def main() -> int:
     p.add_argument("--vllm-python", default=os.environ.get("EAGLE3_VLLM_PYTHON"))
     p.add_argument("--json", type=Path)
     p.add_argument("--speculators-child", nargs=2, type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--speculators-arm", choices=list(SPECULATORS_ARMS), help=argparse.SUPPRESS)
     args = p.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     recipe = Recipe(args.recipe)
     if args.speculators_child:
-        speculators_child(recipe, *args.speculators_child, args.steps, args.lr, seeds[0])
+        speculators_child(
+            recipe, *args.speculators_child, args.steps, args.lr, seeds[0], args.speculators_arm
+        )
+        return 0
+    if args.speculators_check:
+        for arm in SPECULATORS_ARMS:
+            cli = speculators_cli(recipe, args.steps, args.lr, arm)
+            print(arm, cli.draft.model_dump(include=NORM_FLAGS), cli.optimizer, cli.scheduler)
+            print(" ", cli.loss)
         return 0
     if not args.run or not args.vllm_python:
         p.error("--run and a vLLM python (--vllm-python or EAGLE3_VLLM_PYTHON) are required")
@@ -362,8 +434,10 @@ def main() -> int:
     out = (args.out or run / "bench").resolve()
     out.mkdir(parents=True, exist_ok=True)
     arms = dict([("ours", [])] + [parse_arm(a) for a in args.arm])
+    if args.eagle31_arms:
+        arms |= ARMS_EAGLE31
     if not args.no_speculators:
-        arms["speculators"] = []
+        arms |= {name: [] for name in SPECULATORS_ARMS}
     tokens = sum(
         n for batch in epoch_batches(run / "hidden_states", args.steps, 0) for _, n in batch
     )
@@ -384,13 +458,13 @@ def main() -> int:
     reference = rows.get("speculators", rows["ours"])["acceptance_length"]
     base = "speculators" if "speculators" in rows else "ours"
     print(
-        f"{'arm':<16}{'evaluator':<11}{'AL':>7}  {'min..max':<13}{'per position':<22}"
+        f"{'arm':<28}{'evaluator':<11}{'AL':>7}  {'min..max':<13}{'per position':<22}"
         f"{'x ' + base:>14}{'run s':>8}{'tokens/s':>10}"
     )
     for arm, r in rows.items():
         positions = " / ".join(f"{x:.3f}" for x in r["per_position"])
         print(
-            f"{arm:<16}{r['evaluator']:<11}{r['acceptance_length']:>7.3f}  "
+            f"{arm:<28}{r['evaluator']:<11}{r['acceptance_length']:>7.3f}  "
             f"{r['al_min']:.3f}..{r['al_max']:.3f}  "
             f"{positions:<22}{r['acceptance_length'] / reference:>13.3f}x"
             f"{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"

@@ -77,6 +77,10 @@ CASES = {
         "--config {config} --set output_dir={tmp}/a_file/run",
         "output_dir {tmp}/a_file/run: cannot be created: {tmp}/a_file is a file, not a directory",
     ),
+    "fc_norm with norm_before_fc": (
+        "--config {config} --set draft.fc_norm=true --set draft.norm_before_fc=true",
+        "draft.fc_norm and draft.norm_before_fc: two norms of fc's input, choose one",
+    ),
 }
 
 

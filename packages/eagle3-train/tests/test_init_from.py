@@ -4,6 +4,7 @@ refused, or remapped row by row when asked, with the rows carried counted."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -148,10 +149,13 @@ def test_the_mla_layout_reads_loads_and_is_told_from_a_llama_run(tmp_path):
     from eagle3_train.synthetic import vocab_arrays
     from eagle3_train.testing import yarn_arch
 
-    arch = yarn_arch("mla")
+    arch = dataclasses.replace(yarn_arch("mla"), fc_norm=True)  # EAGLE 3.1's per-aux norms
     _, d2t, t2d = vocab_arrays(arch.target_vocab_size, arch.draft_vocab_size)
     torch.manual_seed(1)
     source = Eagle3Draft(arch)
+    with torch.no_grad():  # away from the ones a fresh draft starts with
+        for norm in source.fc_norm:
+            norm.weight.uniform_(0.5, 1.5)
     directory = tmp_path / "mla"
     directory.mkdir()
     write_json_atomic(directory / "config.json", draft_config(arch, [2, 30, 58], None, [], 3))
@@ -163,10 +167,10 @@ def test_the_mla_layout_reads_loads_and_is_told_from_a_llama_run(tmp_path):
     assert (init.architecture, init.hidden_size, init.aux_layer_ids) == ("mla", 64, [2, 30, 58])
     assert compatibility_problems(init, arch, [2, 30, 58], d2t, False, "here") == []
     llama = yarn_arch("llama")
-    [problem] = compatibility_problems(init, llama, [2, 30, 58], d2t, False, "here")
-    assert (
-        problem == f"architecture: draft.init_from {directory} has mla, this run (here) has llama"
-    )
+    assert compatibility_problems(init, llama, [2, 30, 58], d2t, False, "here") == [
+        f"architecture: draft.init_from {directory} has mla, this run (here) has llama",
+        f"fc_norm: draft.init_from {directory} has True, this run (here) has False",
+    ]
     torch.manual_seed(2)
     target = Eagle3Draft(arch)
     counts = load_into(target, init, d2t)

@@ -35,6 +35,7 @@ def _spec_model(
     layers: int,
     norm_before_residual: bool = False,
     norm_before_fc: bool = False,
+    fc_norm: bool = False,
     norm_output: bool = False,
 ):
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -60,6 +61,7 @@ def _spec_model(
         draft_vocab_size=V_D,
         norm_before_residual=norm_before_residual,
         norm_before_fc=norm_before_fc,
+        fc_norm=fc_norm,
         norm_output=norm_output,
         eagle_aux_hidden_state_layer_ids=[1, 2, 3],
         speculators_config=SpeculatorsConfig(
@@ -182,7 +184,7 @@ def speculators_inputs(aux, last, ids, mask, cu):
     )
 
 
-def run_theirs(theirs, batch, decay=1.0):
+def run_theirs(theirs, batch, decay=1.0, loss_fn="kl_div"):
     from speculators.losses.utils import resolve_loss_config
 
     with warnings.catch_warnings():
@@ -192,7 +194,7 @@ def run_theirs(theirs, batch, decay=1.0):
             **speculators_inputs(*batch),
             ttt_steps=TTT,
             ttt_step_loss_decay=decay,
-            loss_config=resolve_loss_config("kl_div", "eager"),
+            loss_config=resolve_loss_config(loss_fn, "eager"),
         )
     return loss, metrics
 
@@ -203,9 +205,16 @@ def run_theirs(theirs, batch, decay=1.0):
         {},
         {"norm_before_residual": True},
         {"norm_before_fc": True, "norm_output": True},
+        {"fc_norm": True, "norm_output": True},
         {"layers": 2},
     ],
-    ids=["plain", "norm_before_residual", "norm_before_fc+norm_output", "two_layers"],
+    ids=[
+        "plain",
+        "norm_before_residual",
+        "norm_before_fc+norm_output",
+        "fc_norm+norm_output",
+        "two_layers",
+    ],
 )
 def test_loss_metrics_and_grads_match_speculators(flags):
     ours, theirs = build_pair(**flags)
@@ -229,6 +238,29 @@ def test_loss_metrics_and_grads_match_speculators(flags):
             torch.testing.assert_close(p.grad, theirs_params[name].grad, rtol=1e-4, atol=1e-6)
             compared += 1
     assert compared >= 10
+
+
+@pytest.mark.parametrize(("ours_name", "their_name"), [("tv", "tv"), ("lk", "lk_hybrid")])
+def test_acceptance_losses_match_speculators(ours_name: str, their_name: str):
+    """train.objective.divergence tv / lk (fused chunk, hand-made gradients) against
+    speculators' eager tv / lk_hybrid (autograd; its lk_hybrid's eta 3.0 is our lk_eta's
+    default), losses and gradients."""
+    from eagle3_train.config import ObjectiveConfig
+
+    ours, theirs = build_pair(seed=7, fc_norm=True, norm_output=True)
+    batch = make_batch([31, 22, 27], seed=8)
+    their_loss, _ = run_theirs(theirs, batch, loss_fn=their_name)
+    objective = ObjectiveConfig(topk_weight=0.0, divergence=ours_name)
+    loss, _ = ours(*batch, ttt_steps=TTT, objective=objective)
+    torch.testing.assert_close(loss, their_loss.float(), rtol=RTOL, atol=1e-6)
+    kl_loss, _ = ours(*batch, ttt_steps=TTT)
+    assert not torch.isclose(kl_loss, loss, rtol=1e-3)  # a real difference from KL
+    their_loss.backward()
+    loss.backward()
+    theirs_params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, theirs_params[name].grad, rtol=1e-4, atol=1e-6)
 
 
 def test_step_loss_decay_matches_speculators():

@@ -158,8 +158,17 @@ def _unexplained_difference(served: list[int], target: Greedy) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Captured:
+    """The tiny target's hidden states and vocabulary map, and what the prompts must give."""
+
+    inputs: Inputs
+    prompts: Path
+    greedy: list[Greedy]
+
+
 @pytest.fixture(scope="module")
-def draft(tmp_path_factory):
+def captured(tmp_path_factory) -> Captured:
     _vllm_python()
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -213,10 +222,17 @@ def draft(tmp_path_factory):
     prompts = [tiny_target.prompt_text(tokenizer, c) for c in _conversations("heldout", PROMPTS)]
     greedy = [_greedy(model, tokenizer, p) for p in prompts]
     del model
+    (root / "prompts.json").write_text(json.dumps(prompts), encoding="utf-8")
+    return Captured(Inputs(root, hs, vm, TARGET), root / "prompts.json", greedy)
+
+
+def _train(captured: Captured, name: str, **draft_options) -> Path:
+    """A short real run on the captured states; its exported draft directory."""
+    inputs = captured.inputs
     config = write_config(
-        Inputs(root, hs, vm, TARGET),
-        root / "run",
-        draft={"aux_layer_ids": AUX_IDS, "train_lm_head": True},
+        inputs,
+        inputs.root / name,
+        draft={"aux_layer_ids": AUX_IDS, "train_lm_head": True, **draft_options},
         data={"max_tokens_per_batch": 2048, "validation_fraction": 0.05},
         train={
             "max_steps": 80,
@@ -230,15 +246,31 @@ def draft(tmp_path_factory):
     )
     result = run_cli(["--config", str(config)], timeout=600)
     assert result.returncode == 0, failure_report(result.stderr)
-    out = root / "run" / "draft"
+    out = inputs.root / name / "draft"
     assert validate(out) == []
-    (root / "prompts.json").write_text(json.dumps(prompts), encoding="utf-8")
-    return out, root / "prompts.json", greedy
+    return out
 
 
-def test_vllm_serves_the_exported_draft(draft):
+def test_vllm_serves_the_exported_draft(captured):
+    _serve_losslessly(_train(captured, "run"), captured)
+
+
+def test_vllm_serves_an_eagle31_draft(captured):
+    """EAGLE 3.1's per-aux fc_norm with norm_output: vLLM builds the fc_norm modules from
+    config.json, loads fc_norm.{i}.weight, feeds the post-norm state back, and stays lossless."""
+    out = _train(captured, "run31", fc_norm=True, norm_output=True)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["fc_norm"], config["norm_output"], config["norm_before_fc"]) == (
+        True,
+        True,
+        False,
+    )
+    _serve_losslessly(out, captured)
+
+
+def _serve_losslessly(out: Path, captured: Captured) -> None:
     python = _vllm_python()
-    out, prompts, greedy = draft
+    prompts, greedy = captured.prompts, captured.greedy
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [
         python,

@@ -26,6 +26,7 @@ class DraftArch:
     num_layers: int = 1
     norm_before_residual: bool = False
     norm_before_fc: bool = False
+    fc_norm: bool = False
     norm_output: bool = False
     hidden_act: str = "silu"
     architecture: str = "llama"  # "llama" | "mla"

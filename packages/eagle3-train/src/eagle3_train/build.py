@@ -75,6 +75,8 @@ def compile_enabled(setting: str, device: torch.device) -> bool:
 
 def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.optim.Optimizer:
     t = config.train
+    if t.optimizer == "muon":
+        return make_muon(model, config, fused=accelerator.device.type == "cuda")
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
     groups = [
@@ -98,6 +100,78 @@ def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.opt
     # CUDA: one fused kernel for the whole update (no per-parameter launches, no host sync)
     fused = accelerator.device.type == "cuda"
     return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps, fused=fused)
+
+
+# 2-D tensors that are rows of the vocabulary, not hidden maps: AdamW's under muon (Keller
+# Jordan's Muon practice, as speculators' optimizers.py splits them)
+VOCABULARY_ROWS = ("lm_head", "embed_tokens")
+
+
+def muon_split(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """(Muon's, AdamW's) trained tensors: Muon takes the hidden 2-D matrices (both sides > 1:
+    Newton–Schulz orthogonalises matrices, not vectors), AdamW the norms and vocabulary rows."""
+    muon, adamw = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        matrix = p.dim() == 2 and min(p.shape) > 1
+        hidden = not any(part in name for part in VOCABULARY_ROWS)
+        (muon if matrix and hidden else adamw).append(p)
+    return muon, adamw
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """train.optimizer: muon — torch's Muon over the hidden matrices and AdamW over the rest,
+    stepped as one optimizer, so Accelerate, the LR schedule, the non-finite skip and the
+    checkpoint see one object. Both inner optimizers work on this one's param groups and state
+    (the same dicts), so the schedule's lr reaches them and ``state_dict`` holds both."""
+
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
+        self.muon, self.adamw = muon, adamw
+        self.num_muon_groups = len(muon.param_groups)
+        super().__init__(muon.param_groups + adamw.param_groups, {})
+        self._share()
+
+    def _share(self) -> None:
+        self.muon.param_groups = self.param_groups[: self.num_muon_groups]
+        self.adamw.param_groups = self.param_groups[self.num_muon_groups :]
+        self.muon.state = self.adamw.state = self.state
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def load_state_dict(self, state_dict) -> None:  # type: ignore[override]
+        super().load_state_dict(state_dict)  # replaces param_groups and state: share them again
+        self._share()
+
+
+def make_muon(model: Eagle3Draft, config: Config, fused: bool) -> MuonWithAdamW:
+    t, m = config.train, config.train.muon
+    matrices, rest = muon_split(model)
+    muon = torch.optim.Muon(
+        matrices,
+        lr=m.lr if m.lr is not None else t.lr,
+        momentum=m.momentum,
+        weight_decay=m.weight_decay,
+        ns_steps=m.ns_steps,
+        adjust_lr_fn=m.adjust_lr_fn,
+    )
+    adamw = torch.optim.AdamW(
+        rest,
+        lr=t.lr,
+        betas=tuple(t.betas),
+        eps=t.adam_eps,
+        weight_decay=m.adamw_weight_decay,
+        fused=fused,
+    )
+    return MuonWithAdamW(muon, adamw)
 
 
 def lr_lambda(config: Config, total_steps: int):

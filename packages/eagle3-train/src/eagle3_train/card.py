@@ -166,11 +166,14 @@ def render_card(draft_dir: Path, config: Config, served_as: str) -> str:
         f"(loss decay {t.ttt_step_loss_decay})"
         if isinstance(training.get("tokens"), int)
         else f"- {training.get('steps', '?')} optimizer steps, TTT {t.ttt_steps}",
-        f"- AdamW lr {t.lr:g} ({t.schedule}, {t.warmup_steps} warmup steps, min ratio "
+        f"- {'Muon + AdamW (norms, LM head)' if t.optimizer == 'muon' else 'AdamW'} lr "
+        f"{t.lr:g} ({t.schedule}, {t.warmup_steps} warmup steps, min ratio "
         f"{t.min_lr_ratio}), {config.data.max_tokens_per_batch} packed tokens per micro-batch "
         f"x {t.gradient_accumulation_steps} accumulation, mixed precision {t.mixed_precision}",
         f"- LM head {'trained' if config.draft.train_lm_head else 'frozen'} from the target's "
         f"rows; norm_before_residual {config.draft.norm_before_residual}",
+        f"- EAGLE 3.1 norms: fc_norm {config.draft.fc_norm}, norm_before_fc "
+        f"{config.draft.norm_before_fc}, norm_output {config.draft.norm_output}",
     ]
     metrics = training.get("metrics") or {}
     shown = {

@@ -69,7 +69,15 @@ class DraftConfig:
     # recipe (tools/bench/bench_vs_speculators.py): acceptance length 2.93 without, 3.12 with.
     # It is also what vLLM assumes when a speculators config omits the key.
     norm_before_residual: bool = True
+    # norm_before_fc: one RMSNorm over the concatenated aux states before fc (gpt-oss style;
+    # Llama-style draft only: vLLM's MLA draft has no such norm).
     norm_before_fc: bool = False
+    # fc_norm (EAGLE 3.1): one RMSNorm per aux state before their concatenation and fc, so
+    # no captured layer's scale dominates fc's input; exclusive with norm_before_fc (as in
+    # speculators). Both draft kinds.
+    fc_norm: bool = False
+    # norm_output: the state fed to the next TTT step is the final norm's output, not the
+    # pre-norm residual, so its scale cannot drift with speculation depth.
     norm_output: bool = False
     # EAGLE-3's paper trains the draft's LM head (initialised from the target's rows);
     # speculators 0.9.0 keeps it frozen. Measured by vLLM on the tiny recipe: 3.12 frozen,
@@ -150,6 +158,32 @@ class ObjectiveConfig:
     # without. 0 = off (plain EAGLE-3, what speculators trains).
     topk: int = 10
     topk_weight: float = 1.0
+    # The per-slot divergence from the target that the draft minimises (the top-k term adds
+    # to any). "kl": KL(p || q), EAGLE-3's. "tv": total variation 1 - sum_i min(p_i, q_i);
+    # 1 - TV is the probability that speculative sampling accepts the draft's token. "lk":
+    # the LK hybrid (Samarin et al., arXiv 2602.23881; speculators' lk_hybrid)
+    # λ·KL + (1 - λ)·TV with λ = exp(-lk_eta·(1 - TV)) held constant: KL's gradient while the
+    # draft is far from the target, the acceptance rate's once it is close.
+    divergence: Literal["kl", "tv", "lk"] = "kl"
+    lk_eta: float = 3.0
+
+
+@dataclass
+class MuonConfig:
+    """train.optimizer: muon. Defaults are speculators 0.9.0's (``speculators/train/config/
+    schema.py`` OptimizerArgs; split and construction in ``speculators/train/optimizers.py``)."""
+
+    # null = train.lr (speculators: --muon-lr defaults to --lr); the schedule scales both.
+    lr: float | None = None
+    momentum: float = 0.95
+    weight_decay: float = 0.1
+    ns_steps: int = 5  # Newton–Schulz iterations orthogonalising each update
+    # match_rms_adamw: the update's RMS made AdamW's (lr x 0.2·sqrt(max(rows, cols))), so one
+    # lr suits both groups; original: Keller Jordan's sqrt(max(1, rows/cols)).
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+    # Weight decay of the AdamW group (norms and the LM head) under muon; train.weight_decay
+    # is AdamW's under train.optimizer: adamw.
+    adamw_weight_decay: float = 0.01
 
 
 @dataclass
@@ -165,6 +199,14 @@ class TrainLoopConfig:
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    # "adamw": AdamW on every trained tensor. "muon": torch.optim.Muon on the hidden 2-D
+    # matrices (fc, attention, MLP) and AdamW on the rest (norms and the LM head: embedding-like
+    # rows never go to Muon), with train.muon's settings. Not under DeepSpeed (refused at
+    # start): ZeRO hands the optimizer flat partitions of the parameters, and Newton–Schulz
+    # needs each matrix whole; several processes run Muon under DDP (every rank holds the
+    # whole draft).
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon: MuonConfig = field(default_factory=MuonConfig)
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adam_eps: float = 1e-8
@@ -327,6 +369,8 @@ def check_config(config: Config) -> list[str]:
     o = t.objective
     if o.topk < 1:
         p.append(f"train.objective.topk: {o.topk} < 1")
+    if o.lk_eta < 0:
+        p.append(f"train.objective.lk_eta: {o.lk_eta} must be >= 0")
     if o.topk_weight < 0:
         p.append(f"train.objective.topk_weight: {o.topk_weight} must be >= 0")
     if t.gradient_accumulation_steps < 1:
@@ -335,6 +379,13 @@ def check_config(config: Config) -> list[str]:
         p.append(f"train.lr: {t.lr} must be > 0")
     if not 0 <= t.min_lr_ratio <= 1:
         p.append(f"train.min_lr_ratio: {t.min_lr_ratio} not in [0, 1]")
+    m = t.muon
+    if m.lr is not None and m.lr <= 0:
+        p.append(f"train.muon.lr: {m.lr} must be > 0")
+    if m.momentum < 0 or m.weight_decay < 0 or m.adamw_weight_decay < 0:
+        p.append("train.muon.momentum, weight_decay and adamw_weight_decay must be >= 0")
+    if m.ns_steps < 1:
+        p.append(f"train.muon.ns_steps: {m.ns_steps} < 1")
     if len(t.betas) != 2:
         p.append(f"train.betas: expected two numbers, found {t.betas}")
     if t.epochs < 1:
@@ -388,6 +439,11 @@ def check_config(config: Config) -> list[str]:
         p.append(f"draft.architecture {d.architecture!r}: expected 'llama' or 'mla'")
     if d.architecture == "mla" and d.norm_before_fc:
         p.append("draft.norm_before_fc: vLLM's MLA draft has no input norm before fc")
+    if d.fc_norm and d.norm_before_fc:
+        p.append(
+            "draft.fc_norm and draft.norm_before_fc: two norms of fc's input, choose one "
+            "(fc_norm: one per aux layer, EAGLE 3.1; norm_before_fc: one over the concatenation)"
+        )
     if d.attention_chunk < 1 or d.loss_chunk < 1:
         p.append("draft.attention_chunk and draft.loss_chunk must be >= 1")
     if d.aux_layer_ids is not None and (

@@ -102,7 +102,7 @@ def mla_draft_config(arch: DraftArch, aux_layer_ids: list[int]) -> dict[str, Any
         # Written out: the native route's default is False, speculators' True.
         "norm_before_residual": arch.norm_before_residual,
         "norm_output": arch.norm_output,
-        "fc_norm": False,
+        "fc_norm": arch.fc_norm,
         "attention_bias": False,
         "tie_word_embeddings": False,
     }
@@ -129,7 +129,7 @@ def draft_config(
         "norm_before_residual": arch.norm_before_residual,
         "norm_before_fc": arch.norm_before_fc,
         "norm_output": arch.norm_output,
-        "fc_norm": False,
+        "fc_norm": arch.fc_norm,
         "embed_requires_grad": False,
         "transformer_layer_config": transformer_layer_config(arch),
         "speculators_config": {
@@ -163,7 +163,7 @@ def export_weights(
     out = {
         name: t.detach().to("cpu", cast).contiguous()
         for name, t in state.items()
-        if name.startswith(("fc.", "input_norm.", "layers.", "norm.", "lm_head."))
+        if name.startswith(("fc.", "fc_norm.", "input_norm.", "layers.", "norm.", "lm_head."))
     }
     if embed_tokens is not None:
         out["embed_tokens.weight"] = embed_tokens.detach().to("cpu", cast).contiguous()

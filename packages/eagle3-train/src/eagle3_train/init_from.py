@@ -44,6 +44,9 @@ class InitDraft:
     draft_vocab_size: int
     num_layers: int
     d2t: np.ndarray
+    # the norms of fc's input: each adds weights of its own (model.py)
+    norm_before_fc: bool = False
+    fc_norm: bool = False
 
     @property
     def target_ids(self) -> np.ndarray:
@@ -93,6 +96,8 @@ def read_init_draft(path: str | Path) -> InitDraft:
         draft_vocab_size=int(cfg.get("draft_vocab_size") or len(d2t)),
         num_layers=int(layer.get("num_hidden_layers", 1)),
         d2t=d2t,
+        norm_before_fc=bool(cfg.get("norm_before_fc", False)),
+        fc_norm=bool(cfg.get("fc_norm", False)),
     )
 
 
@@ -125,6 +130,8 @@ def compatibility_problems(
         ("hidden size", init.hidden_size, arch.hidden_size),
         ("target vocabulary size", init.target_vocab_size, arch.target_vocab_size),
         ("decoder layers", init.num_layers, arch.num_layers),
+        ("norm_before_fc", init.norm_before_fc, arch.norm_before_fc),
+        ("fc_norm", init.fc_norm, arch.fc_norm),
     ):
         if theirs != ours:
             out.append(f"{what}: {src} has {theirs}, this run ({where}) has {ours}")

@@ -202,6 +202,7 @@ def resolve_arch(inputs: RunInputs) -> DraftArch:
         num_layers=d.num_layers,
         norm_before_residual=d.norm_before_residual,
         norm_before_fc=d.norm_before_fc,
+        fc_norm=d.fc_norm,
         norm_output=d.norm_output,
         architecture=d.architecture,
         **{key: int(values[key]) for key in MLA_KEYS if key in values},

@@ -157,6 +157,9 @@ class TargetTopK:
         return TargetTopK(self.logp[rows], self.ids[rows], self.weight)
 
 
+DIVERGENCES = ("kl", "tv", "lk")  # train.objective.divergence
+
+
 def kl_chunk(
     logits: Tensor,
     target_logp: Tensor,
@@ -164,18 +167,40 @@ def kl_chunk(
     top_logp: Tensor | None = None,
     top_ids: Tensor | None = None,
     top_weight: float = 0.0,
+    divergence: str = "kl",
+    lk_eta: float = 3.0,
 ) -> tuple[Tensor, ...]:
     """One chunk's (sum_t w_t·L_t, sum_t w_t·KL_t, d/dz of the first, argmax z), float32, where
-    L_t = KL_t + top_weight · (-sum_{i in top-k(p_t)} p_ti log q_ti), KL_t = KL(p_t || softmax(z_t)).
+    L_t = D_t + top_weight · (-sum_{i in top-k(p_t)} p_ti log q_ti), KL_t = KL(p_t || q_t),
+    q_t = softmax(z_t), and D_t the divergence:
 
-    d KL / d z = q - p (p sums to one over the draft vocabulary); d top-k CE / d z =
-    P_k·q - p·1_k with P_k the target's top-k mass. Plain torch, so ``compile_kl_chunk`` can
-    fuse its elementwise passes into a few kernels."""
+    - ``kl``: KL_t. d/dz = q - p (p sums to one over the draft vocabulary).
+    - ``tv``: TV_t = 1 - sum_i min(p_i, q_i), 1 - TV being the chance speculative sampling
+      accepts the draft's token. With m_i = [q_i < p_i] and S = sum_i m_i q_i,
+      d sum_i min(p_i, q_i) / dz_j = sum_i m_i q_i (δ_ij - q_j), so d TV / dz = q·(S - m).
+    - ``lk``: the LK hybrid λ·KL + (1 - λ)·TV, λ = exp(-lk_eta·α) with α = 1 - TV held
+      constant (no gradient through λ): KL's gradient while the draft is far from the target,
+      the acceptance rate's once it is close.
+
+    d top-k CE / d z = P_k·q - p·1_k with P_k the target's top-k mass. Plain torch, so
+    ``compile_kl_chunk`` can fuse its elementwise passes into a few kernels."""
     logq = torch.log_softmax(logits, dim=-1)
     p = target_logp.exp()
     q = logq.exp()
     kl = (p * (target_logp - logq)).sum(-1)
     loss, grad = kl, q - p
+    if divergence != "kl":
+        below = q < p
+        covered = torch.where(below, q, 0.0).sum(-1, keepdim=True)  # S
+        tv = 1 - (covered.squeeze(-1) + torch.where(below, 0.0, p).sum(-1))
+        tv_grad = q * (covered - below.to(q.dtype))
+        if divergence == "tv":
+            loss, grad = tv, tv_grad
+        else:
+            lam = torch.exp(-lk_eta * (1 - tv))
+            loss = lam * kl + (1 - lam) * tv
+            lam = lam.unsqueeze(-1)
+            grad = lam * grad + (1 - lam) * tv_grad
     if top_logp is not None and top_ids is not None:
         top_p = top_logp.exp()
         loss = loss - top_weight * (top_p * logq.gather(-1, top_ids)).sum(-1)
@@ -213,10 +238,11 @@ class _FusedLinearKL(torch.autograd.Function):
         chunk: int,
         mm_dtype: torch.dtype,
         top: TargetTopK | None,
+        divergence: tuple[str, float],
     ) -> tuple[Tensor, Tensor, Tensor]:
         with torch.autocast(h.device.type, enabled=False):  # the dtypes here are explicit
             return _FusedLinearKL._forward(
-                ctx, h, weight, target_logp, row_weights, chunk, mm_dtype, top
+                ctx, h, weight, target_logp, row_weights, chunk, mm_dtype, top, divergence
             )
 
     @staticmethod
@@ -229,6 +255,7 @@ class _FusedLinearKL(torch.autograd.Function):
         chunk: int,
         mm_dtype: torch.dtype,
         top: TargetTopK | None,
+        divergence: tuple[str, float],
     ) -> tuple[Tensor, Tensor, Tensor]:
         n = h.shape[0]
         need_h = ctx.needs_input_grad[0]  # type: ignore[attr-defined]
@@ -244,9 +271,15 @@ class _FusedLinearKL(torch.autograd.Function):
         for c0 in range(0, n, chunk):
             c1 = min(n, c0 + chunk)
             hc = h[c0:c1].to(mm_dtype)
-            top_c = (top.logp[c0:c1].to(acc), top.ids[c0:c1], top.weight) if top else ()
+            top_c = (
+                (top.logp[c0:c1].to(acc), top.ids[c0:c1], top.weight) if top else (None, None, 0.0)
+            )
             part, kl_part, g, preds[c0:c1] = _kl_chunk_impl(
-                mm_f32(hc, w_mm_t), target_logp[c0:c1].to(acc), row_weights[c0:c1].to(acc), *top_c
+                mm_f32(hc, w_mm_t),
+                target_logp[c0:c1].to(acc),
+                row_weights[c0:c1].to(acc),
+                *top_c,
+                *divergence,
             )
             total += part
             kl_total += kl_part
@@ -276,7 +309,7 @@ class _FusedLinearKL(torch.autograd.Function):
         h_dtype, w_dtype = ctx.dtypes  # type: ignore[attr-defined]
         grad_h = (saved.pop(0) * grad_total).to(h_dtype) if has_h else None
         grad_w = (saved.pop(0) * grad_total).to(w_dtype) if has_w else None
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def fused_linear_kl(
@@ -287,11 +320,14 @@ def fused_linear_kl(
     chunk: int = 1024,
     mm_dtype: torch.dtype | None = None,
     top: TargetTopK | None = None,
+    divergence: str = "kl",
+    lk_eta: float = 3.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(sum_t w_t·L_t, sum_t w_t·KL_t, argmax draft ids) for h [n, H], weight [V, H] and
-    w = ``row_weights``; KL_t = KL(target_t || draft_t) and L_t adds, with ``top`` (the rows
-    of ``target_logp``'s top-k), its weight times the cross-entropy against the target's
-    top-k tokens (``kl_chunk``). Only the first has a gradient.
+    w = ``row_weights``; KL_t = KL(target_t || draft_t), L_t the ``divergence`` (kl, tv or lk)
+    plus, with ``top`` (the rows of ``target_logp``'s top-k), its weight times the
+    cross-entropy against the target's top-k tokens (``kl_chunk``). Only the first has a
+    gradient.
 
     ``mm_dtype``: the GEMMs' input dtype; default: autocast's dtype where autocast is on
     (bf16 on CUDA), else float32 (float64 for float64 inputs)."""
@@ -301,7 +337,11 @@ def fused_linear_kl(
             mm_dtype = torch.get_autocast_dtype(device)
         else:
             mm_dtype = torch.float64 if h.dtype == torch.float64 else torch.float32
-    return _FusedLinearKL.apply(h, weight, target_logp, row_weights, chunk, mm_dtype, top)
+    if divergence not in DIVERGENCES:
+        raise ValueError(f"divergence {divergence!r}: expected one of {', '.join(DIVERGENCES)}")
+    return _FusedLinearKL.apply(
+        h, weight, target_logp, row_weights, chunk, mm_dtype, top, (divergence, lk_eta)
+    )
 
 
 def reference_linear_kl(
@@ -311,16 +351,22 @@ def reference_linear_kl(
     row_weights: Tensor,
     topk: int = 0,
     topk_weight: float = 0.0,
+    divergence: str = "kl",
+    lk_eta: float = 3.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Plain-autograd twin of ``fused_linear_kl`` (tests compare the two; the top-k term from
-    its definition, without ``TargetTopK``)."""
-    logits = h.float() @ weight.float().T
+    """Plain-autograd twin of ``fused_linear_kl`` (tests compare the two; the top-k term and
+    the divergences from their definitions, without ``TargetTopK`` or hand-made gradients).
+    float32, float64 for float64 inputs."""
+    dtype = torch.float64 if h.dtype == torch.float64 else torch.float32
+    logits = h.to(dtype) @ weight.to(dtype).T
     logq = torch.log_softmax(logits, dim=-1)
     kl = (target_logp.exp() * (target_logp - logq)).sum(-1)
-    loss = kl
+    tv = 0.5 * (target_logp.exp() - logq.exp()).abs().sum(-1)
+    lam = torch.exp(-lk_eta * (1 - tv.detach()))
+    loss = {"kl": kl, "tv": tv, "lk": lam * kl + (1 - lam) * tv}[divergence]
     if topk_weight:
         top_logp, top_ids = target_logp.topk(topk, dim=-1)
-        loss = kl - topk_weight * (top_logp.exp() * logq.gather(-1, top_ids)).sum(-1)
+        loss = loss - topk_weight * (top_logp.exp() * logq.gather(-1, top_ids)).sum(-1)
     return (loss * row_weights).sum(), (kl * row_weights).sum().detach(), logits.argmax(-1)
 
 

@@ -6,7 +6,8 @@ No I/O and no distributed code. Parameter names are the speculators / vLLM check
 Architecture (what vLLM's ``Eagle3LlamaForCausalLM`` computes at serving time):
 
 - ``fc``: concat of the ``n_aux`` aux hidden states [n_aux·H] -> H (``norm_before_fc``
-  first applies one RMSNorm over the concatenation; its weight is ``input_norm.weight``);
+  first applies one RMSNorm over the concatenation, weight ``input_norm.weight``; EAGLE
+  3.1's ``fc_norm`` instead one RMSNorm per aux state, weights ``fc_norm.{i}.weight``);
 - layer 0: ``input_layernorm(embed(token))`` and ``hidden_norm(hidden)`` are concatenated
   to 2H for q/k/v; the residual is the raw hidden state, or the normed one with
   ``norm_before_residual``; then Llama attention + MLP with residuals;
@@ -101,12 +102,22 @@ class DraftLMHead(nn.Module):
         row_weights: Tensor | None = None,
         chunk: int = 1024,
         top: TargetTopK | None = None,
+        objective: ObjectiveConfig = PLAIN_TTT,
     ) -> tuple[Tensor, ...]:
         """(logits, argmax) without a target; with one, ``fused_linear_kl``'s (loss, KL, argmax)."""
         if target_logp is None or row_weights is None:
             logits = h @ self.weight.T
             return logits, logits.argmax(-1)
-        return fused_linear_kl(h, self.weight, target_logp, row_weights, chunk, top=top)
+        return fused_linear_kl(
+            h,
+            self.weight,
+            target_logp,
+            row_weights,
+            chunk,
+            top=top,
+            divergence=objective.divergence,
+            lk_eta=objective.lk_eta,
+        )
 
 
 class Eagle3Draft(nn.Module):
@@ -119,8 +130,12 @@ class Eagle3Draft(nn.Module):
                 f"num_attention_heads {arch.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {arch.num_key_value_heads}"
             )
+        if arch.fc_norm and arch.norm_before_fc:
+            raise ValueError("fc_norm and norm_before_fc are exclusive (two norms of fc's input)")
         if arch.norm_before_fc:
             self.input_norm = RMSNorm(arch.num_aux * H, arch.rms_norm_eps)
+        if arch.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(H, arch.rms_norm_eps) for _ in range(arch.num_aux))
         self.fc = nn.Linear(arch.num_aux * H, H, bias=False)
         self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
         self.norm = RMSNorm(H, arch.rms_norm_eps)
@@ -183,6 +198,13 @@ class Eagle3Draft(nn.Module):
             )
             return torch.log_softmax(logits.float(), dim=-1)
 
+    def fc_input(self, aux: Tensor) -> Tensor:
+        """[T, n_aux, H] -> fc's input [T, n_aux·H]: concatenated, normed as the flags say."""
+        if self.arch.fc_norm:
+            aux = torch.stack([norm(aux[:, i]) for i, norm in enumerate(self.fc_norm)], dim=1)
+        x = aux.reshape(aux.shape[0], -1)
+        return self.input_norm(x) if self.arch.norm_before_fc else x
+
     def forward(
         self,
         aux_hidden: Tensor,  # [T, n_aux, H] (any float dtype)
@@ -211,10 +233,7 @@ class Eagle3Draft(nn.Module):
         target_ids = target_logp.argmax(-1)
         target_top = TargetTopK.of(target_logp, obj.topk, obj.topk_weight)
         pdtype = self.fc.weight.dtype
-        x = aux_hidden.reshape(T, -1).to(pdtype)
-        if self.arch.norm_before_fc:
-            x = self.input_norm(x)
-        hidden = self.fc(x)
+        hidden = self.fc(self.fc_input(aux_hidden.to(pdtype)))
         caches = [LayerCache() for _ in self.layers]
         prev_correct = al.valid[0]
         device = hidden.device.type  # RoPE in the dtype q and k are computed in
@@ -243,6 +262,7 @@ class Eagle3Draft(nn.Module):
                 row_w,
                 self.arch.loss_chunk,
                 target_top[loss_rows + 1 + k] if target_top else None,
+                obj,
             )
             loss = loss + step_loss
             with torch.no_grad():

@@ -57,6 +57,13 @@ def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None
             "optimizer inside backward, before the step's verdict is known); use stop"
         )
         return EXIT_PREFLIGHT
+    if config.train.optimizer == "muon" and is_deepspeed():
+        log.error(
+            "train.optimizer: muon is not available under DeepSpeed (ZeRO hands the optimizer "
+            "flat partitions of the parameters, and Muon's Newton–Schulz step needs each "
+            "matrix whole); launch without DeepSpeed (DDP keeps whole matrices) or use adamw"
+        )
+        return EXIT_PREFLIGHT
     # an earlier attempt's fault record of this rank goes before the ranks meet (causes.py)
     clear_record(config.output_dir, int(os.environ.get("RANK", "0")))
     accelerator = start_accelerator(config, preflight_only)

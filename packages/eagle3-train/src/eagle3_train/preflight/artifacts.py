@@ -297,7 +297,13 @@ def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -
     run_yaml, run_config = run_config_path(resume_from), read_run_config(resume_from)
     if run_config is not None:
         old = run_config.get("draft", {})
-        for key in ("num_layers", "norm_before_residual", "norm_before_fc", "norm_output"):
+        for key in (
+            "num_layers",
+            "norm_before_residual",
+            "norm_before_fc",
+            "fc_norm",
+            "norm_output",
+        ):
             if key in old and old[key] != getattr(inputs.config.draft, key):
                 out.append(
                     Finding(

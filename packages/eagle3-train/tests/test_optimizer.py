@@ -1,0 +1,131 @@
+"""train.optimizer: muon — which tensors Muon takes, that a resumed run continues Muon's
+state bit for bit, and that DeepSpeed is refused at start naming the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
+
+from eagle3_train.build import MuonWithAdamW, make_muon, muon_split
+from eagle3_train.config import Config
+from eagle3_train.model import Eagle3Draft
+from eagle3_train.testing import make_inputs, write_config, yarn_arch
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_norms_and_vocabulary_rows():
+    model = Eagle3Draft(dataclasses.replace(yarn_arch(), num_layers=2, fc_norm=True))
+    muon, adamw = muon_split(model)
+    name = {id(p): n for n, p in model.named_parameters()}
+    to_muon = sorted(name[id(p)] for p in muon)
+    to_adamw = sorted(name[id(p)] for p in adamw)
+    assert "fc.weight" in to_muon and "layers.1.mlp.down_proj.weight" in to_muon
+    assert "layers.0.self_attn.q_proj.weight" in to_muon
+    assert "lm_head.weight" in to_adamw and "fc_norm.2.weight" in to_adamw
+    assert all(dict(model.named_parameters())[n].dim() == 2 for n in to_muon)
+    assert all("norm" in n for n in to_adamw if n != "lm_head.weight")
+    assert len(to_muon) + len(to_adamw) == len(list(model.parameters()))
+
+
+def test_muon_defaults_are_speculators_and_the_schedule_reaches_both_groups():
+    model = Eagle3Draft(yarn_arch())
+    config = Config()
+    config.train.optimizer = "muon"
+    opt = make_muon(model, config, fused=False)
+    muon_group, adamw_group = opt.param_groups
+    assert opt.muon.param_groups[0] is muon_group and opt.adamw.param_groups[0] is adamw_group
+    assert (muon_group["momentum"], muon_group["weight_decay"], muon_group["ns_steps"]) == (
+        0.95,
+        0.1,
+        5,
+    )
+    assert muon_group["adjust_lr_fn"] == "match_rms_adamw"
+    assert adamw_group["weight_decay"] == 0.01
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)
+    assert [g["lr"] for g in opt.muon.param_groups + opt.adamw.param_groups] == [
+        0.5 * config.train.lr
+    ] * 2
+    del schedule
+
+
+def _run(inputs, out, max_steps: int, main) -> None:
+    config = write_config(
+        inputs,
+        out,
+        train={
+            "optimizer": "muon",
+            "max_steps": max_steps,
+            "save_every": 3,
+            "keep_checkpoints": 3,
+            "log_every": 1,
+            "lr": 3e-3,
+            "schedule": "constant",
+            "warmup_steps": 0,
+        },
+    )
+    try:
+        assert main(["--config", str(config), "--no-preflight"]) == 0
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _train_losses(run_dir) -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r.get("event") == "train"}
+
+
+def test_a_resumed_muon_run_continues_bit_for_bit(tmp_path, in_process):
+    """6 steps straight vs 3 steps, stop, resume to 6: the same losses, weights and Muon
+    momentum buffers (and AdamW moments), to the bit."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=24)
+    _run(inputs, tmp_path / "straight", 6, in_process)
+    _run(inputs, tmp_path / "resumed", 3, in_process)
+    _run(inputs, tmp_path / "resumed", 6, in_process)
+    straight, resumed = _train_losses(tmp_path / "straight"), _train_losses(tmp_path / "resumed")
+    assert [resumed[k] for k in (4, 5, 6)] == [straight[k] for k in (4, 5, 6)]
+    a, b = (tmp_path / run / "checkpoints" / "step-00000006" for run in ("straight", "resumed"))
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert all(torch.equal(wa[n], wb[n]) for n in wa)
+    sa = torch.load(a / "optimizer.bin", weights_only=True)["state"]
+    sb = torch.load(b / "optimizer.bin", weights_only=True)["state"]
+    buffers = [i for i in sa if "momentum_buffer" in sa[i]]
+    assert buffers and all(
+        torch.equal(sa[i]["momentum_buffer"], sb[i]["momentum_buffer"]) for i in buffers
+    )
+    assert all(
+        torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa if i not in buffers
+    )
+    # ... and the buffers are not a trivial zero: Muon really stepped
+    assert all(float(sa[i]["momentum_buffer"].abs().max()) > 0 for i in buffers)
+
+
+def test_the_combined_optimizer_state_dict_holds_both_and_loads_into_a_fresh_one():
+    torch.manual_seed(0)
+    model = Eagle3Draft(yarn_arch())
+    config = Config()
+    config.train.optimizer = "muon"
+    opt = make_muon(model, config, fused=False)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    fresh = make_muon(Eagle3Draft(yarn_arch()), config, fused=False)
+    fresh.load_state_dict(opt.state_dict())
+    assert isinstance(fresh, MuonWithAdamW)
+    # the inner optimizers see the loaded state (a stale copy would restart Muon's momentum)
+    assert fresh.muon.state is fresh.state and fresh.adamw.state is fresh.state
+    assert fresh.muon.param_groups[0] is fresh.param_groups[0]
+    assert sum("momentum_buffer" in s for s in fresh.state.values()) == len(
+        fresh.muon.param_groups[0]["params"]
+    )
+
+
+def test_muon_under_deepspeed_is_refused_at_start(tmp_path, in_process, monkeypatch, caplog):
+    inputs = make_inputs(tmp_path / "inputs", num_samples=8)
+    config = write_config(inputs, tmp_path / "run", train={"optimizer": "muon"})
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as `accelerate launch` sets it
+    assert in_process(["--config", str(config)]) == 2
+    assert "Newton–Schulz step needs each matrix whole" in caplog.text
+    assert not (tmp_path / "run").exists()
