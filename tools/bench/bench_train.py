@@ -427,6 +427,7 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
                     start = time.perf_counter()
                 if i >= len(plan):
                     seen += int(batch["input_ids"].shape[0])
+                batch["lease"].release()  # done with its rows (the trainer's to_device)
             assert seen == tokens
             return time.perf_counter() - start
 
