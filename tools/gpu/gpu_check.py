@@ -155,6 +155,7 @@ def train_step(name: str, args: list[str], steps: int) -> dict[str, object]:
         "ours_peak_kib_per_token": round(ours["peak_gpu_mib"] * 1024 / tokens, 1),
         "memory_vs_speculators": round(ours["peak_gpu_mib"] / theirs["peak_gpu_mib"], 3),
         "host_syncs_in_step": ours.get("host_syncs_in_step"),
+        "pageable_copies_in_step": ours.get("pageable_copies_in_step"),
         "top_kernels": ours.get("top_kernels"),
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -363,6 +364,8 @@ def report(results: dict[str, object]) -> None:
             print(
                 f"  host syncs inside one step (sync debug mode 'error'): {row['host_syncs_in_step']}"
             )
+        if row.get("pageable_copies_in_step"):
+            print(f"  host→device copies from pageable memory: {row['pageable_copies_in_step']}")
         for name, ms, calls in row.get("top_kernels") or []:
             print(f"  {ms:>9.2f} ms {calls:>5}x  {name}")
     whole = results["whole_run"]
