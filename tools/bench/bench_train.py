@@ -45,6 +45,10 @@ import time
 import warnings
 from pathlib import Path
 
+STARTED = time.perf_counter()  # the side's process start, for its phases' seconds
+# speculators/train/trainer.py clips every step's gradients at norm 1.0
+SPECULATORS_MAX_GRAD_NORM = 1.0
+
 
 def _batch(args, seed: int = 0):
     import torch
@@ -106,14 +110,19 @@ def run_ours(args) -> dict[str, float]:
     )
     from eagle3_train.loss import align, compile_kl_chunk
 
+    phases = {"imports": time.perf_counter() - STARTED}
+    built = time.perf_counter()
     torch.manual_seed(0)
-    model = Eagle3Draft(arch)
+    # built and filled on the device: V_target × H random values per tensor (1.17 G at Kimi's
+    # shape) take seconds each from the CPU's generator
+    with torch.device(args.device):
+        model = Eagle3Draft(arch)
     _, t2d = _vocab(args)
-    g = torch.Generator().manual_seed(2)
-    head = torch.randn(args.v_target, args.hidden, generator=g)
-    model.load_target_head(
-        torch.randn(args.v_target, args.hidden, generator=g), torch.ones(args.hidden), head[t2d]
-    )
+    g = torch.Generator(device=args.device).manual_seed(2)
+    head = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+    embed = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+    model.load_target_head(embed, torch.ones(args.hidden), head[t2d.to(args.device)])
+    del head, embed
     model.lm_head.weight.requires_grad_(False)
     # as eagle3-train sets a run up (eagle3_train.build: speed_up, make_optimizer)
     if args.dtype == "bfloat16":
@@ -127,7 +136,8 @@ def run_ours(args) -> dict[str, float]:
     opt = torch.optim.AdamW(params, lr=1e-4, fused=args.device == "cuda")
     host = _batch(args)
     b = _on_device(host, args)
-    objective = _objective(args.objective)
+    objective, decay, max_grad_norm = _objective(args.objective)
+    phases["build"] = time.perf_counter() - built
 
     def step() -> None:
         # the trainer's step: alignment on the host, moved with the batch; clipping
@@ -140,15 +150,16 @@ def run_ours(args) -> dict[str, float]:
                 b["mask"],
                 b["cu"],
                 args.ttt_steps,
+                decay,
                 alignment=al,
                 objective=objective,
             )
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    result = _time(step, args, b["ids"].shape[0])
+    result = _time(step, args, b["ids"].shape[0], phases)
     if args.sync_check and args.device == "cuda":
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -256,18 +267,24 @@ def run_speculators(args) -> dict[str, float]:
             verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]),
         ),
     )
+    phases = {"imports": time.perf_counter() - STARTED}
+    built = time.perf_counter()
     torch.manual_seed(0)
-    model = Eagle3DraftModel(cfg)
+    with torch.device(args.device):  # as ours: built and filled on the device
+        model = Eagle3DraftModel(cfg)
     d2t, t2d = _vocab(args)
-    model.load_vocab_mappings(t2d, d2t)
-    g = torch.Generator().manual_seed(2)
+    model.load_vocab_mappings(t2d.to(args.device), d2t.to(args.device))
+    g = torch.Generator(device=args.device).manual_seed(2)
     with torch.no_grad():
-        head = torch.randn(args.v_target, args.hidden, generator=g)
-        model.embed_tokens.weight.copy_(torch.randn(args.v_target, args.hidden, generator=g))
-        model.lm_head.weight.copy_(head[t2d])
-        model.verifier_lm_head.weight.copy_(head[t2d])
+        head = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+        model.embed_tokens.weight.normal_(generator=g)
+        rows = head[t2d.to(args.device)]
+        model.lm_head.weight.copy_(rows)
+        model.verifier_lm_head.weight.copy_(rows)
+        del head, rows
     model.to(args.device)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
     b = _batch(args)
     parts, start = [], 0
     for n in b["lengths"]:  # speculators' own per-sample shift, then packing
@@ -313,10 +330,12 @@ def run_speculators(args) -> dict[str, float]:
                 loss_config=loss_config,
             )
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, SPECULATORS_MAX_GRAD_NORM)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _time(step, args, b["ids"].shape[0])
+    phases["build"] = time.perf_counter() - built
+    return _time(step, args, b["ids"].shape[0], phases)
 
 
 def _on_device(batch: dict, args) -> dict:
@@ -341,12 +360,16 @@ def _synchronize(args) -> None:
         torch.cuda.synchronize()
 
 
-def _time(step, args, tokens: int) -> dict[str, float]:
+def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object]:
+    """Seconds per step over ``args.steps`` after ``args.warmup`` steps (compilation
+    included), and the side's phases in seconds: imports, build, warmup, timed steps."""
     import torch
 
+    warm = time.perf_counter()
     for _ in range(args.warmup):
         step()
     _synchronize(args)
+    phases["warmup"] = time.perf_counter() - warm
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start, cpu = time.perf_counter(), time.process_time()
@@ -357,7 +380,9 @@ def _time(step, args, tokens: int) -> dict[str, float]:
     # CPU seconds of this process per step: on a shared machine less disturbed by other
     # jobs than wall time (with one thread; OpenMP threads may spin-wait)
     cpu_seconds = (time.process_time() - cpu) / args.steps
+    phases["timed"] = seconds * args.steps
     return {
+        "phases_s": {k: round(v, 2) for k, v in phases.items()},
         "seconds_per_step": seconds,
         "tokens_per_s": tokens / seconds,
         "cpu_seconds_per_step": cpu_seconds,
@@ -369,6 +394,17 @@ def _time(step, args, tokens: int) -> dict[str, float]:
             else {}
         ),
     }
+
+
+def _failure(output: str, returncode: int) -> str:
+    """A side's failure in a few words: "out of memory" where it ran out, else its error's
+    last line (a killed process: its signal)."""
+    lines = [x for x in output.strip().splitlines() if x.strip()]
+    if any("OutOfMemoryError" in x or "out of memory" in x.lower() for x in lines[-30:]):
+        return "out of memory"
+    if returncode < 0:
+        return f"killed by signal {-returncode} (the kernel's OOM killer, when 9)"
+    return lines[-1][:300] if lines else f"exit {returncode}, no output"
 
 
 def model_flops_per_token(args) -> float:
@@ -392,14 +428,17 @@ def _device_peak_tflops() -> float | None:
     return 989.0 if ("H100" in name or "H200" in name) else None
 
 
-def _objective(text: str):
-    """``KEY=VALUE,...`` of train.objective (ours only), e.g. ``topk_weight=0`` (plain TTT)."""
-    import yaml
+def _objective(name: str):
+    """(train.objective, ttt_step_loss_decay, max_grad_norm) of ours. ``plain``: what
+    speculators trains — plain TTT KL (no top-k term), no step decay, gradients clipped as its
+    trainer clips them — so the two sides' rows compare the same work. ``defaults``: eagle3-
+    train's own train: defaults (the HASS top-k term, step decay, its clipping)."""
+    from eagle3_train.config import ObjectiveConfig, TrainLoopConfig
 
-    from eagle3_train.config import ObjectiveConfig
-
-    pairs = [x.split("=", 1) for x in text.split(",") if x]
-    return ObjectiveConfig(**{k: yaml.safe_load(v) for k, v in pairs})
+    if name == "plain":
+        return ObjectiveConfig(topk_weight=0.0), 1.0, SPECULATORS_MAX_GRAD_NORM
+    t = TrainLoopConfig()
+    return t.objective, t.ttt_step_loss_decay, t.max_grad_norm
 
 
 def run_side(args) -> None:
@@ -554,8 +593,13 @@ def main() -> int:
     p.add_argument("--compile", type=int, default=0, help="ours: compiled layers and loss (1)")
     p.add_argument(
         "--objective",
-        default="",
-        help="ours: train.objective, e.g. topk_weight=0 (plain TTT)",
+        default="plain",
+        choices=["plain", "defaults"],
+        help="ours: plain = speculators' objective (plain TTT KL, no step decay, its clipping "
+        "at 1.0); defaults = eagle3-train's train: defaults (top-k term, decay, clipping)",
+    )
+    p.add_argument(
+        "--sides", default="both", choices=["both", "ours", "speculators"], help="which to run"
     )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
     p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of one step")
@@ -590,9 +634,12 @@ def main() -> int:
     if args.loader_only:
         return loader_only(args, results)
     # Sides alternate over rounds (load on a shared machine hits both alike); the best round
-    # of each side is kept.
+    # of each side is kept. A side that fails (out of memory, say) has its error as its figure.
+    sides = ("speculators", "ours") if args.sides == "both" else (args.sides,)
     for _ in range(args.rounds):
-        for side in ("speculators", "ours"):
+        for side in sides:
+            if "error" in results.get(side, {}):
+                continue
             proc = subprocess.run(
                 [sys.executable, __file__, "--side", side, *forwarded],
                 capture_output=True,
@@ -601,31 +648,37 @@ def main() -> int:
             )
             line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
             if line is None:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                return 1
+                results[side] = {"error": _failure(proc.stderr or proc.stdout, proc.returncode)}
+                print(f"{side}: {results[side]['error']}", file=sys.stderr)
+                continue
             got = json.loads(line[6:])
             best = results.get(side)
             if not isinstance(best, dict) or got["seconds_per_step"] < best["seconds_per_step"]:
                 results[side] = got
-    ours, theirs = results["ours"], results["speculators"]
-    ratios = {
-        "train_tokens_per_s_vs_speculators": ours["tokens_per_s"] / theirs["tokens_per_s"],
-        "train_cpu_time_speedup_vs_speculators": theirs["cpu_seconds_per_step"]
-        / ours["cpu_seconds_per_step"],
-        "peak_rss_vs_speculators": ours["peak_rss_mib"] / theirs["peak_rss_mib"],
-    }
-    if args.device == "cuda":
-        ratios["peak_gpu_memory_vs_speculators"] = ours["peak_gpu_mib"] / theirs["peak_gpu_mib"]
+    ran = {side: results[side] for side in sides if "error" not in results[side]}
+    ratios: dict[str, float] = {}
+    if len(ran) == 2:
+        ours, theirs = ran["ours"], ran["speculators"]
+        ratios["train_tokens_per_s_vs_speculators"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
+        ratios["train_cpu_time_speedup_vs_speculators"] = (
+            theirs["cpu_seconds_per_step"] / ours["cpu_seconds_per_step"]
+        )
+        ratios["peak_rss_vs_speculators"] = ours["peak_rss_mib"] / theirs["peak_rss_mib"]
+        if args.device == "cuda":
+            ratios["peak_gpu_memory_vs_speculators"] = ours["peak_gpu_mib"] / theirs["peak_gpu_mib"]
     c = args
     print(
         f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
         f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, {c.device} {c.dtype}, threads={c.threads}, "
-        f"ours: attention {c.attention}, compile {c.compile}, objective {c.objective or 'plain'}"
+        f"ours: attention {c.attention}, compile {c.compile}, objective {c.objective}"
     )
     memory = "peak GPU MiB" if args.device == "cuda" else "peak RSS MiB"
     print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'CPU s/step':>12}{memory:>14}")
-    for side in ("speculators", "ours"):
+    for side in sides:
         r = results[side]
+        if "error" in r:
+            print(f"{side:14}{r['error']}")
+            continue
         peak = r["peak_gpu_mib"] if args.device == "cuda" else r["peak_rss_mib"]
         print(
             f"{side:14}{r['seconds_per_step']:>10.3f}{r['tokens_per_s']:>12.0f}"
@@ -646,10 +699,10 @@ def main() -> int:
             )
     flops = model_flops_per_token(args)
     results["model_flops_per_token"] = flops
-    peak = args.peak_tflops or results.get("ours", {}).get("peak_tflops")
+    peak = args.peak_tflops or next((r.get("peak_tflops") for r in ran.values()), None)
     print(f"model FLOPs per trained token: {flops / 1e9:.2f} GFLOP")
     if peak:
-        for side in ("speculators", "ours"):
+        for side in ran:
             mfu = results[side]["tokens_per_s"] * flops / (peak * 1e12)
             results[side]["mfu"] = mfu
             print(f"{side} MFU: {mfu:.1%} of {peak:.0f} TFLOP/s")
