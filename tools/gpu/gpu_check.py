@@ -95,13 +95,13 @@ class Part:
 
 
 PARTS = [
-    Part("attention", "flash vs chunked TTT attention", {"cuda": 30, "cpu": 20}),
-    Part("llama", "llama-3.1-8b draft: ours plain TTT vs speculators", {"cuda": 170, "cpu": 75},
+    Part("attention", "flash vs chunked TTT attention", {"cuda": 30, "cpu": 25}),
+    Part("llama", "llama-3.1-8b draft: ours plain TTT vs speculators", {"cuda": 170, "cpu": 55},
          ["llama", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1",
           "--sync-check=1", "--profile=1"]),
     # ~10 processes (torch imported in each, CUDA started in 3), the tiny model's work small
-    Part("whole", "whole tiny run (train.compile=never)", {"cuda": 120, "cpu": 200}),
-    Part("kimi", "kimi-k2.5 draft: ours plain TTT vs speculators", {"cuda": 200, "cpu": 80},
+    Part("whole", "whole tiny run (train.compile=never)", {"cuda": 120, "cpu": 150}),
+    Part("kimi", "kimi-k2.5 draft: ours plain TTT vs speculators", {"cuda": 200, "cpu": 65},
          ["kimi", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
     Part("defaults", "llama draft: ours, its train: defaults", {"cuda": 90, "cpu": 25},
          ["llama", "--objective=defaults", "--sides=ours", "--attention=auto", "--compile=1"]),
@@ -110,7 +110,7 @@ PARTS = [
     Part("chunked", "llama draft: ours plain, chunked attention, eager", {"cuda": 50, "cpu": 25},
          ["llama", "--objective=plain", "--sides=ours", "--attention=chunked", "--compile=0",
           "--profile=1"]),
-    Part("long", "llama draft, one 32K-token sample: ours vs speculators", {"cuda": 150, "cpu": 60},
+    Part("long", "llama draft, one long sample (32K on CUDA): ours vs speculators", {"cuda": 150, "cpu": 60},
          ["long", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
     Part("vllm", "vLLM on CUDA", {"cuda": 600, "cpu": 0}),
 ]  # fmt: skip
