@@ -365,6 +365,7 @@ def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object
     included), and the side's phases in seconds: imports, build, warmup, timed steps."""
     import torch
 
+    base_rss = _rss_mib()  # weights and batch in place, no step yet
     warm = time.perf_counter()
     for _ in range(args.warmup):
         step()
@@ -372,6 +373,7 @@ def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object
     phases["warmup"] = time.perf_counter() - warm
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+        base_gpu = torch.cuda.memory_allocated()
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         step()
@@ -381,26 +383,39 @@ def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object
     # jobs than wall time (with one thread; OpenMP threads may spin-wait)
     cpu_seconds = (time.process_time() - cpu) / args.steps
     phases["timed"] = seconds * args.steps
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
         "phases_s": {k: round(v, 2) for k, v in phases.items()},
         "seconds_per_step": seconds,
         "tokens_per_s": tokens / seconds,
         "cpu_seconds_per_step": cpu_seconds,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": peak_rss,
         # on a GPU: the device's peak over the timed steps (weights, optimizer, activations)
         **(
             {"peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20}
             if args.device == "cuda"
             else {}
         ),
+        # what a step adds at its peak over the memory held before it (activations, and on
+        # CPU the optimizer's state, created by the first step): grows with T
+        "step_peak_mib": (torch.cuda.max_memory_allocated() - base_gpu) / 2**20
+        if args.device == "cuda"
+        else peak_rss - base_rss,
     }
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (Linux)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize() / 2**20
 
 
 def _failure(output: str, returncode: int) -> str:
     """A side's failure in a few words: "out of memory" where it ran out, else its error's
     last line (a killed process: its signal)."""
     lines = [x for x in output.strip().splitlines() if x.strip()]
-    if any("OutOfMemoryError" in x or "out of memory" in x.lower() for x in lines[-30:]):
+    ran_out = ("OutOfMemoryError", "out of memory", "can't allocate memory", "MemoryError")
+    if any(any(m in x for m in ran_out) for x in lines[-30:]):
         return "out of memory"
     if returncode < 0:
         return f"killed by signal {-returncode} (the kernel's OOM killer, when 9)"
@@ -445,6 +460,10 @@ def run_side(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.memory_cap_gib and args.device == "cpu":  # an allocation past it fails in this
+        # process (reported "out of memory"), not in a neighbour the kernel's OOM killer picks
+        cap = int(args.memory_cap_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     if args.device == "cuda":  # as eagle3-train sets it (train.tf32), for both sides
         torch.set_float32_matmul_precision("high" if args.tf32 else "highest")
     result = run_ours(args) if args.side == "ours" else run_speculators(args)
@@ -541,6 +560,93 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
         return out
 
 
+def _run_sides(args, forwarded: list[str], sides: tuple[str, ...]) -> dict[str, dict]:
+    """Each side in its own process. Sides alternate over rounds (load on a shared machine
+    hits both alike); the best round of each is kept. A side that fails (out of memory, say)
+    has its error as its figure."""
+    results: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for side in sides:
+            if "error" in results.get(side, {}):
+                continue
+            proc = subprocess.run(
+                [sys.executable, __file__, "--side", side, *forwarded],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
+            if line is None:
+                results[side] = {"error": _failure(proc.stderr or proc.stdout, proc.returncode)}
+                print(f"{side}: {results[side]['error']}", file=sys.stderr)
+                continue
+            got = json.loads(line[6:])
+            best = results.get(side)
+            if best is None or got["seconds_per_step"] < best["seconds_per_step"]:
+                results[side] = got
+    return results
+
+
+def long_context(args, forwarded: list[str], sides: tuple[str, ...], results: dict) -> int:
+    """--lengths: one packed sample of each length (tokens = doc-len = L) per side: the step's
+    peak memory over what was held before it, s/step, and ours' growth from one length to
+    the next (linear in T: 2.0× per doubling; the chunked attention's scores are a
+    fixed-size chunk, not L × (L + k)). The slope between the two longest lengths, per
+    token and TTT step, is the activation memory a longer sample adds."""
+    rows = []
+    for length in args.lengths:
+        at = [a for a in forwarded if not a.startswith(("--tokens=", "--doc-len="))]
+        at += [f"--tokens={length}", f"--doc-len={length}"]
+        got = _run_sides(args, at, sides)
+        rows.append({"tokens": length, **got})
+        print(f"{length} tokens: " + json.dumps({k: _brief(v) for k, v in got.items()}), flush=True)
+    results["long_context"] = rows
+    c = args
+    print(
+        f"\nlong context: one sample of L tokens, H={c.hidden}, heads {_heads(c)[0]}, I={c.intermediate}, "
+        f"V_target={c.v_target}, V_draft={c.v_draft}, TTT={c.ttt_steps}, {c.device} {c.dtype}, "
+        f"ours: attention {c.attention}, objective {c.objective}"
+    )
+    unit = "GPU" if c.device == "cuda" else "RSS"
+    print(f"{'L':>7}{'ours step MiB (' + unit + ')':>22}{'x prev':>8}{'ours s/step':>12}{'spec step MiB':>15}{'spec s/step':>12}")  # fmt: skip
+    previous = None
+    for row in rows:
+        ours, spec = row.get("ours", {}), row.get("speculators", {})
+        mem = ours.get("step_peak_mib")
+        growth = f"{mem / previous:.2f}" if mem and previous else "-"
+        previous = mem
+        print(
+            f"{row['tokens']:>7}{_figure(ours, 'step_peak_mib', '.0f'):>22}{growth:>8}"
+            f"{_figure(ours, 'seconds_per_step', '.2f'):>12}{_figure(spec, 'step_peak_mib', '.0f'):>15}"
+            f"{_figure(spec, 'seconds_per_step', '.2f'):>12}"
+        )
+    fitted = [r for r in rows if "step_peak_mib" in r.get("ours", {})]
+    if len(fitted) >= 2:
+        (a, b) = fitted[-2:]
+        slope = (b["ours"]["step_peak_mib"] - a["ours"]["step_peak_mib"]) * 2**20 / (b["tokens"] - a["tokens"])  # fmt: skip
+        results["ours_activation_bytes_per_token"] = slope
+        results["ours_activation_bytes_per_token_per_ttt_step"] = slope / c.ttt_steps
+        print(
+            f"ours: {slope:.0f} bytes per token ({slope / c.ttt_steps:.0f} per token per TTT "
+            f"step, = {slope / c.ttt_steps / c.hidden:.1f} x H), from L {a['tokens']} to {b['tokens']}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+def _brief(side: dict) -> object:
+    return side.get("error") or {
+        k: round(side[k], 3) for k in ("step_peak_mib", "seconds_per_step")
+    }
+
+
+def _figure(side: dict, key: str, fmt: str) -> str:
+    if "error" in side:
+        return side["error"][:14]
+    return format(side[key], fmt) if key in side else "-"
+
+
 def loader_only(args, results: dict[str, object]) -> int:
     """--loader-only: the loader at the train config's H and at Kimi-K2.5's, with (when
     --verify-rows) the cost of the row checks."""
@@ -618,6 +724,14 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=9, help="loader timing repeats (min taken)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two sides")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument(
+        "--lengths",
+        type=lambda x: [int(n) for n in x.split(",")],
+        help="long-context table: one sample of each length, e.g. 4096,16384,32768,65536",
+    )
+    p.add_argument(
+        "--memory-cap-gib", type=float, help="CPU: address-space cap of each side's process"
+    )
     args = p.parse_args()
     if args.side:
         run_side(args)
@@ -625,7 +739,8 @@ def main() -> int:
     forwarded = [
         f"--{k.replace('_', '-')}={v}"
         for k, v in vars(args).items()
-        if k not in ("side", "json", "rounds", "skip_loader", "verify_rows", "loader_only")
+        if k
+        not in ("side", "json", "rounds", "skip_loader", "verify_rows", "loader_only", "lengths")
         and v is not None
     ]
     results: dict[str, object] = {
@@ -633,28 +748,10 @@ def main() -> int:
     }
     if args.loader_only:
         return loader_only(args, results)
-    # Sides alternate over rounds (load on a shared machine hits both alike); the best round
-    # of each side is kept. A side that fails (out of memory, say) has its error as its figure.
     sides = ("speculators", "ours") if args.sides == "both" else (args.sides,)
-    for _ in range(args.rounds):
-        for side in sides:
-            if "error" in results.get(side, {}):
-                continue
-            proc = subprocess.run(
-                [sys.executable, __file__, "--side", side, *forwarded],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
-            if line is None:
-                results[side] = {"error": _failure(proc.stderr or proc.stdout, proc.returncode)}
-                print(f"{side}: {results[side]['error']}", file=sys.stderr)
-                continue
-            got = json.loads(line[6:])
-            best = results.get(side)
-            if not isinstance(best, dict) or got["seconds_per_step"] < best["seconds_per_step"]:
-                results[side] = got
+    if args.lengths:
+        return long_context(args, forwarded, sides, results)
+    results.update(_run_sides(args, forwarded, sides))
     ran = {side: results[side] for side in sides if "error" not in results[side]}
     ratios: dict[str, float] = {}
     if len(ran) == 2:
