@@ -448,10 +448,11 @@ def _objective(name: str):
     speculators trains — plain TTT KL (no top-k term), no step decay, gradients clipped as its
     trainer clips them — so the two sides' rows compare the same work. ``defaults``: eagle3-
     train's own train: defaults (the HASS top-k term, step decay, its clipping)."""
-    from eagle3_train.config import ObjectiveConfig, TrainLoopConfig
+    from eagle3_train.config import TrainLoopConfig
+    from eagle3_train.model import PLAIN_TTT
 
     if name == "plain":
-        return ObjectiveConfig(topk_weight=0.0), 1.0, SPECULATORS_MAX_GRAD_NORM
+        return PLAIN_TTT, 1.0, SPECULATORS_MAX_GRAD_NORM
     t = TrainLoopConfig()
     return t.objective, t.ttt_step_loss_decay, t.max_grad_norm
 
