@@ -66,7 +66,7 @@ SHAPES = {
     "cpu": {
         "llama": ["--hidden=256", "--heads=4", "--intermediate=896", "--v-target=8192",
                   "--v-draft=1024", "--tokens=1024", "--doc-len=256"],
-        "kimi": ["--hidden=448", "--heads=7", "--intermediate=1152", "--v-target=16384",
+        "kimi": ["--hidden=512", "--heads=8", "--intermediate=1152", "--v-target=16384",
                  "--v-draft=1024", "--tokens=1024", "--doc-len=256"],
         "long": ["--hidden=256", "--heads=4", "--intermediate=896", "--v-target=8192",
                  "--v-draft=1024", "--tokens=4096", "--doc-len=4096"],
@@ -95,22 +95,22 @@ class Part:
 
 
 PARTS = [
-    Part("attention", "flash vs chunked TTT attention", {"cuda": 30, "cpu": 25}),
-    Part("llama", "llama-3.1-8b draft: ours plain TTT vs speculators", {"cuda": 170, "cpu": 55},
+    Part("attention", "flash vs chunked TTT attention", {"cuda": 30, "cpu": 20}),
+    Part("llama", "llama-3.1-8b draft: ours plain TTT vs speculators", {"cuda": 170, "cpu": 45},
          ["llama", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1",
           "--sync-check=1", "--profile=1"]),
     # ~10 processes (torch imported in each, CUDA started in 3), the tiny model's work small
-    Part("whole", "whole tiny run (train.compile=never)", {"cuda": 120, "cpu": 150}),
-    Part("kimi", "kimi-k2.5 draft: ours plain TTT vs speculators", {"cuda": 200, "cpu": 65},
+    Part("whole", "whole tiny run (train.compile=never)", {"cuda": 120, "cpu": 135}),
+    Part("kimi", "kimi-k2.5 draft: ours plain TTT vs speculators", {"cuda": 200, "cpu": 50},
          ["kimi", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
-    Part("defaults", "llama draft: ours, its train: defaults", {"cuda": 90, "cpu": 25},
+    Part("defaults", "llama draft: ours, its train: defaults", {"cuda": 90, "cpu": 20},
          ["llama", "--objective=defaults", "--sides=ours", "--attention=auto", "--compile=1"]),
-    Part("eager", "llama draft: ours plain, not compiled", {"cuda": 45, "cpu": 25},
+    Part("eager", "llama draft: ours plain, not compiled", {"cuda": 45, "cpu": 15},
          ["llama", "--objective=plain", "--sides=ours", "--attention=auto", "--compile=0"]),
-    Part("chunked", "llama draft: ours plain, chunked attention, eager", {"cuda": 50, "cpu": 25},
+    Part("chunked", "llama draft: ours plain, chunked attention, eager", {"cuda": 50, "cpu": 15},
          ["llama", "--objective=plain", "--sides=ours", "--attention=chunked", "--compile=0",
           "--profile=1"]),
-    Part("long", "llama draft, one long sample (32K on CUDA): ours vs speculators", {"cuda": 150, "cpu": 60},
+    Part("long", "llama draft, one long sample (32K on CUDA): ours vs speculators", {"cuda": 150, "cpu": 80},
          ["long", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
     Part("vllm", "vLLM on CUDA", {"cuda": 600, "cpu": 0}),
 ]  # fmt: skip
