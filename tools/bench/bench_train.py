@@ -45,6 +45,10 @@ import time
 import warnings
 from pathlib import Path
 
+STARTED = time.perf_counter()  # the side's process start, for its phases' seconds
+# speculators/train/trainer.py clips every step's gradients at norm 1.0
+SPECULATORS_MAX_GRAD_NORM = 1.0
+
 
 def _batch(args, seed: int = 0):
     import torch
@@ -106,14 +110,19 @@ def run_ours(args) -> dict[str, float]:
     )
     from eagle3_train.loss import align, compile_kl_chunk
 
+    phases = {"imports": time.perf_counter() - STARTED}
+    built = time.perf_counter()
     torch.manual_seed(0)
-    model = Eagle3Draft(arch)
+    # built and filled on the device: V_target × H random values per tensor (1.17 G at Kimi's
+    # shape) take seconds each from the CPU's generator
+    with torch.device(args.device):
+        model = Eagle3Draft(arch)
     _, t2d = _vocab(args)
-    g = torch.Generator().manual_seed(2)
-    head = torch.randn(args.v_target, args.hidden, generator=g)
-    model.load_target_head(
-        torch.randn(args.v_target, args.hidden, generator=g), torch.ones(args.hidden), head[t2d]
-    )
+    g = torch.Generator(device=args.device).manual_seed(2)
+    head = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+    embed = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+    model.load_target_head(embed, torch.ones(args.hidden), head[t2d.to(args.device)])
+    del head, embed
     model.lm_head.weight.requires_grad_(False)
     # as eagle3-train sets a run up (eagle3_train.build: speed_up, make_optimizer)
     if args.dtype == "bfloat16":
@@ -127,7 +136,8 @@ def run_ours(args) -> dict[str, float]:
     opt = torch.optim.AdamW(params, lr=1e-4, fused=args.device == "cuda")
     host = _batch(args)
     b = _on_device(host, args)
-    objective = _objective(args.objective)
+    objective, decay, max_grad_norm = _objective(args.objective)
+    phases["build"] = time.perf_counter() - built
 
     def step() -> None:
         # the trainer's step: alignment on the host, moved with the batch; clipping
@@ -140,27 +150,73 @@ def run_ours(args) -> dict[str, float]:
                 b["mask"],
                 b["cu"],
                 args.ttt_steps,
+                decay,
                 alignment=al,
                 objective=objective,
             )
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    result = _time(step, args, b["ids"].shape[0])
+    result = _time(step, args, b["ids"].shape[0], phases)
     if args.sync_check and args.device == "cuda":
         torch.cuda.set_sync_debug_mode("error")
         try:
             step()
             result["host_syncs_in_step"] = "none"
         except RuntimeError as e:
-            result["host_syncs_in_step"] = str(e).splitlines()[0][:300]
+            result["host_syncs_in_step"] = _raised_at(e)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+        result["pageable_copies_in_step"] = _pageable_copies(step) or "none"
     if args.profile and args.device == "cuda":
         result["top_kernels"] = _top_kernels(step)
     return result
+
+
+def _raised_at(e: BaseException, frames: int = 5) -> str:
+    """Where an error was raised: the traceback's last frames (the op and the line of ours or
+    speculators' that called it) and the message's first line — c10's text alone says that
+    a step synchronised, not which op did."""
+    import traceback
+
+    tail = traceback.extract_tb(e.__traceback__)[-frames:]
+    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.line}" for f in reversed(tail))
+    return f"{where} :: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+
+
+def _pageable_copies(step) -> list[str]:
+    """The host→device copies of one step whose source is pageable memory, each with the line
+    that made it: a non-blocking copy from pageable memory is staged through a buffer the host
+    waits for, which the sync debug mode does not see. (Compiled code runs eagerly under the
+    watch: this step checks the copies, it is not timed.)"""
+    import traceback
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    copies = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+    found: list[str] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in copies:
+                src = args[1] if func is torch.ops.aten.copy_.default else args[0]
+                if src.device.type == "cpu" and out.device.type == "cuda" and not src.is_pinned():
+                    stack = traceback.extract_stack()[:-1]  # this frame left out
+                    site = next(f for f in reversed(stack) if "/torch/" not in f.filename)
+                    found.append(
+                        f"{tuple(src.shape)} {src.dtype} at {Path(site.filename).name}:"
+                        f"{site.lineno} {site.line}"
+                    )
+            return out
+
+    with Watch():
+        step()
+    torch.cuda.synchronize()
+    return found
 
 
 def _top_kernels(step, count: int = 12) -> list[list]:
@@ -211,18 +267,24 @@ def run_speculators(args) -> dict[str, float]:
             verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]),
         ),
     )
+    phases = {"imports": time.perf_counter() - STARTED}
+    built = time.perf_counter()
     torch.manual_seed(0)
-    model = Eagle3DraftModel(cfg)
+    with torch.device(args.device):  # as ours: built and filled on the device
+        model = Eagle3DraftModel(cfg)
     d2t, t2d = _vocab(args)
-    model.load_vocab_mappings(t2d, d2t)
-    g = torch.Generator().manual_seed(2)
+    model.load_vocab_mappings(t2d.to(args.device), d2t.to(args.device))
+    g = torch.Generator(device=args.device).manual_seed(2)
     with torch.no_grad():
-        head = torch.randn(args.v_target, args.hidden, generator=g)
-        model.embed_tokens.weight.copy_(torch.randn(args.v_target, args.hidden, generator=g))
-        model.lm_head.weight.copy_(head[t2d])
-        model.verifier_lm_head.weight.copy_(head[t2d])
+        head = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+        model.embed_tokens.weight.normal_(generator=g)
+        rows = head[t2d.to(args.device)]
+        model.lm_head.weight.copy_(rows)
+        model.verifier_lm_head.weight.copy_(rows)
+        del head, rows
     model.to(args.device)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
     b = _batch(args)
     parts, start = [], 0
     for n in b["lengths"]:  # speculators' own per-sample shift, then packing
@@ -268,10 +330,12 @@ def run_speculators(args) -> dict[str, float]:
                 loss_config=loss_config,
             )
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, SPECULATORS_MAX_GRAD_NORM)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _time(step, args, b["ids"].shape[0])
+    phases["build"] = time.perf_counter() - built
+    return _time(step, args, b["ids"].shape[0], phases)
 
 
 def _on_device(batch: dict, args) -> dict:
@@ -296,14 +360,20 @@ def _synchronize(args) -> None:
         torch.cuda.synchronize()
 
 
-def _time(step, args, tokens: int) -> dict[str, float]:
+def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object]:
+    """Seconds per step over ``args.steps`` after ``args.warmup`` steps (compilation
+    included), and the side's phases in seconds: imports, build, warmup, timed steps."""
     import torch
 
+    base_rss = _rss_mib()  # weights and batch in place, no step yet
+    warm = time.perf_counter()
     for _ in range(args.warmup):
         step()
     _synchronize(args)
+    phases["warmup"] = time.perf_counter() - warm
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+        base_gpu = torch.cuda.memory_allocated()
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         step()
@@ -312,18 +382,44 @@ def _time(step, args, tokens: int) -> dict[str, float]:
     # CPU seconds of this process per step: on a shared machine less disturbed by other
     # jobs than wall time (with one thread; OpenMP threads may spin-wait)
     cpu_seconds = (time.process_time() - cpu) / args.steps
+    phases["timed"] = seconds * args.steps
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
+        "phases_s": {k: round(v, 2) for k, v in phases.items()},
         "seconds_per_step": seconds,
         "tokens_per_s": tokens / seconds,
         "cpu_seconds_per_step": cpu_seconds,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": peak_rss,
         # on a GPU: the device's peak over the timed steps (weights, optimizer, activations)
         **(
             {"peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20}
             if args.device == "cuda"
             else {}
         ),
+        # what a step adds at its peak over the memory held before it (activations, and on
+        # CPU the optimizer's state, created by the first step): grows with T
+        "step_peak_mib": (torch.cuda.max_memory_allocated() - base_gpu) / 2**20
+        if args.device == "cuda"
+        else peak_rss - base_rss,
     }
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (Linux)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+def _failure(output: str, returncode: int) -> str:
+    """A side's failure in a few words: "out of memory" where it ran out, else its error's
+    last line (a killed process: its signal)."""
+    lines = [x for x in output.strip().splitlines() if x.strip()]
+    ran_out = ("OutOfMemoryError", "out of memory", "can't allocate memory", "MemoryError")
+    if any(any(m in x for m in ran_out) for x in lines[-30:]):
+        return "out of memory"
+    if returncode < 0:
+        return f"killed by signal {-returncode} (the kernel's OOM killer, when 9)"
+    return lines[-1][:300] if lines else f"exit {returncode}, no output"
 
 
 def model_flops_per_token(args) -> float:
@@ -347,20 +443,28 @@ def _device_peak_tflops() -> float | None:
     return 989.0 if ("H100" in name or "H200" in name) else None
 
 
-def _objective(text: str):
-    """``KEY=VALUE,...`` of train.objective (ours only), e.g. ``topk_weight=0`` (plain TTT)."""
-    import yaml
+def _objective(name: str):
+    """(train.objective, ttt_step_loss_decay, max_grad_norm) of ours. ``plain``: what
+    speculators trains — plain TTT KL (no top-k term), no step decay, gradients clipped as its
+    trainer clips them — so the two sides' rows compare the same work. ``defaults``: eagle3-
+    train's own train: defaults (the HASS top-k term, step decay, its clipping)."""
+    from eagle3_train.config import TrainLoopConfig
+    from eagle3_train.model import PLAIN_TTT
 
-    from eagle3_train.config import ObjectiveConfig
-
-    pairs = [x.split("=", 1) for x in text.split(",") if x]
-    return ObjectiveConfig(**{k: yaml.safe_load(v) for k, v in pairs})
+    if name == "plain":
+        return PLAIN_TTT, 1.0, SPECULATORS_MAX_GRAD_NORM
+    t = TrainLoopConfig()
+    return t.objective, t.ttt_step_loss_decay, t.max_grad_norm
 
 
 def run_side(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.memory_cap_gib and args.device == "cpu":  # an allocation past it fails in this
+        # process (reported "out of memory"), not in a neighbour the kernel's OOM killer picks
+        cap = int(args.memory_cap_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     if args.device == "cuda":  # as eagle3-train sets it (train.tf32), for both sides
         torch.set_float32_matmul_precision("high" if args.tf32 else "highest")
     result = run_ours(args) if args.side == "ours" else run_speculators(args)
@@ -427,6 +531,7 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
                     start = time.perf_counter()
                 if i >= len(plan):
                     seen += int(batch["input_ids"].shape[0])
+                batch["lease"].release()  # done with its rows (the trainer's to_device)
             assert seen == tokens
             return time.perf_counter() - start
 
@@ -454,6 +559,93 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
             out["loader_verified_tokens_per_s_w0"] = tokens / min(w0v_s)
             out["loader_verified_tokens_per_s_w2"] = tokens / min(w2v_s)
         return out
+
+
+def _run_sides(args, forwarded: list[str], sides: tuple[str, ...]) -> dict[str, dict]:
+    """Each side in its own process. Sides alternate over rounds (load on a shared machine
+    hits both alike); the best round of each is kept. A side that fails (out of memory, say)
+    has its error as its figure."""
+    results: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for side in sides:
+            if "error" in results.get(side, {}):
+                continue
+            proc = subprocess.run(
+                [sys.executable, __file__, "--side", side, *forwarded],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
+            if line is None:
+                results[side] = {"error": _failure(proc.stderr or proc.stdout, proc.returncode)}
+                print(f"{side}: {results[side]['error']}", file=sys.stderr)
+                continue
+            got = json.loads(line[6:])
+            best = results.get(side)
+            if best is None or got["seconds_per_step"] < best["seconds_per_step"]:
+                results[side] = got
+    return results
+
+
+def long_context(args, forwarded: list[str], sides: tuple[str, ...], results: dict) -> int:
+    """--lengths: one packed sample of each length (tokens = doc-len = L) per side: the step's
+    peak memory over what was held before it, s/step, and ours' growth from one length to
+    the next (linear in T: 2.0× per doubling; the chunked attention's scores are a
+    fixed-size chunk, not L × (L + k)). The slope between the two longest lengths, per
+    token and TTT step, is the activation memory a longer sample adds."""
+    rows = []
+    for length in args.lengths:
+        at = [a for a in forwarded if not a.startswith(("--tokens=", "--doc-len="))]
+        at += [f"--tokens={length}", f"--doc-len={length}"]
+        got = _run_sides(args, at, sides)
+        rows.append({"tokens": length, **got})
+        print(f"{length} tokens: " + json.dumps({k: _brief(v) for k, v in got.items()}), flush=True)
+    results["long_context"] = rows
+    c = args
+    print(
+        f"\nlong context: one sample of L tokens, H={c.hidden}, heads {_heads(c)[0]}, I={c.intermediate}, "
+        f"V_target={c.v_target}, V_draft={c.v_draft}, TTT={c.ttt_steps}, {c.device} {c.dtype}, "
+        f"ours: attention {c.attention}, objective {c.objective}"
+    )
+    unit = "GPU" if c.device == "cuda" else "RSS"
+    print(f"{'L':>7}{'ours step MiB (' + unit + ')':>22}{'x prev':>8}{'ours s/step':>12}{'spec step MiB':>15}{'spec s/step':>12}")  # fmt: skip
+    previous = None
+    for row in rows:
+        ours, spec = row.get("ours", {}), row.get("speculators", {})
+        mem = ours.get("step_peak_mib")
+        growth = f"{mem / previous:.2f}" if mem and previous else "-"
+        previous = mem
+        print(
+            f"{row['tokens']:>7}{_figure(ours, 'step_peak_mib', '.0f'):>22}{growth:>8}"
+            f"{_figure(ours, 'seconds_per_step', '.2f'):>12}{_figure(spec, 'step_peak_mib', '.0f'):>15}"
+            f"{_figure(spec, 'seconds_per_step', '.2f'):>12}"
+        )
+    fitted = [r for r in rows if "step_peak_mib" in r.get("ours", {})]
+    if len(fitted) >= 2:
+        (a, b) = fitted[-2:]
+        slope = (b["ours"]["step_peak_mib"] - a["ours"]["step_peak_mib"]) * 2**20 / (b["tokens"] - a["tokens"])  # fmt: skip
+        results["ours_activation_bytes_per_token"] = slope
+        results["ours_activation_bytes_per_token_per_ttt_step"] = slope / c.ttt_steps
+        print(
+            f"ours: {slope:.0f} bytes per token ({slope / c.ttt_steps:.0f} per token per TTT "
+            f"step, = {slope / c.ttt_steps / c.hidden:.1f} x H), from L {a['tokens']} to {b['tokens']}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+def _brief(side: dict) -> object:
+    return side.get("error") or {
+        k: round(side[k], 3) for k in ("step_peak_mib", "seconds_per_step")
+    }
+
+
+def _figure(side: dict, key: str, fmt: str) -> str:
+    if "error" in side:
+        return side["error"][:14]
+    return format(side[key], fmt) if key in side else "-"
 
 
 def loader_only(args, results: dict[str, object]) -> int:
@@ -508,8 +700,13 @@ def main() -> int:
     p.add_argument("--compile", type=int, default=0, help="ours: compiled layers and loss (1)")
     p.add_argument(
         "--objective",
-        default="",
-        help="ours: train.objective, e.g. topk_weight=0 (plain TTT)",
+        default="plain",
+        choices=["plain", "defaults"],
+        help="ours: plain = speculators' objective (plain TTT KL, no step decay, its clipping "
+        "at 1.0); defaults = eagle3-train's train: defaults (top-k term, decay, clipping)",
+    )
+    p.add_argument(
+        "--sides", default="both", choices=["both", "ours", "speculators"], help="which to run"
     )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
     p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of one step")
@@ -528,6 +725,14 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=9, help="loader timing repeats (min taken)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two sides")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument(
+        "--lengths",
+        type=lambda x: [int(n) for n in x.split(",")],
+        help="long-context table: one sample of each length, e.g. 4096,16384,32768,65536",
+    )
+    p.add_argument(
+        "--memory-cap-gib", type=float, help="CPU: address-space cap of each side's process"
+    )
     args = p.parse_args()
     if args.side:
         run_side(args)
@@ -535,7 +740,8 @@ def main() -> int:
     forwarded = [
         f"--{k.replace('_', '-')}={v}"
         for k, v in vars(args).items()
-        if k not in ("side", "json", "rounds", "skip_loader", "verify_rows", "loader_only")
+        if k
+        not in ("side", "json", "rounds", "skip_loader", "verify_rows", "loader_only", "lengths")
         and v is not None
     ]
     results: dict[str, object] = {
@@ -543,43 +749,34 @@ def main() -> int:
     }
     if args.loader_only:
         return loader_only(args, results)
-    # Sides alternate over rounds (load on a shared machine hits both alike); the best round
-    # of each side is kept.
-    for _ in range(args.rounds):
-        for side in ("speculators", "ours"):
-            proc = subprocess.run(
-                [sys.executable, __file__, "--side", side, *forwarded],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
-            if line is None:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                return 1
-            got = json.loads(line[6:])
-            best = results.get(side)
-            if not isinstance(best, dict) or got["seconds_per_step"] < best["seconds_per_step"]:
-                results[side] = got
-    ours, theirs = results["ours"], results["speculators"]
-    ratios = {
-        "train_tokens_per_s_vs_speculators": ours["tokens_per_s"] / theirs["tokens_per_s"],
-        "train_cpu_time_speedup_vs_speculators": theirs["cpu_seconds_per_step"]
-        / ours["cpu_seconds_per_step"],
-        "peak_rss_vs_speculators": ours["peak_rss_mib"] / theirs["peak_rss_mib"],
-    }
-    if args.device == "cuda":
-        ratios["peak_gpu_memory_vs_speculators"] = ours["peak_gpu_mib"] / theirs["peak_gpu_mib"]
+    sides = ("speculators", "ours") if args.sides == "both" else (args.sides,)
+    if args.lengths:
+        return long_context(args, forwarded, sides, results)
+    results.update(_run_sides(args, forwarded, sides))
+    ran = {side: results[side] for side in sides if "error" not in results[side]}
+    ratios: dict[str, float] = {}
+    if len(ran) == 2:
+        ours, theirs = ran["ours"], ran["speculators"]
+        ratios["train_tokens_per_s_vs_speculators"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
+        ratios["train_cpu_time_speedup_vs_speculators"] = (
+            theirs["cpu_seconds_per_step"] / ours["cpu_seconds_per_step"]
+        )
+        ratios["peak_rss_vs_speculators"] = ours["peak_rss_mib"] / theirs["peak_rss_mib"]
+        if args.device == "cuda":
+            ratios["peak_gpu_memory_vs_speculators"] = ours["peak_gpu_mib"] / theirs["peak_gpu_mib"]
     c = args
     print(
         f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
         f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, {c.device} {c.dtype}, threads={c.threads}, "
-        f"ours: attention {c.attention}, compile {c.compile}, objective {c.objective or 'plain'}"
+        f"ours: attention {c.attention}, compile {c.compile}, objective {c.objective}"
     )
     memory = "peak GPU MiB" if args.device == "cuda" else "peak RSS MiB"
     print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'CPU s/step':>12}{memory:>14}")
-    for side in ("speculators", "ours"):
+    for side in sides:
         r = results[side]
+        if "error" in r:
+            print(f"{side:14}{r['error']}")
+            continue
         peak = r["peak_gpu_mib"] if args.device == "cuda" else r["peak_rss_mib"]
         print(
             f"{side:14}{r['seconds_per_step']:>10.3f}{r['tokens_per_s']:>12.0f}"
@@ -600,10 +797,10 @@ def main() -> int:
             )
     flops = model_flops_per_token(args)
     results["model_flops_per_token"] = flops
-    peak = args.peak_tflops or results.get("ours", {}).get("peak_tflops")
+    peak = args.peak_tflops or next((r.get("peak_tflops") for r in ran.values()), None)
     print(f"model FLOPs per trained token: {flops / 1e9:.2f} GFLOP")
     if peak:
-        for side in ("speculators", "ours"):
+        for side in ran:
             mfu = results[side]["tokens_per_s"] * flops / (peak * 1e12)
             results[side]["mfu"] = mfu
             print(f"{side} MFU: {mfu:.1%} of {peak:.0f} TFLOP/s")

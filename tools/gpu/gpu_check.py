@@ -1,64 +1,126 @@
-"""The GPU check: one command, no network, under 10 minutes on one NVIDIA GPU.
+"""The GPU check: one command, no network, one call of at most 600 s on one NVIDIA GPU.
 
-    bash tools/gpu/gpu_wheels.sh    # once, here: .whl/ (7 MiB of wheels the bare CUDA image lacks)
+    bash tools/gpu/gpu_wheels.sh    # once, here: .whl/ (wheels the bare CUDA image lacks)
     bash tools/gpu/gpu_check.sh     # there (device tool: carry [".whl"], timeout_s 600): installs
-                                # them, runs this script, writes $OUT/gpu_check.{json,log}
+                                    # them, runs this script, writes $OUT/gpu_check.{json,log}
+    python tools/gpu/gpu_check.py --plan               # the parts, their order and budgets
+    python tools/gpu/gpu_check.py --device cpu         # the rehearsal here (small shapes)
 
-1. Attention: the flash TTT path on this GPU against the chunked reference (values and
-   gradients within 8·u of bf16, a moved diagonal key that must fail), and both paths'
-   forward+backward time at the Llama-3.1-8B draft's shape.
-2. Training step, bf16 autocast over fp32 master weights, ours (draft.attention auto, the
-   layers compiled, as eagle3-train runs on CUDA) vs speculators 0.9.0 at the same config
-   (tools/bench/bench_train.py, each side in its own process): tokens/s, MFU and the GPU's peak
-   memory at a Llama-3.1-8B draft's shape and at a Kimi-K2.5 draft's shape
-   (recipes/kimi-k2.5/train.yaml: H 7168, 64 heads, V 163,840 -> 32,000); at the first shape
-   one step under torch.cuda.set_sync_debug_mode("error") (host syncs inside a step) and the
-   profile's top CUDA kernels; then probes (not compiled; the chunked path).
-3. The whole tiny run on this GPU: corpus → eagle3-data ingest/tokenize/vocab →
-   eagle3-extract run --device cuda (transformers) → accelerate launch eagle3-train (bf16,
-   a checkpoint, a resumed second launch, export) → eagle3-eval reference --device cuda;
-   the whole run's training tokens/s beside the step's.
-4. vLLM on CUDA, where vllm imports (the image has none: the rows say so).
+Parts, most valuable first (PARTS); each runs in its own process group with a timeout of the
+budget left, is skipped with its reason when its cost does not fit, and the JSON is written
+again after each one, so a run cut short keeps what it measured:
 
-Prints one table and writes it as JSON (again after each part, so a run cut short keeps
-what it measured). ``--budget-s`` skips what would not fit.
+1. attention: the flash TTT path against the chunked reference (values and gradients within
+   8·u of bf16; a moved diagonal key must fail it), both paths' forward+backward time at the
+   Llama-3.1-8B draft's shape.
+2. llama: the training step at a Llama-3.1-8B draft's shape, ours (draft.attention auto, the
+   layers compiled, as eagle3-train runs on CUDA) training what speculators 0.9.0 trains
+   (plain TTT KL, no step decay, both clipped at 1.0: bench_train.py --objective plain)
+   beside speculators: tokens/s, MFU, peak GPU memory; one step under
+   torch.cuda.set_sync_debug_mode("error") (the op that synchronised, named), the step's
+   host→device copies from pageable memory, the profile's top kernels.
+3. whole: the whole tiny run: corpus → eagle3-data → eagle3-extract (--device) →
+   accelerate launch eagle3-train (train.compile=never, a checkpoint, a resumed second
+   launch, export) → eagle3-eval reference; the launches' tokens/s beside the step's.
+4. kimi: the llama row's comparison at a Kimi-K2.5 draft's shape (recipes/kimi-k2.5/train.yaml:
+   H 7168, 64 heads, V 163,840 → 32,000).
+5. probes: ours with its own train: defaults (top-k term, step decay 0.8, clip 0.5); ours not
+   compiled; ours with the chunked attention, not compiled; a 32K-token sample, both sides.
+6. vllm: vLLM on CUDA where vllm imports (the image has none: the rows say so).
+
+On CPU (``--device cpu``) every part runs at small shapes, float32 and not compiled: a
+rehearsal of the whole script within its budget, and the measured seconds of each part.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = [REPO / "packages" / p / "src" for p in ("eagle3-schemas", "eagle3-train", "eagle3-extract", "eagle3-eval", "eagle3-data")]  # fmt: skip
 
-# (name, bench_train.py arguments): drafts of real targets, T packed tokens per step.
-TRAIN_CONFIGS = {
-    "llama-3.1-8b draft": [
-        "--hidden=4096", "--heads=32", "--intermediate=14336", "--v-target=128256",
-        "--v-draft=32000", "--tokens=8192", "--doc-len=2048",
-    ],
-    "kimi-k2.5 draft": [
-        "--hidden=7168", "--heads=64", "--intermediate=18432", "--v-target=163840",
-        "--v-draft=32000", "--tokens=8192", "--doc-len=2048",
-    ],
+# bench_train.py arguments of each draft shape: on CUDA the real drafts' (T packed tokens per
+# step), on CPU a small stand-in that runs the same code in seconds.
+SHAPES = {
+    "cuda": {
+        "llama": ["--hidden=4096", "--heads=32", "--intermediate=14336", "--v-target=128256",
+                  "--v-draft=32000", "--tokens=8192", "--doc-len=2048"],
+        "kimi": ["--hidden=7168", "--heads=64", "--intermediate=18432", "--v-target=163840",
+                 "--v-draft=32000", "--tokens=8192", "--doc-len=2048"],
+        "long": ["--hidden=4096", "--heads=32", "--intermediate=14336", "--v-target=128256",
+                 "--v-draft=32000", "--tokens=32768", "--doc-len=32768"],
+    },
+    "cpu": {
+        "llama": ["--hidden=256", "--heads=4", "--intermediate=896", "--v-target=8192",
+                  "--v-draft=1024", "--tokens=1024", "--doc-len=256"],
+        "kimi": ["--hidden=512", "--heads=8", "--intermediate=1152", "--v-target=16384",
+                 "--v-draft=1024", "--tokens=1024", "--doc-len=256"],
+        "long": ["--hidden=256", "--heads=4", "--intermediate=896", "--v-target=8192",
+                 "--v-draft=1024", "--tokens=4096", "--doc-len=4096"],
+    },
 }  # fmt: skip
+# how each device runs the step: CUDA as eagle3-train does (bf16 autocast over fp32 masters);
+# the CPU rehearsal in float32 (CPU bf16 and inductor's CPU compile would take its budget)
+RUN = {
+    "cuda": ["--device=cuda", "--dtype=bfloat16", "--threads=8", "--warmup=3"],
+    "cpu": ["--device=cpu", "--dtype=float32", "--threads=2", "--warmup=1"],
+}
+ATTENTION_TOKENS = {"cuda": 8192, "cpu": 1024}
 
+
+@dataclass(frozen=True)
+class Part:
+    key: str
+    title: str
+    # seconds, per device kind. CUDA: from the CPU rehearsal's measured phases per side
+    # process (imports ~6 s ours, ~15 s speculators; building on the device, no CPU randn),
+    # plus CUDA start-up (~5 s), inductor's compile of the layer and the loss chunk (~60 s)
+    # and speculators' FlexAttention compile (~30 s) in the warm-up, the timed steps (< 5 s),
+    # the sync/pageable/profile steps (~10 s). CPU: the rehearsal's measured part seconds.
+    cost_s: dict[str, float]
+    bench: list[str] | None = None  # a training row: [shape, bench_train.py arguments...]
+
+
+PARTS = [
+    Part("attention", "flash vs chunked TTT attention", {"cuda": 30, "cpu": 20}),
+    Part("llama", "llama-3.1-8b draft: ours plain TTT vs speculators", {"cuda": 170, "cpu": 45},
+         ["llama", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1",
+          "--sync-check=1", "--profile=1"]),
+    # ~10 processes (torch imported in each, CUDA started in 3), the tiny model's work small
+    Part("whole", "whole tiny run (train.compile=never)", {"cuda": 120, "cpu": 135}),
+    Part("kimi", "kimi-k2.5 draft: ours plain TTT vs speculators", {"cuda": 200, "cpu": 50},
+         ["kimi", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
+    Part("defaults", "llama draft: ours, its train: defaults", {"cuda": 90, "cpu": 20},
+         ["llama", "--objective=defaults", "--sides=ours", "--attention=auto", "--compile=1"]),
+    Part("eager", "llama draft: ours plain, not compiled", {"cuda": 45, "cpu": 15},
+         ["llama", "--objective=plain", "--sides=ours", "--attention=auto", "--compile=0"]),
+    Part("chunked", "llama draft: ours plain, chunked attention, eager", {"cuda": 50, "cpu": 15},
+         ["llama", "--objective=plain", "--sides=ours", "--attention=chunked", "--compile=0",
+          "--profile=1"]),
+    Part("long", "llama draft, one long sample (32K on CUDA): ours vs speculators", {"cuda": 150, "cpu": 80},
+         ["long", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
+    Part("vllm", "vLLM on CUDA", {"cuda": 600, "cpu": 0}),
+]  # fmt: skip
 VLLM_TESTS = {
     "vLLM extraction = transformers (tiny Llama)": "packages/eagle3-extract/tests/test_vllm_backend.py",
     "vLLM extraction = transformers (Kimi stand-in, MLA+MoE)": "tests/test_kimi_recipe.py::test_vllm_extraction_of_the_wrapper_matches_transformers",
     "vLLM serves the MLA draft beside the Kimi stand-in": "tests/test_kimi_recipe.py::test_vllm_serves_the_mla_draft_and_agrees_with_the_reference",
     "vLLM acceptance length of the tiny draft": "packages/eagle3-eval/tests/test_vllm.py",
 }  # fmt: skip
+REPORT_RESERVE_S = 10  # kept back from the budget for the last write and the table
 
 
 def _env() -> dict[str, str]:
@@ -75,15 +137,24 @@ def environment() -> dict[str, object]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
+    try:  # what the speculators rows need (through openai: httpx2, httpcore2, truststore)
+        importlib.import_module("speculators.models.eagle3")
+        speculators_import = "ok"
+    except Exception as e:  # reported: the rows' speculators side will fail the same way
+        speculators_import = f"{type(e).__name__}: {e}"[:300]
     return {
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": sys.version.split()[0],
         **{p: version(p) for p in ("torch", "transformers", "accelerate", "speculators", "vllm")},
+        "speculators_import": speculators_import,
     }
 
 
-def attention_check(device_name: str = "cuda", tokens: int = 8192) -> dict[str, object]:
-    """Flash vs the chunked reference on this GPU, and both paths' fwd+bwd time."""
+# --- the parts (each runs in a child process: this script with --run-part) -----------------
+
+
+def attention_check(device_name: str, tokens: int) -> dict[str, object]:
+    """Flash vs the chunked reference on this device, and both paths' fwd+bwd time."""
     sys.path[:0] = [str(p) for p in SOURCES if str(p) not in sys.path]  # run from source
     import torch
 
@@ -91,7 +162,7 @@ def attention_check(device_name: str = "cuda", tokens: int = 8192) -> dict[str, 
     from eagle3_train.flash_attention import flash_self_check, flash_ttt_attention
 
     device = torch.device(device_name)
-    row: dict[str, object] = {"problems": flash_self_check(device)}
+    row: dict[str, object] = {"problems": flash_self_check(device), "tokens": tokens}
     T, doc, nh, nkv, d, m = tokens, 2048, 32, 8, 128, 2  # the Llama-3.1-8B draft, TTT step 3
     doc = min(doc, T)
     cu = torch.arange(0, T + 1, doc, device=device)
@@ -125,45 +196,60 @@ def attention_check(device_name: str = "cuda", tokens: int = 8192) -> dict[str, 
     return row
 
 
-def train_step(name: str, args: list[str], steps: int) -> dict[str, object]:
+def train_row(part: Part, device: str, steps: int, deadline: float) -> dict[str, object]:
+    """One bench_train.py run (each side in its own process) as a table row."""
+    assert part.bench is not None
+    shape, *extra = part.bench
     command = [
-        sys.executable, str(REPO / "tools" / "bench" / "bench_train.py"), "--device=cuda",
-        "--dtype=bfloat16", "--rounds=1", "--warmup=3", f"--steps={steps}", "--skip-loader",
-        "--threads=8", *args,
+        sys.executable, str(REPO / "tools" / "bench" / "bench_train.py"), *RUN[device],
+        "--rounds=1", f"--steps={steps}", "--skip-loader", *SHAPES[device][shape], *extra,
     ]  # fmt: skip
-    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "bench.json"
-        done = subprocess.run(
-            [*command, f"--json={report}"], env=_env(), capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            return {"config": name, "error": (done.stderr or done.stdout)[-2000:]}
+        try:
+            done = subprocess.run(
+                [*command, f"--json={report}"], env=_env(), capture_output=True, text=True,
+                check=False, timeout=max(1.0, deadline - time.time()),
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return {"error": "timed out at the end of the budget (bench_train.py)"}
+        if done.returncode != 0 or not report.exists():
+            return {"error": (done.stderr or done.stdout)[-2000:]}
         results = json.loads(report.read_text())
-    ours, theirs = results["ours"], results["speculators"]
     tokens = results["config"]["tokens"]
-    return {
-        "config": name,
-        "tokens_per_step": tokens,
-        "ours_tokens_per_s": round(ours["tokens_per_s"]),
-        "speculators_tokens_per_s": round(theirs["tokens_per_s"]),
-        "speed_vs_speculators": round(ours["tokens_per_s"] / theirs["tokens_per_s"], 3),
-        "ours_mfu": round(ours.get("mfu", float("nan")), 3),
-        "speculators_mfu": round(theirs.get("mfu", float("nan")), 3),
-        "ours_peak_gib": round(ours["peak_gpu_mib"] / 1024, 2),
-        "speculators_peak_gib": round(theirs["peak_gpu_mib"] / 1024, 2),
-        "ours_peak_kib_per_token": round(ours["peak_gpu_mib"] * 1024 / tokens, 1),
-        "memory_vs_speculators": round(ours["peak_gpu_mib"] / theirs["peak_gpu_mib"], 3),
-        "host_syncs_in_step": ours.get("host_syncs_in_step"),
-        "top_kernels": ours.get("top_kernels"),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
+    row: dict[str, object] = {"tokens_per_step": tokens, "objective": results["config"]["objective"]}  # fmt: skip
+    for side in ("ours", "speculators"):
+        r = results.get(side)
+        if r is None:
+            continue
+        if "error" in r:
+            row[f"{side}_error"] = r["error"]
+            continue
+        peak_mib = r.get("peak_gpu_mib", r["peak_rss_mib"])
+        row[f"{side}_tokens_per_s"] = round(r["tokens_per_s"])
+        row[f"{side}_mfu"] = round(r["mfu"], 3) if "mfu" in r else None
+        row[f"{side}_peak_gib"] = round(peak_mib / 1024, 2)
+        row[f"{side}_peak_kib_per_token"] = round(peak_mib * 1024 / tokens, 1)
+        row[f"{side}_phases_s"] = r.get("phases_s")
+    if "ours_tokens_per_s" in row and "speculators_tokens_per_s" in row:
+        row["speed_vs_speculators"] = round(
+            row["ours_tokens_per_s"] / row["speculators_tokens_per_s"], 3
+        )  # type: ignore[operator]
+        row["memory_vs_speculators"] = round(row["ours_peak_gib"] / row["speculators_peak_gib"], 3)  # type: ignore[operator]
+    ours = results.get("ours", {})
+    for key in ("host_syncs_in_step", "pageable_copies_in_step", "top_kernels"):
+        if key in ours:
+            row[key] = ours[key]
+    return row
 
 
-def whole_run(out: Path, device: str, samples: int, steps: int) -> dict[str, object]:
+def whole_run(
+    out: Path, device: str, samples: int, steps: int, deadline: float
+) -> dict[str, object]:
     """The tiny recipe's stages on ``device``, as pipeline.sh runs them (corpus answers as
-    written: regeneration needs vLLM). Returns each stage's seconds and the training's
-    tokens/s over the whole launch (start-up, checkpoints, validation, export included)."""
+    written: regeneration needs vLLM), training not compiled. Returns each stage's seconds
+    and the training's tokens/s over the whole launch (start-up, checkpoints, validation,
+    export included)."""
     target = REPO / "recipes" / "tiny" / "target"
     out.mkdir(parents=True, exist_ok=True)
     env = {
@@ -176,8 +262,13 @@ def whole_run(out: Path, device: str, samples: int, steps: int) -> dict[str, obj
 
     def stage(name: str, *command: object) -> None:
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, *map(str, command)], cwd=REPO, env=env,
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        try:
+            done = subprocess.run(
+                [sys.executable, *map(str, command)], cwd=REPO, env=env, capture_output=True,
+                text=True, check=False, timeout=max(1.0, deadline - time.time()),
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{name} timed out at the end of the budget") from None
         row[f"{name}_s"] = round(time.perf_counter() - start, 1) + row.get(f"{name}_s", 0.0)
         if done.returncode != 0:
             raise RuntimeError(
@@ -202,6 +293,7 @@ def whole_run(out: Path, device: str, samples: int, steps: int) -> dict[str, obj
         "--set", f"data.hidden_states={out / 'hidden_states'}",
         "--set", f"data.vocab_map={out / 'vocab_map.safetensors'}",
         "--set", f"train.save_every={steps // 2}", "--set", "train.trackers=[]",
+        "--set", "train.compile=never",
     ]  # fmt: skip
     stage("train", *train, "--max-steps", steps // 2)  # a checkpoint, then a resumed launch
     stage("train", *train, "--max-steps", steps)
@@ -227,10 +319,7 @@ def whole_run(out: Path, device: str, samples: int, steps: int) -> dict[str, obj
     return row
 
 
-def vllm_tests(out_dir: Path) -> list[dict[str, object]]:
-    if importlib.util.find_spec("vllm") is None:
-        why = "not run: vllm does not import here (install vllm for CUDA to run this part)"
-        return [{"check": name, "outcome": why} for name in VLLM_TESTS]
+def vllm_tests(out_dir: Path, deadline: float) -> dict[str, object]:
     rows = []
     env = {**_env(), "EAGLE3_VLLM_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1"}
     for name, selection in VLLM_TESTS.items():
@@ -239,7 +328,8 @@ def vllm_tests(out_dir: Path) -> list[dict[str, object]]:
         subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-m", "vllm", "-p", "no:cacheprovider",
              f"--junitxml={report}", selection],
-            cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=600,
+            cwd=REPO, env=env, capture_output=True, text=True, check=False,
+            timeout=max(1.0, deadline - time.time()),
         )  # fmt: skip
         outcomes = []
         for case in ET.parse(report).iter("testcase"):
@@ -249,127 +339,195 @@ def vllm_tests(out_dir: Path) -> list[dict[str, object]]:
             outcomes.append(f"{case.get('name')}: {outcome} {detail[:200]}".strip())
         seconds = round(time.perf_counter() - start, 1)
         rows.append({"check": name, "outcome": "; ".join(outcomes), "seconds": seconds})
+    return {"checks": rows}
+
+
+def run_part(key: str, device: str, args: argparse.Namespace) -> dict[str, object]:
+    """One part's row, computed in this (child) process."""
+    part = next(p for p in PARTS if p.key == key)
+    if part.bench is not None:
+        return train_row(part, device, args.steps, args.deadline)
+    if key == "attention":
+        return attention_check(device, ATTENTION_TOKENS[device])
+    if key == "whole":
+        with tempfile.TemporaryDirectory() as tmp:
+            return whole_run(
+                Path(tmp) / "tiny", device, args.whole_samples, args.whole_steps, args.deadline
+            )
+    if key == "vllm":
+        with tempfile.TemporaryDirectory() as tmp:
+            return vllm_tests(Path(tmp), args.deadline)
+    raise ValueError(f"unknown part {key!r}")
+
+
+# --- the plan and the parent -------------------------------------------------------------
+
+
+def plan(parts: list[Part], device: str, budget_s: float) -> list[dict[str, object]]:
+    """Each part with its estimated cost and the budget left when it would start, in order:
+    a part whose cost does not fit what is left is planned as skipped."""
+    left = budget_s - REPORT_RESERVE_S
+    rows = []
+    for part in parts:
+        cost = part.cost_s[device]
+        fits = cost <= left
+        rows.append({"part": part.key, "title": part.title, "cost_s": cost, "left_s": round(left), "fits": fits})  # fmt: skip
+        if fits:
+            left -= cost
     return rows
 
 
-# (row name, shape, ours' bench_train.py arguments), in the order they run: the two shapes
-# as eagle3-train runs on CUDA first, then probes of what compilation and the attention add.
-TRAIN_RUNS = [
-    ("llama-3.1-8b draft, ours auto+compiled", "llama-3.1-8b draft",
-     ["--attention=auto", "--compile=1", "--sync-check=1", "--profile=1"]),
-    ("kimi-k2.5 draft, ours auto+compiled", "kimi-k2.5 draft", ["--attention=auto", "--compile=1"]),
-    ("llama-3.1-8b draft, ours auto, eager", "llama-3.1-8b draft", ["--attention=auto", "--compile=0"]),
-    ("llama-3.1-8b draft, ours chunked (before)", "llama-3.1-8b draft",
-     ["--attention=chunked", "--compile=0", "--profile=1"]),
-]  # fmt: skip
-# rough seconds of each part on an H200 (both sides' processes, compilation), for --budget-s
-COST_S = {"attention": 30, "train": 110, "whole": 200, "vllm": 600}
+def _run_child(
+    key: str, args: argparse.Namespace, device: str, timeout: float
+) -> dict[str, object]:
+    """The part in a child process of its own group, killed with all it started (bench
+    sides, pipeline stages) when ``timeout`` (the budget left) runs out."""
+    with tempfile.TemporaryDirectory() as tmp:
+        row_json = Path(tmp) / "row.json"
+        command = [
+            sys.executable, __file__, "--run-part", key, "--device", device,
+            # the child's own deadline a little earlier: it names the stage that ran out
+            "--row-json", str(row_json), "--deadline", str(time.time() + timeout - 3),
+            "--steps", str(args.steps), "--whole-samples", str(args.whole_samples),
+            "--whole-steps", str(args.whole_steps),
+        ]  # fmt: skip
+        child = subprocess.Popen(
+            command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            output, _ = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            return {"error": f"timed out: the budget left ({timeout:.0f} s) ran out"}
+        with contextlib.suppress(ProcessLookupError):  # what the child left running (a
+            os.killpg(child.pid, signal.SIGKILL)  # bench side after its own timeout) goes too
+        if row_json.exists():
+            return json.loads(row_json.read_text())
+        return {"error": f"exit {child.returncode}: {output[-2000:]}"}
+
+
+def _write_json(path: Path, results: dict[str, object]) -> None:
+    """Atomically (a cut-short run leaves the last whole table, never half of one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2))
+    os.replace(tmp, path)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=Path("gpu_check.json"))
     parser.add_argument("--steps", type=int, default=5, help="timed training steps per side")
-    parser.add_argument("--parts", nargs="+", default=["attention", "train", "whole", "vllm"])
+    keys = [p.key for p in PARTS]
+    parser.add_argument("--parts", nargs="+", default=keys, choices=keys, metavar="PART")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: the rehearsal here, small shapes")  # fmt: skip
     parser.add_argument(
-        "--device", default="cuda", help="the whole run's device (cpu: a rehearsal here)"
-    )
-    parser.add_argument("--budget-s", type=float, default=520, help="skip parts that would not fit")
-    parser.add_argument("--whole-samples", type=int, default=300)
-    parser.add_argument("--whole-steps", type=int, default=60)
+        "--budget-s", type=float, default=555,
+        help="the whole call's seconds (600 a command, less gpu_check.sh's install and start)",
+    )  # fmt: skip
+    parser.add_argument("--plan", action="store_true", help="print the plan, run nothing")
+    parser.add_argument("--whole-samples", type=int, default=64)
+    parser.add_argument("--whole-steps", type=int, default=24)
+    parser.add_argument("--run-part", help=argparse.SUPPRESS)
+    parser.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.run_part:  # the child: one part's row
+        try:
+            row = run_part(args.run_part, args.device, args)
+        except Exception as e:  # the row names it; the parent goes on to the next part
+            row = {"error": f"{type(e).__name__}: {e}"[-3000:]}
+        _write_json(args.row_json, row)
+        return 0
+
     started = time.perf_counter()
+    parts = [p for p in PARTS if p.key in args.parts]
+    planned = plan(parts, args.device, args.budget_s)
+    print(f"plan ({args.device}, budget {args.budget_s:.0f} s, {REPORT_RESERVE_S} s kept for the report):")  # fmt: skip
+    for p in planned:
+        verdict = "runs" if p["fits"] else "skipped unless earlier parts finish early"
+        print(f"  {p['part']:10} ~{p['cost_s']:>4.0f} s of {p['left_s']:>4} s left  {p['title']}  ({verdict})")  # fmt: skip
+    if args.plan:
+        return 0
     env = environment()
-    if args.device.startswith("cuda") and not env["gpu"]:
+    if args.device == "cuda" and not env["gpu"]:
         print("gpu_check: no CUDA device is visible", file=sys.stderr)
         return 2
-    print(json.dumps(env))
-    results: dict[str, object] = {"environment": env, "attention": None, "train": [], "whole_run": None, "vllm": []}  # fmt: skip
-
-    def fits(part: str) -> bool:
-        left = args.budget_s - (time.perf_counter() - started)
-        if COST_S[part] <= left:
-            return True
-        print(
-            f"skipped {part}: ~{COST_S[part]} s needed, {left:.0f} s of the budget left", flush=True
-        )
-        return False
-
-    def save() -> None:
-        args.json.write_text(json.dumps(results, indent=2))
-
-    if "attention" in args.parts and fits("attention"):
-        try:
-            results["attention"] = attention_check(args.device)
-        except Exception as e:  # a check reports and the script goes on to the next part
-            results["attention"] = {"problems": [f"{type(e).__name__}: {e}"[:2000]]}
-        print("attention:", json.dumps(results["attention"]), flush=True)
-        save()
-    train_runs = TRAIN_RUNS if "train" in args.parts else []
-    for position, (name, shape, ours) in enumerate(train_runs):
-        if position == 2 and "whole" in args.parts and fits("whole"):
-            results["whole_run"] = _whole_run_row(args)
-            save()
-        if fits("train"):
-            row = train_step(name, [*TRAIN_CONFIGS[shape], *ours], args.steps)
-            results["train"].append(row)  # type: ignore[union-attr]
-            print(json.dumps({k: v for k, v in row.items() if k != "top_kernels"}), flush=True)
-            save()
-    if "whole" in args.parts and results["whole_run"] is None and fits("whole"):
-        results["whole_run"] = _whole_run_row(args)
-        save()
-    if "vllm" in args.parts:
-        results["vllm"] = vllm_tests(args.json.resolve().parent)
-    save()
+    print(json.dumps(env), flush=True)
+    results: dict[str, object] = {"environment": env, "plan": planned, "parts": {}}
+    rows: dict[str, dict[str, object]] = results["parts"]  # type: ignore[assignment]
+    for part in parts:
+        left = args.budget_s - REPORT_RESERVE_S - (time.perf_counter() - started)
+        cost = part.cost_s[args.device]
+        start = time.perf_counter()
+        if part.key == "vllm" and importlib.util.find_spec("vllm") is None:
+            row: dict[str, object] = {
+                "skipped": "vllm does not import in this Python (the image has none)"
+            }
+        elif cost > left:
+            row = {"skipped": f"~{cost:.0f} s needed, {left:.0f} s of the budget left"}
+        else:
+            row = _run_child(part.key, args, args.device, left)
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        rows[part.key] = row
+        print(f"{part.key}: {json.dumps({k: v for k, v in row.items() if k != 'top_kernels'})}", flush=True)  # fmt: skip
+        _write_json(args.json, results)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    _write_json(args.json, results)
     report(results)
     return 0
 
 
-def _whole_run_row(args) -> dict[str, object]:
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            row = whole_run(Path(tmp) / "tiny", args.device, args.whole_samples, args.whole_steps)
-        except Exception as e:  # reported, and the script goes on
-            row = {"error": f"{type(e).__name__}: {e}"[-3000:]}
-    print("whole run:", json.dumps(row), flush=True)
-    return row
-
-
 def report(results: dict[str, object]) -> None:
-    env = results["environment"]
+    env: dict = results["environment"]  # type: ignore[assignment]
+    rows: dict[str, dict] = results["parts"]  # type: ignore[assignment]
+    memory = "GiB" if env["gpu"] else "GiB RSS"
     print(
-        f"\nGPU check on {env['gpu']} (torch {env['torch']}, speculators {env['speculators']}, vllm {env['vllm']})"
-    )  # type: ignore[index]
-    attention = results["attention"]
-    if attention:
-        verdict = (
-            "; ".join(attention["problems"])
-            or "flash = chunked reference (values, gradients; moved key caught)"
-        )  # type: ignore[index]
-        flash, chunked = attention.get("flash_fwd_bwd_ms"), attention.get("chunked_fwd_bwd_ms")  # type: ignore[union-attr]
-        print(f"attention: {verdict}; fwd+bwd at T 8192: flash {flash} ms, chunked {chunked} ms")
-    header = f"{'train step, bf16, T 8192, TTT 3':44}{'ours tok/s':>11}{'spec tok/s':>11}{'speed':>7}{'ours MFU':>9}{'spec MFU':>9}{'ours GiB':>9}{'spec GiB':>9}{'memory':>7}"
-    print(header)
-    for row in results["train"]:  # type: ignore[union-attr]
-        if "error" in row:
-            print(f"{row['config']:44} error: {str(row['error']).splitlines()[-1]}")
-            continue
+        f"\nGPU check on {env['gpu'] or 'cpu (rehearsal)'} (torch {env['torch']}, speculators "
+        f"{env['speculators']}: import {env['speculators_import']}, vllm {env['vllm']}), "
+        f"{results['seconds']} s"
+    )
+    print(f"{'part':10}{'ours tok/s':>11}{'spec tok/s':>11}{'speed':>7}{'ours ' + memory:>13}{'spec ' + memory:>13}{'memory':>8}{'s':>7}  note")  # fmt: skip
+    titles = {p.key: p.title for p in PARTS}
+
+    def cell(row: dict, name: str, width: int, fmt: str = "") -> str:
+        value = row.get(name)
+        return f"{format(value, fmt) if value is not None else '-':>{width}}"
+
+    for key, row in rows.items():
+        note = row.get("skipped") or row.get("error") or titles[key]
+        if key == "attention" and "problems" in row:
+            note = "; ".join(row["problems"]) or (
+                f"flash = chunked (values, gradients; moved key caught); fwd+bwd at T "
+                f"{row['tokens']}: flash {row['flash_fwd_bwd_ms']} ms, chunked {row['chunked_fwd_bwd_ms']} ms"
+            )
+        elif key == "whole" and "train_tokens_per_s_whole_launches" in row:
+            note = (
+                f"{row['train_steps']} steps (resumed at {row['resumed_from_step']}), launches "
+                f"{row['train_tokens_per_s_whole_launches']} tok/s, logged {row['train_tokens_per_s_logged']} "
+                f"tok/s, loss {row['final_loss']}, reference AL {row['acceptance_length_reference']}"
+            )
+        elif key == "vllm" and "checks" in row:
+            note = "; ".join(f"{c['check']}: {c['outcome']}" for c in row["checks"])
+        for side in ("ours", "speculators"):
+            if f"{side}_error" in row:
+                note = f"{side}: {row[f'{side}_error']}; {note}"
         print(
-            f"{row['config']:44}{row['ours_tokens_per_s']:>11}{row['speculators_tokens_per_s']:>11}"
-            f"{row['speed_vs_speculators']:>7.2f}{row['ours_mfu']:>9.1%}{row['speculators_mfu']:>9.1%}"
-            f"{row['ours_peak_gib']:>9.2f}{row['speculators_peak_gib']:>9.2f}{row['memory_vs_speculators']:>7.2f}"
+            f"{key:10}{cell(row, 'ours_tokens_per_s', 11)}{cell(row, 'speculators_tokens_per_s', 11)}"
+            f"{cell(row, 'speed_vs_speculators', 7, '.2f')}{cell(row, 'ours_peak_gib', 13, '.2f')}"
+            f"{cell(row, 'speculators_peak_gib', 13, '.2f')}{cell(row, 'memory_vs_speculators', 8, '.2f')}"
+            f"{row['seconds']:>7.0f}  {str(note).strip().splitlines()[-1][:300] if note else ''}"
         )
         if row.get("host_syncs_in_step"):
             print(
-                f"  host syncs inside one step (sync debug mode 'error'): {row['host_syncs_in_step']}"
+                f"  host syncs in one step (sync debug mode 'error'): {row['host_syncs_in_step']}"
             )
+        if row.get("pageable_copies_in_step"):
+            print(f"  host→device copies from pageable memory: {row['pageable_copies_in_step']}")
         for name, ms, calls in row.get("top_kernels") or []:
             print(f"  {ms:>9.2f} ms {calls:>5}x  {name}")
-    whole = results["whole_run"]
-    if whole:
-        print(f"whole tiny run: {json.dumps(whole)}")
-    for row in results["vllm"]:  # type: ignore[union-attr]
-        print(f"{row['check']}: {row['outcome']}")
 
 
 if __name__ == "__main__":

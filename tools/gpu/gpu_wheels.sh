@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Wheels the device machine's image lacks (Python 3.12, torch 2.11, transformers 5.17, no
-# network): speculators 0.9.0 and its own needs, jsonschema for eagle3-schemas. Downloaded
-# once here into .whl/ (ignored by git), carried with the GPU check (device tool: carry .whl):
+# network): speculators 0.9.0 and what importing it needs — its eagle3 modules import openai,
+# which imports httpx2 → httpcore2, truststore, anyio, h11, idna, sniffio —, jsonschema for
+# eagle3-schemas. Downloaded once here into .whl/ (ignored by git), carried with the GPU check
+# (device tool: carry [".whl"]). gpu_check.sh installs only those whose distribution the image
+# does not have: the image's own (typing-extensions, idna, … that torch and transformers were
+# installed with) are never overridden.
 #
 #   bash tools/gpu/gpu_wheels.sh     # here, with network
-#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-#     && PYTHONPATH=/tmp/site python3 tools/gpu/gpu_check.py --json $OUT/gpu_check.json   # there
+#   bash tools/gpu/gpu_check.sh      # there
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS="speculators==0.9.0 hs-connectors==0.9.0 datasets==5.1.0 dill==0.4.1 multiprocess==0.70.19
-loguru==0.7.3 openai==3.57.0 httpx2==2.16.2 jiter==0.19.0 pydantic==2.14.4
-pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 pydantic-settings==2.16.3
-python-dotenv==1.2.4 typing-extensions==4.16.0 jsonschema==4.26.0 referencing==0.37.0
-jsonschema-specifications==2025.9.1 rpds-py==2026.9.1 sniffio==1.3.1"
+loguru==0.7.3 openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 anyio==4.16.0
+h11==0.16.0 idna==3.20 sniffio==1.3.1 jiter==0.19.0 pydantic==2.14.4 pydantic-core==2.50.5
+annotated-types==0.8.0 typing-inspection==0.4.5 pydantic-settings==2.16.3 python-dotenv==1.2.4
+typing-extensions==4.16.0 jsonschema==4.26.0 referencing==0.37.0
+jsonschema-specifications==2025.9.1 rpds-py==2026.9.1"
 mkdir -p .whl
 for wheel in $WHEELS; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \

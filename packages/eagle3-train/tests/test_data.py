@@ -15,7 +15,7 @@ from eagle3_train.data import (
     rank_batches,
     split_indices,
 )
-from eagle3_train.loader import ShardReader, make_loader
+from eagle3_train.loader import RingSlotBusy, ShardReader, make_loader, to_device
 from eagle3_train.synthetic import write_dataset
 
 
@@ -100,8 +100,39 @@ def test_recycled_buffers_give_the_same_batches_when_consumed_in_order(bf16_data
     ds = HiddenStateDataset(bf16_dataset)
     plan = plan_epoch(ds.num_tokens, np.arange(len(ds)), 48, seed=1, epoch=0)
     fresh = [_digest(b) for b in make_loader(ds, plan, 0)]
-    recycled = [_digest(b) for b in make_loader(ds, plan, workers, prefetch=2, recycle=True)]
+    recycled = []
+    for b in make_loader(ds, plan, workers, prefetch=2, recycle=True):
+        recycled.append(_digest(b))
+        b["lease"].release()
     assert len(plan) > 8 and recycled == fresh
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_ring_slot_is_not_refilled_before_its_batch_is_released(bf16_dataset, workers):
+    """The reuse rule of the recycled ring (the trainer's: 1 worker, prefetch 2, 4 slots):
+    a slot is refilled only after the batch read into it was released — by to_device, which
+    on CUDA fences the release with an event after the batch's copies, so a host running
+    steps ahead of the GPU cannot overwrite rows a pending copy still reads. A consumer that
+    never releases is stopped at the first refill, naming the slot; one that releases a
+    batch after its slot was refilled is stopped too."""
+    ds = HiddenStateDataset(bf16_dataset)
+    plan = plan_epoch(ds.num_tokens, np.arange(len(ds)), 48, seed=1, epoch=0)
+    ring = workers * 2 + 2
+    seen = 0
+    with pytest.raises(RingSlotBusy, match="ring slot 0 is due to be refilled"):
+        for _ in make_loader(ds, plan, workers, prefetch=2, recycle=True):
+            seen += 1  # held: never released
+    assert seen == ring  # every slot lent once; the first refill stops the stream
+
+    cpu = torch.device("cpu")
+    fresh = [_digest(to_device(b, cpu)) for b in make_loader(ds, plan, 0)]
+    kept, got = [], []
+    for b in make_loader(ds, plan, workers, prefetch=2, recycle=True):
+        got.append(_digest(to_device(b, cpu)))  # the trainer's release
+        kept.append(b)
+    assert len(plan) > 8 and got == fresh
+    with pytest.raises(RingSlotBusy, match="released after its ring slot was refilled"):
+        kept[0]["lease"].release()
 
 
 def test_validation_split_is_stable_and_about_the_fraction(bf16_dataset):

@@ -15,6 +15,7 @@ fp16 (the kernel's dtypes) where the kernel exists, the chunked reference otherw
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -232,11 +233,14 @@ def flash_ttt_attention(
     return out[..., :dv].transpose(0, 1)
 
 
-def flash_self_check(device: torch.device, seed: int = 0) -> list[str]:
-    """The flash path on ``device`` against the chunked reference, on a small packed batch
-    (documents of odd lengths, TTT 3, GQA): values and gradients in bf16 within 8·u·max|ref|
-    (u = 2^-8; the tests' componentwise bound measured ≤ 0.6 of 3–4·u), and a negative
-    control (one diagonal key moved) that must fail it. Returns the problems found."""
+def flash_self_check(
+    device: torch.device, seed: int = 0, attention: Callable[..., Tensor] = flash_ttt_attention
+) -> list[str]:
+    """``attention`` (the flash path) on ``device`` against the chunked reference, on a small
+    packed batch (documents of odd lengths, TTT 3, GQA): values and gradients in bf16 within
+    8·u·max|ref| (u = 2^-8; the tests' componentwise bound measured ≤ 0.6 of 3–4·u), and a
+    negative control (one diagonal key moved) that must fail it on values and on gradients.
+    Returns the problems found ("out: …" for values, "grad q: …" for a gradient)."""
     g = torch.Generator().manual_seed(seed)
     lengths, m, nh, nkv, d = [37, 5, 64, 19, 3], 2, 4, 2, 64
     T = sum(lengths)
@@ -253,7 +257,9 @@ def flash_self_check(device: torch.device, seed: int = 0) -> list[str]:
     grad_out = torch.randn(nh, T, d, generator=g).to(device, torch.bfloat16)
 
     def run(fn, dtype, kd_moved: bool = False) -> dict[str, Tensor]:
-        leaves = {n: x.to(dtype).requires_grad_() for n, x in inputs.items()}
+        # fresh leaves per run: ``x.to(dtype)`` of a tensor already in ``dtype`` is that
+        # tensor, and a second backward would add its gradients to the first run's
+        leaves = {n: x.detach().clone().to(dtype).requires_grad_() for n, x in inputs.items()}
         kd = leaves["kd"]
         if kd_moved:
             kd = torch.cat([kd[:, :, :1], kd[:, :, 2:3], kd[:, :, 1:2], kd[:, :, 3:]], dim=2)
@@ -265,17 +271,23 @@ def flash_self_check(device: torch.device, seed: int = 0) -> list[str]:
         return chunked_ttt_attention(q, k0, v0, kd, vd, doc_start, chunk=32)
 
     def flash(q, k0, v0, kd, vd):
-        return flash_ttt_attention(q, k0, v0, kd, vd, cu, max(lengths))
+        return attention(q, k0, v0, kd, vd, cu, max(lengths))
 
     ref = run(reference, torch.float32)
     bound = {n: 8 * 2.0**-8 * float(x.abs().max()) + 1e-6 for n, x in ref.items()}
-    problems = []
-    got = run(flash, torch.bfloat16)
-    for name, x in ref.items():
-        err = float((got[name] - x).abs().max())
-        if not err <= bound[name]:
-            problems.append(f"{name}: max error {err:.3g} > bound {bound[name]:.3g}")
-    control = run(flash, torch.bfloat16, kd_moved=True)
-    if all(float((control[n] - ref[n]).abs().max()) <= bound[n] for n in ("out", "q", "vd")):
-        problems.append("negative control (one diagonal key moved) passed: the check is blind")
+
+    def failing(got: dict[str, Tensor]) -> dict[str, str]:
+        errors = {n: float((got[n] - x).abs().max()) for n, x in ref.items()}
+        return {
+            n if n == "out" else f"grad {n}": f"max error {e:.3g} > bound {bound[n]:.3g}"
+            for n, e in errors.items()
+            if not e <= bound[n]
+        }
+
+    problems = [f"{n}: {why}" for n, why in failing(run(flash, torch.bfloat16)).items()]
+    control = failing(run(flash, torch.bfloat16, kd_moved=True))
+    if "out" not in control:
+        problems.append("negative control (one diagonal key moved) passed on values: blind")
+    if not any(n.startswith("grad ") for n in control):
+        problems.append("negative control (one diagonal key moved) passed on gradients: blind")
     return problems

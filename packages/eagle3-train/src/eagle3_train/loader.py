@@ -62,9 +62,11 @@ class ShardReader:
     Thread-safe: ``pread`` takes explicit offsets, and each thread keeps its own file
     descriptors (closing a descriptor another thread is reading from is never possible).
     ``read(plan, slot)`` with ``ring`` slots recycles that slot's buffers: pages already
-    mapped and cached, no allocation per batch; the caller guarantees the batch previously
-    read into the slot is no longer in use. ``pin_memory`` allocates them page-locked for
-    asynchronous copies to the GPU.
+    mapped and cached, no allocation per batch. The batch then carries a ``lease`` on its
+    slot, and the slot is refilled only after the lease was released (``to_device`` releases
+    it) and the fence given at the release has passed: a copy to the GPU enqueued from the
+    slot may still be pending while the host runs steps ahead. ``pin_memory`` allocates the
+    buffers page-locked for asynchronous copies to the GPU.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class ShardReader:
         self.pin_memory = pin_memory
         self._slots: list[tuple[dict[str, torch.Tensor], list[tuple[str, memoryview, int]]] | None]
         self._slots = [None] * ring
+        self._leases = [SlotState() for _ in range(ring)]
         self._local = threading.local()
         self._caches: list[OrderedDict[int, int]] = []
         self._lock = threading.Lock()
@@ -131,6 +134,7 @@ class ShardReader:
         """Buffers of at least ``total`` rows and, per tensor, (name, byte view, row bytes)."""
         if slot is None or not self._slots:
             return _with_views(self._fresh(first, total))
+        self._leases[slot].refill(slot)
         cached = self._slots[slot]
         if cached is None or cached[0]["input_ids"].shape[0] < total:
             cached = self._slots[slot] = _with_views(self._fresh(first, max(total, self.capacity)))
@@ -174,7 +178,11 @@ class ShardReader:
             for name, buf in buffers.items()
         }
         out["cu_seqlens"] = torch.tensor(cu, dtype=torch.int64)
+        if self.pin_memory:  # copied to the GPU with the rest, non-blocking: page-locked too
+            out["cu_seqlens"] = out["cu_seqlens"].pin_memory()
         out["sample_ids"] = [ds.sample_ids[idx] for idx, _ in plan]
+        if slot is not None and self._slots:
+            out["lease"] = self._leases[slot].lend()
         if corrupt:
             out["corrupt"] = corrupt
         return out
@@ -223,6 +231,61 @@ class ShardReader:
         }
 
 
+class RingSlotBusy(RuntimeError):
+    """A ring slot was due to be refilled while the batch read into it was still held."""
+
+
+class SlotState:
+    """The reuse rule of one ring slot: lent with a batch, released by the batch's consumer
+    (with a fence: what must complete before the slot's host buffers may be overwritten — a
+    CUDA event recorded after the copies to the device were enqueued; None where nothing is
+    pending), and only then refilled, once the fence has passed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lent = 0  # batches lent from this slot
+        self._held = False
+        self._fence: Any = None
+
+    def lend(self) -> SlotLease:
+        with self._lock:
+            self._lent += 1
+            self._held = True
+            return SlotLease(self, self._lent)
+
+    def release(self, lent: int, fence: Any) -> None:
+        with self._lock:
+            if lent != self._lent:
+                raise RingSlotBusy(
+                    f"a batch was released after its ring slot was refilled (batch {lent} of "
+                    f"the slot, now at {self._lent}): it was kept past its validity"
+                )
+            self._held, self._fence = False, fence
+
+    def refill(self, slot: int) -> None:
+        """Before the slot is read into: the lent batch released, its fence passed."""
+        with self._lock:
+            if self._held:
+                raise RingSlotBusy(
+                    f"ring slot {slot} is due to be refilled, but the batch read into it was "
+                    "never released: a consumer of recycled batches releases each one "
+                    "(to_device does; else batch['lease'].release()) before fetching further"
+                )
+            fence, self._fence = self._fence, None
+        if fence is not None:
+            fence.synchronize()  # the copies out of this slot have completed
+
+
+class SlotLease:
+    """A recycled batch's hold on its ring slot (``SlotState``)."""
+
+    def __init__(self, state: SlotState, lent: int) -> None:
+        self._state, self._lent = state, lent
+
+    def release(self, fence: Any = None) -> None:
+        self._state.release(self._lent, fence)
+
+
 def _with_views(
     buffers: dict[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], list[tuple[str, memoryview, int]]]:
@@ -253,7 +316,8 @@ class BatchStream:
 
     ``recycle``: batch buffers come from a ring of ``ahead + 2`` slots. A batch then stays
     valid until two further batches have been fetched — true of a training loop, which
-    finishes its step before fetching the next batch; a consumer that keeps batches
+    finishes its step before fetching the next batch — and its slot is refilled only after
+    its lease was released (``to_device``; ShardReader); a consumer that keeps batches
     (``list(stream)``) must leave ``recycle`` off.
     """
 
@@ -329,8 +393,18 @@ def make_loader(
 
 
 def to_device(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
-    """Model inputs on ``device``; fp8 storage is dequantized there (value = fp8 × scale)."""
+    """Model inputs on ``device``; fp8 storage is dequantized there (value = fp8 × scale).
+    A recycled batch's slot is released here, fenced by an event after the copies on CUDA
+    (the host may run steps ahead of them); on CPU the inputs are the buffers themselves,
+    in use until the step ends, which the ring's two spare slots cover."""
     out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
+    lease = batch.get("lease")
+    if lease is not None:
+        fence = None
+        if device.type == "cuda":
+            fence = torch.cuda.Event()
+            fence.record(torch.cuda.current_stream(device))
+        lease.release(fence)
     # stored as int32 / uint8; widened on the device, not in the loader
     out["input_ids"] = out["input_ids"].long()
     out["loss_mask"] = out["loss_mask"].bool()

@@ -63,6 +63,8 @@ class Alignment:
 
     def to(self, device: torch.device) -> Alignment:
         def move(x: Tensor) -> Tensor:
+            if x.device.type == "cpu" and torch.device(device).type == "cuda":
+                x = x.pin_memory()  # non-blocking from pageable memory would stall the host
             return x.to(device, non_blocking=True)
 
         return Alignment(
