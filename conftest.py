@@ -21,13 +21,15 @@ red in seconds rather than after the other tiers.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from eagle3_schemas.testing.smallfs import tmpfs_problem
+
+from support import vllm_server
 
 REQUIRE_ENV = "EAGLE3_REQUIRE_TIERS"
 MAX_REASONS = 5  # skip reasons shown per tier; the rest are counted
@@ -44,6 +46,18 @@ def vllm_python_problem() -> str | None:
     if not os.access(Path(value), os.X_OK):
         return f"EAGLE3_VLLM_PYTHON={value} is not executable"
     return None
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The embedded tiny target behind ``vllm serve`` (root URL), shared by every test of the
+    session that only asks it for tokens: one engine start instead of one per test."""
+    problem = vllm_python_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
+    with vllm_server.served(os.environ["EAGLE3_VLLM_PYTHON"], log) as url:
+        yield url
 
 
 # What a tier cannot run without, checked before collection: None, or what is missing.

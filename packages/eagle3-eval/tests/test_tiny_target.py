@@ -144,25 +144,18 @@ def heldout_args(assets: Path, tiny_target: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_trained_draft_beats_untrained_in_the_reference_loop(
+def test_untrained_draft_scores_about_one_in_the_reference_loop(
     tmp_path: Path, tiny_assets: Path, tiny_target: Path
 ) -> None:
-    lengths = {}
-    for name in ("draft", "random-draft"):
-        out = tmp_path / name
-        argv = [
-            "reference",
-            "--draft",
-            str(tiny_assets / name),
-            *heldout_args(tiny_assets, tiny_target),
-        ]
-        argv += ["--out", str(out), "--limit", "12", "--max-new-tokens", "64", "--no-baseline"]
-        argv += ["--threads", "1"]
-        assert main(argv) == 0
-        assert validate(out) == []
-        lengths[name] = read_report(out).fields["acceptance_length"]
-    assert lengths["random-draft"] < 1.1
-    assert lengths["draft"] > 1.6, lengths
+    """On the held-out prompts where the trained draft scores above 1.6 in the same loop (its
+    run is shared with the vLLM comparison: test_vllm.py's reference_greedy)."""
+    out = tmp_path / "random-draft"
+    argv = ["reference", "--draft", str(tiny_assets / "random-draft")]
+    argv += [*heldout_args(tiny_assets, tiny_target), "--out", str(out)]
+    argv += ["--limit", "12", "--max-new-tokens", "64", "--no-baseline", "--threads", "1"]
+    assert main(argv) == 0
+    assert validate(out) == []
+    assert read_report(out).fields["acceptance_length"] < 1.1
 
 
 @pytest.mark.slow

