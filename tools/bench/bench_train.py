@@ -448,8 +448,8 @@ def _objective(name: str):
     speculators trains — plain TTT KL (no top-k term), no step decay, gradients clipped as its
     trainer clips them — so the two sides' rows compare the same work. ``defaults``: eagle3-
     train's own train: defaults (the HASS top-k term, step decay, its clipping)."""
-    from eagle3_train.config import TrainLoopConfig
     from eagle3_train.model import PLAIN_TTT
+    from eagle3_train.train_config import TrainLoopConfig
 
     if name == "plain":
         return PLAIN_TTT, 1.0, SPECULATORS_MAX_GRAD_NORM

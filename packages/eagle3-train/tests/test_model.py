@@ -395,8 +395,8 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
 
-    from eagle3_train.config import ObjectiveConfig
     from eagle3_train.loss import compile_kl_chunk
+    from eagle3_train.train_config import ObjectiveConfig
 
     batch = _batch()
     try:

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from eagle3_train.arch import DraftArch
-from eagle3_train.config import ConfigError, ObjectiveConfig, load_config, parse_override
+from eagle3_train.config import ConfigError, load_config, parse_override
 from eagle3_train.loss import TargetTopK, fused_linear_kl, reference_linear_kl, unpack_stats
 from eagle3_train.model import Eagle3Draft
+from eagle3_train.train_config import ObjectiveConfig
 
 
 def _kl_inputs(seed: int = 0):

@@ -245,7 +245,7 @@ def test_acceptance_losses_match_speculators(ours_name: str, their_name: str):
     """train.objective.divergence tv / lk (fused chunk, hand-made gradients) against
     speculators' eager tv / lk_hybrid (autograd; its lk_hybrid's eta 3.0 is our lk_eta's
     default), losses and gradients."""
-    from eagle3_train.config import ObjectiveConfig
+    from eagle3_train.train_config import ObjectiveConfig
 
     ours, theirs = build_pair(seed=7, fc_norm=True, norm_output=True)
     batch = make_batch([31, 22, 27], seed=8)

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eagle3_train.arch import DraftArch
-from eagle3_train.config import ObjectiveConfig
 from eagle3_train.layers import MLP, LayerCache, RMSNorm, Rotary, rms_norm
 from eagle3_train.llama_attention import Attention
 from eagle3_train.loss import (
@@ -47,6 +46,7 @@ from eagle3_train.loss import (
     step_accuracy,
 )
 from eagle3_train.mla_attention import MLAAttention
+from eagle3_train.train_config import ObjectiveConfig
 
 PLAIN_TTT = ObjectiveConfig(topk_weight=0.0)
 
