@@ -157,16 +157,6 @@ def test_the_fused_adamw_takes_the_verdict_on_the_device(tmp_path):
     assert record["step"] == 2 and record["sample_ids"] == ["s2"]
 
 
-def test_skip_mode_is_refused_under_deepspeed(tmp_path, in_process, monkeypatch, caplog):
-    """DeepSpeed's engine steps inside backward, before the verdict: refused at start."""
-    inputs = make_inputs(tmp_path / "inputs", num_samples=8)
-    config = write_config(inputs, tmp_path / "run", train={"on_non_finite": "skip"})
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as `accelerate launch` sets it
-    assert in_process(["--config", str(config)]) == 2
-    assert "not available under DeepSpeed" in caplog.text
-    assert not (tmp_path / "run").exists()
-
-
 # ---------------------------------------------------------------------------------------
 # A damaged shard: rows checked as they are read
 

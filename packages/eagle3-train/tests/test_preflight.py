@@ -11,6 +11,7 @@ import yaml
 
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.validate import validate
+from eagle3_train.accelerator import DEEPSPEED_REFUSED
 from eagle3_train.checkpoint import Checkpoints
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
@@ -270,3 +271,29 @@ def test_a_resume_that_does_not_match_its_checkpoint_is_refused_naming_both(
     assert len(errors) == 2, errors
     assert f"hidden_states_fingerprint: checkpoint {checkpoint} was trained with" in errors[0]
     assert f"draft.num_layers: {out / 'run.yaml'} has 1 but this config has 2" in errors[1]
+
+
+# every setting DeepSpeed cannot run, as a user writes it
+DEEPSPEED_REFUSED_CASES = {
+    "train.on_non_finite: skip": {"on_non_finite": "skip"},
+    "train.optimizer: muon": {"optimizer": "muon"},
+}
+
+
+def test_every_deepspeed_refusal_has_a_case():
+    assert {setting for setting, _, _ in DEEPSPEED_REFUSED} == set(DEEPSPEED_REFUSED_CASES)
+
+
+@pytest.mark.parametrize("setting", sorted(DEEPSPEED_REFUSED_CASES))
+def test_a_setting_deepspeed_cannot_run_is_refused_at_start(
+    setting, tmp_path, in_process, monkeypatch, caplog
+):
+    """Refused before anything starts (no output folder), naming the setting and why."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=8)
+    config = write_config(inputs, tmp_path / "run", train=DEEPSPEED_REFUSED_CASES[setting])
+    assert in_process(["--config", str(config), "--preflight"]) == 0  # fine without DeepSpeed
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as `accelerate launch` sets it
+    assert in_process(["--config", str(config)]) == 2
+    (why,) = [why for name, _, why in DEEPSPEED_REFUSED if name == setting]
+    assert f"{setting} is not available under DeepSpeed ({why})" in caplog.text
+    assert not (tmp_path / "run").exists()

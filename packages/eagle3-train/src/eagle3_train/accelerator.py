@@ -6,18 +6,49 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from eagle3_train.config import Config
+from eagle3_train.train_config import TrainLoopConfig
 
 log = logging.getLogger(__name__)
 
 
 def is_deepspeed() -> bool:
     return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+# Settings DeepSpeed cannot run, each with why: refused before anything starts.
+DEEPSPEED_REFUSED: list[tuple[str, Callable[[TrainLoopConfig], bool], str]] = [
+    (
+        "train.on_non_finite: skip",
+        lambda t: t.on_non_finite == "skip",
+        "its engine steps the optimizer inside backward, before the step's verdict is known; "
+        "use stop",
+    ),
+    (
+        "train.optimizer: muon",
+        lambda t: t.optimizer == "muon",
+        "ZeRO hands the optimizer flat partitions of the parameters, and Muon's Newton–Schulz "
+        "step needs each matrix whole; launch without DeepSpeed (DDP keeps whole matrices) or "
+        "use adamw",
+    ),
+]
+
+
+def deepspeed_refusals(config: Config) -> list[str]:
+    """What of ``config`` DeepSpeed cannot run (one message each), under a DeepSpeed launch."""
+    if not is_deepspeed():
+        return []
+    return [
+        f"{setting} is not available under DeepSpeed ({why})"
+        for setting, chosen, why in DEEPSPEED_REFUSED
+        if chosen(config.train)
+    ]
 
 
 def available_trackers(names: list[str]) -> list[str]:

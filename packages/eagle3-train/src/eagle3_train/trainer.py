@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import Callable
 
-from eagle3_train.accelerator import is_deepspeed, start_accelerator
+from eagle3_train.accelerator import deepspeed_refusals, start_accelerator
 from eagle3_train.causes import clear_record
 from eagle3_train.config import Config
 from eagle3_train.faults import EXIT_PREFLIGHT
@@ -51,18 +51,10 @@ def train(config: Config, preflight_only: bool = False) -> int:
 
 def _train(config: Config, preflight_only: bool, cleanup: list[Callable[[], None]]) -> int:
     run_started = time.perf_counter()
-    if config.train.on_non_finite == "skip" and is_deepspeed():
-        log.error(
-            "train.on_non_finite: skip is not available under DeepSpeed (its engine steps the "
-            "optimizer inside backward, before the step's verdict is known); use stop"
-        )
-        return EXIT_PREFLIGHT
-    if config.train.optimizer == "muon" and is_deepspeed():
-        log.error(
-            "train.optimizer: muon is not available under DeepSpeed (ZeRO hands the optimizer "
-            "flat partitions of the parameters, and Muon's Newton–Schulz step needs each "
-            "matrix whole); launch without DeepSpeed (DDP keeps whole matrices) or use adamw"
-        )
+    refused = deepspeed_refusals(config)
+    for message in refused:
+        log.error(message)
+    if refused:
         return EXIT_PREFLIGHT
     # an earlier attempt's fault record of this rank goes before the ranks meet (causes.py)
     clear_record(config.output_dir, int(os.environ.get("RANK", "0")))
