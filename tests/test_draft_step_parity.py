@@ -38,11 +38,12 @@ flipped in the exported config.json) gives 0.50-0.65, 25,000× the tolerance.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from eagle3_eval.draft import Eagle3Draft as EvalDraft
 from eagle3_eval.draft import chain_logits
@@ -355,46 +356,37 @@ def test_trainer_step_k_logits_match_eval_vllm_forward_on_the_export(runs, varia
     assert all(w <= REL_TOL for w in worst), f"relative max |Δlogit| per step k=0..3: {worst}"
 
 
-def test_the_comparison_sees_a_flipped_norm_before_residual(runs, tmp_path: Path):
-    """Negative control: the same export with norm_before_residual flipped in config.json
-    disagrees at every step — the check has the power to see such a serving mismatch."""
-    import shutil
-
-    run = runs("plain")
-    export = _latest(run / "exports")
-    flipped = tmp_path / "flipped"
-    shutil.copytree(export, flipped)
-    config = json.loads((flipped / "config.json").read_text())
+def _flip_norm_before_residual(config: dict, weights: dict) -> None:
     config["norm_before_residual"] = not config["norm_before_residual"]
-    (flipped / "config.json").write_text(json.dumps(config))
-    docs = _three_documents(run)
-    train_logits, cu, sample_ids = trainer_step_logits(run, docs)
-    dataset = Path(load_config(run / "run.yaml").data.hidden_states)
-    _, eval_logits = eval_step_logits(flipped, dataset, sample_ids)
-    worst = compare(train_logits, cu, sample_ids, eval_logits)
-    assert min(worst) > 100 * REL_TOL, worst
 
 
-def test_the_comparison_sees_an_ignored_fc_norm(runs, tmp_path: Path):
-    """Negative control for fc_norm: the same export read by a server that ignores the flag
-    (fc_norm false in config.json, its weights dropped) disagrees at every step."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    run = runs("fc_norm")
-    export = _latest(run / "exports")
-    ignored = tmp_path / "ignored"
-    shutil.copytree(export, ignored)
-    config = json.loads((ignored / "config.json").read_text())
+def _ignore_fc_norm(config: dict, weights: dict) -> None:
     config["fc_norm"] = False
-    (ignored / "config.json").write_text(json.dumps(config))
+    for name in [n for n in weights if n.startswith("fc_norm.")]:
+        del weights[name]
+
+
+@pytest.mark.parametrize(
+    ("run_name", "serving_mismatch"),
+    [("plain", _flip_norm_before_residual), ("fc_norm", _ignore_fc_norm)],
+    ids=["flipped_norm_before_residual", "ignored_fc_norm"],
+)
+def test_the_comparison_sees_a_serving_mismatch(runs, tmp_path: Path, run_name, serving_mismatch):
+    """Negative controls: the same export read as a server that misreads it would (a flag
+    flipped in config.json; fc_norm ignored, its weights dropped) disagrees at every step —
+    the check has the power to see such a mismatch."""
+    run = runs(run_name)
+    export = _latest(run / "exports")
+    config = json.loads((export / "config.json").read_text())
     weights = load_file(str(export / "model.safetensors"))
-    kept = {n: t for n, t in weights.items() if not n.startswith("fc_norm.")}
-    save_file(kept, str(ignored / "model.safetensors"))
+    serving_mismatch(config, weights)
+    misread = tmp_path / "misread"
+    shutil.copytree(export, misread)
+    (misread / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(misread / "model.safetensors"))
     docs = _three_documents(run)
     train_logits, cu, sample_ids = trainer_step_logits(run, docs)
     dataset = Path(load_config(run / "run.yaml").data.hidden_states)
-    _, eval_logits = eval_step_logits(ignored, dataset, sample_ids)
+    _, eval_logits = eval_step_logits(misread, dataset, sample_ids)
     worst = compare(train_logits, cu, sample_ids, eval_logits)
     assert min(worst) > 100 * REL_TOL, worst
