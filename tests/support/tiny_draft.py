@@ -85,15 +85,17 @@ DEFAULTS = {
 }
 
 
-def eagle3_eval_imports(path: Path) -> set[str]:
-    """Names of the eagle3_eval modules a source file imports, at any depth of its code."""
+# The packages whose modules build and check the assets: their imports are followed.
+FOLLOWED = ("eagle3_eval", "eagle3_schemas")
+
+
+def followed_imports(path: Path) -> set[str]:
+    """Names of the FOLLOWED packages' modules a source file imports, at any depth of its code."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names if a.name.split(".")[0] == "eagle3_eval")
-        elif (
-            isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "eagle3_eval"
-        ):
+            names.update(a.name for a in node.names if a.name.split(".")[0] in FOLLOWED)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FOLLOWED:
             names.add(node.module)
             package = importlib.util.find_spec(node.module)
             if package is None or package.submodule_search_locations is None:
@@ -114,16 +116,17 @@ def builder_sources() -> dict[str, Path]:
     """The code whose content decides what this script builds, by a name that does not depend
     on where it is installed.
 
-    This file; the corpus builder it runs (tests/support/tiny_corpus.py); the eagle3_eval modules
-    it imports, followed import by import (read from the sources, so the set does not depend on
-    what the calling process happens to have imported); and the whole eagle3_schemas package,
-    schema files included, since it writes and validates every artifact.
+    This file; the corpus builder it runs (tests/support/tiny_corpus.py); the eagle3_eval and
+    eagle3_schemas modules it imports, followed import by import (read from the sources, so the
+    set does not depend on what the calling process happens to have imported); and the schema
+    files, which eagle3_schemas reads by path to write and validate every artifact. A change to
+    a schemas module the assets never import (the fault records, the stream) rebuilds nothing.
     """
     sources = {
         "tests/support/tiny_draft.py": Path(__file__).resolve(),
         "tests/support/tiny_corpus.py": Path(tiny_corpus.__file__).resolve(),
     }
-    todo, seen = ["eagle3_eval", *eagle3_eval_imports(Path(__file__))], set()
+    todo, seen = [*FOLLOWED, *followed_imports(Path(__file__))], set()
     while todo:
         name = todo.pop()
         if name in seen:
@@ -133,10 +136,10 @@ def builder_sources() -> dict[str, Path]:
         assert spec is not None and spec.origin is not None, name
         origin = Path(spec.origin)
         sources[_source_name(name, origin)] = origin
-        todo += eagle3_eval_imports(origin)
+        todo += followed_imports(origin)
     schemas_root = Path(importlib.util.find_spec("eagle3_schemas").origin).parent
     # os.walk, not rglob: schema_files is a symlink to the repository's schemas/ folder.
-    for folder, dirs, files in os.walk(schemas_root, followlinks=True):
+    for folder, dirs, files in os.walk(schemas_root / "schema_files", followlinks=True):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         for file in files:
             path = Path(folder) / file
