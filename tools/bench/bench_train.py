@@ -646,7 +646,7 @@ def _brief(side: dict) -> object:
 
 def _figure(side: dict, key: str, fmt: str) -> str:
     if "error" in side:
-        return side["error"][:14]
+        return "OOM" if side["error"] == "out of memory" else side["error"][:11]
     return format(side[key], fmt) if key in side else "-"
 
 

@@ -107,3 +107,30 @@ def test_without_gradients_the_layers_run_once():
     """Validation (no_grad) does not checkpoint: one forward per layer and step."""
     _, _, runs = _step(_model(attention="chunked"), recompute=True, grad=False)
     assert runs == 2 * 3
+
+
+@pytest.mark.slow
+def test_recompute_under_compiled_layers_gives_the_compiled_loss_and_gradients():
+    """train.recompute with train.compile (inductor's CPU code here): the checkpoint wraps the
+    compiled layer, so backward reruns the compiled forward. Bit-equal to the compiled run
+    without recompute, for both drafts; dynamo broke no graph but at the attention (by
+    design), so the compiled code ran, not an eager fallback."""
+    from torch._dynamo.utils import counters
+
+    for shape in ({}, MLA):
+        results = []
+        for recompute in (False, True):
+            model = _model(attention="chunked", **shape)
+            torch._dynamo.reset()
+            counters.clear()
+            for layer in model.layers:
+                layer.compile()
+            results.append(_step(model, recompute))
+            assert counters["stats"]["unique_graphs"] >= 1, shape
+            breaks = [r for r in counters["graph_break"] if "ttt_attend" not in r]
+            assert not breaks, breaks
+        (eager_loss, eager, runs), (loss, grads, recomputed_runs) = results
+        assert recomputed_runs == 2 * runs, (runs, recomputed_runs)
+        assert torch.equal(loss, eager_loss), shape
+        for name, grad in eager.items():
+            assert torch.equal(grads[name], grad), name
