@@ -134,3 +134,17 @@ def test_recompute_under_compiled_layers_gives_the_compiled_loss_and_gradients()
         assert torch.equal(loss, eager_loss), shape
         for name, grad in eager.items():
             assert torch.equal(grads[name], grad), name
+
+
+def test_train_recompute_reaches_every_decoder_layer():
+    """The trainer applies train.recompute with the other layer settings (build.speed_up)."""
+    from types import SimpleNamespace
+
+    from eagle3_train.build import speed_up
+    from eagle3_train.config import Config
+
+    for setting in (False, True):
+        model, config = _model(), Config()
+        config.train.recompute, config.train.compile = setting, "never"
+        speed_up(model, config, SimpleNamespace(mixed_precision="no", device=torch.device("cpu")))
+        assert [layer.recompute for layer in model.layers] == [setting, setting]
