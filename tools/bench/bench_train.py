@@ -131,6 +131,8 @@ def run_ours(args) -> dict[str, float]:
         for layer in model.layers:
             layer.compile()
         compile_kl_chunk(True)
+    for layer in model.layers:  # train.recompute
+        layer.recompute = bool(args.recompute)
     model.to(args.device)
     params = model.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=1e-4, fused=args.device == "cuda")
@@ -606,7 +608,7 @@ def long_context(args, forwarded: list[str], sides: tuple[str, ...], results: di
     print(
         f"\nlong context: one sample of L tokens, H={c.hidden}, heads {_heads(c)[0]}, I={c.intermediate}, "
         f"V_target={c.v_target}, V_draft={c.v_draft}, TTT={c.ttt_steps}, {c.device} {c.dtype}, "
-        f"ours: attention {c.attention}, objective {c.objective}"
+        f"ours: attention {c.attention}, objective {c.objective}, recompute {c.recompute}"
     )
     unit = "GPU" if c.device == "cuda" else "RSS"
     print(f"{'L':>7}{'ours step MiB (' + unit + ')':>22}{'x prev':>8}{'ours s/step':>12}{'spec step MiB':>15}{'spec s/step':>12}")  # fmt: skip
@@ -644,7 +646,7 @@ def _brief(side: dict) -> object:
 
 def _figure(side: dict, key: str, fmt: str) -> str:
     if "error" in side:
-        return side["error"][:14]
+        return "OOM" if side["error"] == "out of memory" else side["error"][:11]
     return format(side[key], fmt) if key in side else "-"
 
 
@@ -698,6 +700,9 @@ def main() -> int:
         help="ours: draft.attention",
     )
     p.add_argument("--compile", type=int, default=0, help="ours: compiled layers and loss (1)")
+    p.add_argument(
+        "--recompute", type=int, default=0, help="ours: train.recompute, layers recomputed (1)"
+    )
     p.add_argument(
         "--objective",
         default="plain",

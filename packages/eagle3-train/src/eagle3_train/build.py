@@ -59,7 +59,7 @@ def init_from_draft(model: Eagle3Draft, inputs: RunInputs, arch: DraftArch) -> N
 def speed_up(model: Eagle3Draft, config: Config, accelerator) -> None:
     """What makes the step fast on the device, applied from outside the model: the frozen
     target weights in bf16 under bf16 training, and (train.compile) compiled decoder layers
-    and loss chunk body."""
+    and loss chunk body; (train.recompute) decoder layers recomputed in backward."""
     # (not when the export copies the embedding: it keeps the target's own values)
     if accelerator.mixed_precision == "bf16" and not config.export.include_embeddings:
         model.store_frozen_as(torch.bfloat16)
@@ -67,6 +67,8 @@ def speed_up(model: Eagle3Draft, config: Config, accelerator) -> None:
         for layer in model.layers:
             layer.compile()  # in place: parameter names (checkpoints, export) stay
         compile_kl_chunk(True)
+    for layer in model.layers:  # memory rather than speed: recomputed in backward
+        layer.recompute = config.train.recompute
 
 
 def compile_enabled(setting: str, device: torch.device) -> bool:

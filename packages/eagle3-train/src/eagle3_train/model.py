@@ -46,6 +46,7 @@ from eagle3_train.loss import (
     step_accuracy,
 )
 from eagle3_train.mla_attention import MLAAttention
+from eagle3_train.recompute import run_layer
 from eagle3_train.train_config import ObjectiveConfig
 
 PLAIN_TTT = ObjectiveConfig(topk_weight=0.0)
@@ -57,6 +58,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, arch: DraftArch, index: int) -> None:
         super().__init__()
         self.first = index == 0
+        self.recompute = False  # train.recompute (build.speed_up): recompute.run_layer
         self.norm_before_residual = arch.norm_before_residual
         H = arch.hidden_size
         attention = MLAAttention if arch.mla else Attention
@@ -247,7 +249,7 @@ class Eagle3Draft(nn.Module):
             cos, sin = self.rotary(al.positions + k, rope_dtype)
             x = hidden
             for i, layer in enumerate(self.layers):
-                x = layer(x, embeds if i == 0 else None, cos, sin, caches[i], al)
+                x = run_layer(layer, x, embeds if i == 0 else None, cos, sin, caches[i], al)
             normed = self.norm(x)
             hidden = normed if self.arch.norm_output else x
             # Draft logits only for the rows that count (scored, or in the accuracy chain);

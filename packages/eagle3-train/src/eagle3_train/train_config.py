@@ -85,6 +85,11 @@ class TrainLoopConfig:
     # loss's chunk body. auto = on CUDA only (CPU: compilation costs more than it saves on
     # short runs).
     compile: Literal["auto", "always", "never"] = "auto"
+    # Activation checkpointing: each decoder layer recomputed in backward, per TTT step
+    # (recompute.py; also under train.compile). Trades one more forward of the layer for its
+    # activations: measured, see recipes/kimi-k2.5/RESOURCES.md "Long samples". For samples
+    # longer than what fits without it.
+    recompute: bool = False
     seed: int = 0
     # A non-finite loss or gradient norm. "stop" (exit 3): nothing of the bad step is kept, the
     # last checkpoint stands. "skip": that optimizer step leaves weights and optimizer state
