@@ -17,6 +17,11 @@ be read on both evaluators.
 - ours: `accelerate launch -m eagle3_train` with the recipe's train.yaml, as a user runs it.
   `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
   `--arm ours=` is the defaults, always run).
+  `--equal-time` adds ours-equal-time (issue 30 item 6): ours' defaults trained for as many
+  steps as fit in the wall-clock seconds speculators' default arm took for --steps on this
+  machine, the same seed (steps in proportion to ours' own --steps run beside it); its steps,
+  seconds and AL are printed beside the same-steps figures. On a GPU the step-time ratio
+  tools/bench/gpu_check.py measures decides the same trade.
   `--eagle31-arms` adds issue 30's arms of ours (ARMS_EAGLE31: fc_norm, norm_output, both,
   speculators' norm pair, muon, muon with its Muon group at 5e-3, tv, lk), each one option
   away from the defaults.
@@ -72,11 +77,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS, VALIDATION_FRACTION = 2048, 0.05
 # speculators' arms: `speculators train` arguments beyond the verifier, --lr and --max-steps
+EQUAL_TIME = "ours-equal-time"  # --equal-time: run_equal_time
 SPECULATORS_ARMS = {
     "speculators": [],  # the 0.9.0 eagle3 defaults (EAGLE 3.1 norms, Muon, linear, kl_div)
     "speculators-adamw": ["--optimizer", "adamw", "--scheduler-warmup-steps", "20"],
@@ -350,14 +357,23 @@ def _write_json(path: Path, value: dict) -> None:
 
 
 def run_arm(
-    args, recipe: Recipe, run: Path, out: Path, arm: str, overrides: list[str], seed: int
+    args,
+    recipe: Recipe,
+    run: Path,
+    out: Path,
+    arm: str,
+    overrides: list[str],
+    seed: int,
+    steps: int | None = None,
 ) -> dict:
     """One (arm, seed): train (trained.json), then measure at k (vLLM where it serves the
     draft; result.json at k = 3, result-kK.json otherwise). Each is reused when already done
-    alike: a draft trained alike is measured at another k without training again."""
+    alike: a draft trained alike is measured at another k without training again. ``steps``:
+    args.steps unless given (the equal-wall-clock arm)."""
+    steps = steps or args.steps
     where = out / arm / f"seed-{seed}"
     trained = where / "trained.json"
-    train_key = {"steps": args.steps, "lr": args.lr, "overrides": overrides}
+    train_key = {"steps": steps, "lr": args.lr, "overrides": overrides}
     if arm in SPECULATORS_ARMS:
         train_key["speculators_args"] = SPECULATORS_ARMS[arm]
         draft = where / "draft"
@@ -368,9 +384,9 @@ def run_arm(
         shutil.rmtree(where, ignore_errors=True)
         where.mkdir(parents=True)
         if arm in SPECULATORS_ARMS:
-            seconds = train_speculators(recipe, run, where, args.steps, args.lr, seed, arm)
+            seconds = train_speculators(recipe, run, where, steps, args.lr, seed, arm)
         else:
-            seconds = train_ours(recipe, run, where / "train", args.steps, args.lr, seed, overrides)
+            seconds = train_ours(recipe, run, where / "train", steps, args.lr, seed, overrides)
         _write_json(trained, {"key": train_key, "run_seconds": seconds})
     seconds = json.loads(trained.read_text())["run_seconds"]
     suffix = "" if args.k == 3 else f"-k{args.k}"
@@ -396,9 +412,11 @@ def run_arm(
     return result
 
 
-def summarize_arm(results: list[dict], tokens: int, k: int) -> dict:
+def summarize_arm(results: list[dict], tokens_of: Callable[[int], int], k: int) -> dict:
+    """Over the seeds; ``tokens_of(steps)``: the packed tokens ``steps`` steps consume."""
     als = [r["acceptance_length"] for r in results]
     seconds = [r["run_seconds"] for r in results]
+    rates = [tokens_of(r["key"]["steps"]) / r["run_seconds"] for r in results]
     positions = [sum(r["per_position"][j] for r in results) / len(results) for j in range(k)]
     return {
         "evaluator": "+".join(sorted({r["evaluator"] for r in results})),
@@ -409,8 +427,28 @@ def summarize_arm(results: list[dict], tokens: int, k: int) -> dict:
         "per_seed": als,
         "per_position": positions,
         "run_seconds": statistics.fmean(seconds),
-        "tokens_per_second": tokens / statistics.fmean(seconds),
+        "steps": statistics.fmean(r["key"]["steps"] for r in results),
+        "tokens_per_second": statistics.fmean(rates),
     }
+
+
+def run_equal_time(args, recipe: Recipe, run: Path, out: Path, seed: int) -> dict:
+    """Issue 30 item 6: ours' defaults trained for the wall-clock seconds speculators' default
+    arm took for args.steps steps, this seed. The steps follow from ours' own whole run of
+    args.steps steps (the same seed, measured beside it: ours and speculators run one after the
+    other), in proportion; the result keeps the seconds it really took, printed beside."""
+    anchor = run_arm(args, recipe, run, out, "speculators", [], seed)
+    same = run_arm(args, recipe, run, out, "ours", [], seed)
+    steps = round(args.steps * anchor["run_seconds"] / same["run_seconds"])
+    result = run_arm(args, recipe, run, out, EQUAL_TIME, [], seed, steps)
+    print(
+        f"  equal wall clock, seed {seed}: speculators {args.steps} steps in "
+        f"{anchor['run_seconds']:.0f} s, AL {anchor['acceptance_length']:.3f}; ours "
+        f"{args.steps} steps in {same['run_seconds']:.0f} s, AL {same['acceptance_length']:.3f}; "
+        f"ours {steps} steps in {result['run_seconds']:.0f} s, AL {result['acceptance_length']:.3f}",
+        flush=True,
+    )
+    return result
 
 
 def main() -> int:
@@ -426,6 +464,11 @@ def main() -> int:
     p.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE[;...]")
     p.add_argument("--eagle31-arms", action="store_true", help="add ARMS_EAGLE31 (issue 30)")
     p.add_argument("--no-speculators", action="store_true", help="ours' arms only")
+    p.add_argument(
+        "--equal-time",
+        action="store_true",
+        help=f"add {EQUAL_TIME}: ours' defaults for the seconds speculators' defaults took",
+    )
     p.add_argument(
         "--only",
         help="comma-separated arm names: run just these of the arms chosen (one at a time, "
@@ -470,25 +513,34 @@ def main() -> int:
         arms |= ARMS_EAGLE31
     if not args.no_speculators:
         arms |= {name: [] for name in SPECULATORS_ARMS}
+    if args.equal_time:
+        if args.no_speculators:
+            p.error("--equal-time needs speculators' default arm")
+        arms[EQUAL_TIME] = []
     if args.only:
         names = args.only.split(",")
         if unknown := [n for n in names if n not in arms]:
             p.error(f"--only {unknown}: not among the arms chosen {list(arms)}")
         arms = {n: arms[n] for n in names}
-    tokens = sum(
-        n for batch in epoch_batches(run / "hidden_states", args.steps, 0) for _, n in batch
-    )
+
+    def tokens_of(steps: int) -> int:
+        return sum(n for batch in epoch_batches(run / "hidden_states", steps, 0) for _, n in batch)
+
+    tokens = tokens_of(args.steps)
     rows = {}
     for arm, overrides in arms.items():
         results = []
         for seed in seeds:
-            results.append(run_arm(args, recipe, run, out, arm, overrides, seed))
+            if arm == EQUAL_TIME:
+                results.append(run_equal_time(args, recipe, run, out, seed))
+            else:
+                results.append(run_arm(args, recipe, run, out, arm, overrides, seed))
             r = results[-1]
             print(
                 f"  {arm} seed {seed}: AL {r['acceptance_length']:.3f} ({r['evaluator']})",
                 flush=True,
             )
-        rows[arm] = summarize_arm(results, tokens, args.k) | {"overrides": overrides}
+        rows[arm] = summarize_arm(results, tokens_of, args.k) | {"overrides": overrides}
     print(f"{args.steps} steps, lr {args.lr}, ~{tokens} packed tokens, {args.prompts} prompts,")
     print(f"seeds {seeds}; AL = acceptance length (k={args.k}, greedy), mean and min..max, by")
     print("the evaluator named (vllm, or the transformers reference loop)")
@@ -498,7 +550,7 @@ def main() -> int:
         f"{'arm':<28}{'evaluator':<11}{'AL':>7}  {'min..max':<14}{'per seed':<{7 * len(seeds)}}"
         f"{'per position':<{width}}"
         + "".join(f"{'x ' + b:>{max(len(b) + 4, 9)}}" for b in bases)
-        + f"{'run s':>8}{'tokens/s':>10}"
+        + f"{'steps':>7}{'run s':>8}{'tokens/s':>10}"
     )
     for arm, r in rows.items():
         positions = " / ".join(f"{x:.2f}" for x in r["per_position"])
@@ -511,7 +563,7 @@ def main() -> int:
             f"{arm:<28}{r['evaluator']:<11}{r['acceptance_length']:>7.3f}  "
             f"{r['al_min']:.3f}..{r['al_max']:.3f}  {per_seed:<{7 * len(seeds)}}"
             f"{positions:<{width}}{ratios}"
-            f"{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
+            f"{r['steps']:>7.0f}{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
         )
     if args.json:
         summary = {"recipe": str(recipe.folder), "steps": args.steps, "seeds": seeds}
