@@ -4,7 +4,7 @@ Both drafts train on the same hidden-state dataset and vocab map (a run of a tin
 pipeline.sh: recipes/tiny, or recipes/tiny-mla with --recipe), for the same optimizer steps and
 peak learning rate, from the same packed batches (eagle3-train's epoch plan for the seed, 2048
 tokens, its validation split left out), then both are served by vLLM (`eagle3-eval vllm`,
-k = 3, greedy, the same held-out prompts). Each side runs once per seed (model init and batch
+k = 3 or --k, greedy, the same held-out prompts). Each side runs once per seed (model init and batch
 order); the table gives each arm's mean acceptance length, its spread (min..max) over the seeds
 and its ratio to speculators' mean.
 
@@ -17,8 +17,14 @@ be read on both evaluators.
 - ours: `accelerate launch -m eagle3_train` with the recipe's train.yaml, as a user runs it.
   `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
   `--arm ours=` is the defaults, always run).
+  `--equal-time` adds ours-equal-time (issue 30 item 6): ours' defaults trained for as many
+  steps as fit in the wall-clock seconds speculators' default arm took for --steps on this
+  machine, the same seed (steps in proportion to ours' own --steps run beside it); its steps,
+  seconds and AL are printed beside the same-steps figures. On a GPU the step-time ratio
+  tools/bench/gpu_check.py measures decides the same trade.
   `--eagle31-arms` adds issue 30's arms of ours (ARMS_EAGLE31: fc_norm, norm_output, both,
-  speculators' norm pair, muon, tv, lk), each one option away from the defaults.
+  speculators' norm pair, muon, muon with its Muon group at 5e-3, tv, lk), each one option
+  away from the defaults.
 - speculators: its own training entry point wants CUDA (FlexAttention, fused Triton loss,
   FSDP), so a plain loop around its `Eagle3DraftModel` and its own optimizer, schedule and loss
   builders, configured by its own `speculators train` argument parser (speculators/train/
@@ -37,9 +43,16 @@ be read on both evaluators.
   Saved with its own `save_pretrained` — the format vLLM serves.
 - speculators-adamw: the same with `--optimizer adamw --scheduler-warmup-steps 20`, the
   anchor the README's tables measured before 0.9.0 made Muon the default.
+- speculators-muon-lr5e-3: the defaults with `--muon-lr 5e-3` — Muon at its default 1e-3 (=
+  --lr) learns slowly in 150 steps; this is the one flag a user tuning it would set (ours'
+  `muon-lr5e-3` arm sets the same, train.muon.lr).
 
 Finished (arm, seed) runs are kept under OUT/ARM/seed-S and reused when their overrides are
-the same, so a run can be extended by more seeds or arms. Whole-run time is start to exported
+the same, so a run can be extended by more seeds or arms: the trained draft (trained.json) and
+each k's measurement (result.json at k = 3, result-kK.json) apart, so a draft trained once is
+measured at k = 5 without training again, and one k's figures never stand for another's.
+`--only ARM[,ARM]` runs just those arms (e.g. one (arm, seed) per call under a CPU lock); a
+last call without it prints the whole table from the runs kept. Whole-run time is start to exported
 draft of each process (imports, loading, validation, checkpoints included): what a user waits
 for. Tokens are the packed tokens of the batches the steps consume.
 
@@ -48,6 +61,8 @@ for. Tokens are the packed tokens of the batches the steps consume.
     uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny --no-speculators \\
         --arm plain='train.objective.topk_weight=0'                   # one ablation, vLLM-measured
     uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny --eagle31-arms
+    uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny --eagle31-arms \
+        --only fc_norm+norm_output --seeds 1 --k 5           # one (arm, seed), at k = 5
 """
 
 from __future__ import annotations
@@ -62,14 +77,18 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS, VALIDATION_FRACTION = 2048, 0.05
 # speculators' arms: `speculators train` arguments beyond the verifier, --lr and --max-steps
+EQUAL_TIME = "ours-equal-time"  # --equal-time: run_equal_time
 SPECULATORS_ARMS = {
     "speculators": [],  # the 0.9.0 eagle3 defaults (EAGLE 3.1 norms, Muon, linear, kl_div)
     "speculators-adamw": ["--optimizer", "adamw", "--scheduler-warmup-steps", "20"],
+    # Muon at 1e-3 (its default, = --lr) learns slowly in 150 steps; a user tuning it sets this
+    "speculators-muon-lr5e-3": ["--muon-lr", "5e-3"],
 }
 NORM_FLAGS = {"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}
 # issue 30's arms of ours (--eagle31-arms): each one option away from our defaults
@@ -79,6 +98,7 @@ ARMS_EAGLE31 = {
     "fc_norm+norm_output": ["draft.fc_norm=true", "draft.norm_output=true"],
     "norm_before_fc+norm_output": ["draft.norm_before_fc=true", "draft.norm_output=true"],
     "muon": ["train.optimizer=muon"],
+    "muon-lr5e-3": ["train.optimizer=muon", "train.muon.lr=5e-3"],  # = speculators' --muon-lr
     "tv": ["train.objective.divergence=tv"],
     "lk": ["train.objective.divergence=lk"],
 }
@@ -289,7 +309,7 @@ def speculators_child(
 
 
 def evaluate(
-    recipe: Recipe, run: Path, draft: Path, out: Path, prompts: int, vllm_python: str | None
+    recipe: Recipe, run: Path, draft: Path, out: Path, prompts: int, k: int, vllm_python: str | None
 ) -> dict:
     """``eagle3-eval vllm`` with ``vllm_python``, ``eagle3-eval reference`` without."""
     mode = "vllm" if vllm_python else "reference"
@@ -297,6 +317,7 @@ def evaluate(
     command += ["--target", str(recipe.target), "--prompts", str(run / "corpus.jsonl")]
     command += ["--heldout-sources", str(recipe.target / "build_info.json")]
     command += ["--limit", str(prompts), "--max-new-tokens", "128", "--no-baseline"]
+    command += ["--k", str(k)]
     command += ["--ignore-lineage", "--no-figure", "--no-card", "--out", str(out)]
     if vllm_python:
         command += ["--concurrency", str(prompts), "--vllm-python", vllm_python]
@@ -329,34 +350,57 @@ def code_fingerprint(recipe: Recipe) -> str:
     return digest.hexdigest()[:16]
 
 
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.rename(path)
+
+
 def run_arm(
-    args, recipe: Recipe, run: Path, out: Path, arm: str, overrides: list[str], seed: int
+    args,
+    recipe: Recipe,
+    run: Path,
+    out: Path,
+    arm: str,
+    overrides: list[str],
+    seed: int,
+    steps: int | None = None,
 ) -> dict:
-    """One (arm, seed): train, then measure (vLLM where it serves the draft); reused when
-    already done alike."""
+    """One (arm, seed): train (trained.json), then measure at k (vLLM where it serves the
+    draft; result.json at k = 3, result-kK.json otherwise). Each is reused when already done
+    alike: a draft trained alike is measured at another k without training again. ``steps``:
+    args.steps unless given (the equal-wall-clock arm)."""
+    steps = steps or args.steps
     where = out / arm / f"seed-{seed}"
-    done = where / "result.json"
-    key = {"steps": args.steps, "lr": args.lr, "prompts": args.prompts, "overrides": overrides}
-    key["evaluator"] = args.evaluator
+    trained = where / "trained.json"
+    train_key = {"steps": steps, "lr": args.lr, "overrides": overrides}
     if arm in SPECULATORS_ARMS:
-        key["speculators_args"] = SPECULATORS_ARMS[arm]
+        train_key["speculators_args"] = SPECULATORS_ARMS[arm]
+        draft = where / "draft"
     else:  # ours' defaults live in the code: a change reruns its arms
-        key["code"] = code_fingerprint(recipe)
+        train_key["code"] = code_fingerprint(recipe)
+        draft = where / "train" / "draft"
+    if not trained.exists() or json.loads(trained.read_text())["key"] != train_key:
+        shutil.rmtree(where, ignore_errors=True)
+        where.mkdir(parents=True)
+        if arm in SPECULATORS_ARMS:
+            seconds = train_speculators(recipe, run, where, steps, args.lr, seed, arm)
+        else:
+            seconds = train_ours(recipe, run, where / "train", steps, args.lr, seed, overrides)
+        _write_json(trained, {"key": train_key, "run_seconds": seconds})
+    seconds = json.loads(trained.read_text())["run_seconds"]
+    suffix = "" if args.k == 3 else f"-k{args.k}"
+    done = where / f"result{suffix}.json"
+    key = train_key | {"prompts": args.prompts, "evaluator": args.evaluator, "k": args.k}
     if done.exists():
         result = json.loads(done.read_text())
         if result["key"] == key:
             return result
-    shutil.rmtree(where, ignore_errors=True)
-    where.mkdir(parents=True)
-    if arm in SPECULATORS_ARMS:
-        seconds = train_speculators(recipe, run, where, args.steps, args.lr, seed, arm)
-        draft = where / "draft"
-    else:
-        seconds = train_ours(recipe, run, where / "train", args.steps, args.lr, seed, overrides)
-        draft = where / "train" / "draft"
     in_vllm = args.evaluator == "auto" and recipe.vllm_serves(draft)
     vllm_python = args.vllm_python if in_vllm else None
-    report = evaluate(recipe, run, draft, where / "eval", args.prompts, vllm_python)
+    report = evaluate(
+        recipe, run, draft, where / f"eval{suffix}", args.prompts, args.k, vllm_python
+    )
     result = {
         "key": key,
         "evaluator": report["mode"],
@@ -364,16 +408,16 @@ def run_arm(
         "per_position": report["per_position_acceptance"],
         "run_seconds": seconds,
     }
-    tmp = done.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.rename(done)
+    _write_json(done, result)
     return result
 
 
-def summarize_arm(results: list[dict], tokens: int) -> dict:
+def summarize_arm(results: list[dict], tokens_of: Callable[[int], int], k: int) -> dict:
+    """Over the seeds; ``tokens_of(steps)``: the packed tokens ``steps`` steps consume."""
     als = [r["acceptance_length"] for r in results]
     seconds = [r["run_seconds"] for r in results]
-    positions = [sum(r["per_position"][j] for r in results) / len(results) for j in range(3)]
+    rates = [tokens_of(r["key"]["steps"]) / r["run_seconds"] for r in results]
+    positions = [sum(r["per_position"][j] for r in results) / len(results) for j in range(k)]
     return {
         "evaluator": "+".join(sorted({r["evaluator"] for r in results})),
         "acceptance_length": statistics.fmean(als),
@@ -383,8 +427,28 @@ def summarize_arm(results: list[dict], tokens: int) -> dict:
         "per_seed": als,
         "per_position": positions,
         "run_seconds": statistics.fmean(seconds),
-        "tokens_per_second": tokens / statistics.fmean(seconds),
+        "steps": statistics.fmean(r["key"]["steps"] for r in results),
+        "tokens_per_second": statistics.fmean(rates),
     }
+
+
+def run_equal_time(args, recipe: Recipe, run: Path, out: Path, seed: int) -> dict:
+    """Issue 30 item 6: ours' defaults trained for the wall-clock seconds speculators' default
+    arm took for args.steps steps, this seed. The steps follow from ours' own whole run of
+    args.steps steps (the same seed, measured beside it: ours and speculators run one after the
+    other), in proportion; the result keeps the seconds it really took, printed beside."""
+    anchor = run_arm(args, recipe, run, out, "speculators", [], seed)
+    same = run_arm(args, recipe, run, out, "ours", [], seed)
+    steps = round(args.steps * anchor["run_seconds"] / same["run_seconds"])
+    result = run_arm(args, recipe, run, out, EQUAL_TIME, [], seed, steps)
+    print(
+        f"  equal wall clock, seed {seed}: speculators {args.steps} steps in "
+        f"{anchor['run_seconds']:.0f} s, AL {anchor['acceptance_length']:.3f}; ours "
+        f"{args.steps} steps in {same['run_seconds']:.0f} s, AL {same['acceptance_length']:.3f}; "
+        f"ours {steps} steps in {result['run_seconds']:.0f} s, AL {result['acceptance_length']:.3f}",
+        flush=True,
+    )
+    return result
 
 
 def main() -> int:
@@ -395,10 +459,21 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--prompts", type=int, default=40)
+    p.add_argument("--k", type=int, default=3, help="num_speculative_tokens at evaluation")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated; each arm runs once per seed")
     p.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE[;...]")
     p.add_argument("--eagle31-arms", action="store_true", help="add ARMS_EAGLE31 (issue 30)")
     p.add_argument("--no-speculators", action="store_true", help="ours' arms only")
+    p.add_argument(
+        "--equal-time",
+        action="store_true",
+        help=f"add {EQUAL_TIME}: ours' defaults for the seconds speculators' defaults took",
+    )
+    p.add_argument(
+        "--only",
+        help="comma-separated arm names: run just these of the arms chosen (one at a time, "
+        "e.g. under a lock; a last call without it prints the whole table from the runs kept)",
+    )
     p.add_argument(
         "--speculators-check",
         action="store_true",
@@ -438,36 +513,57 @@ def main() -> int:
         arms |= ARMS_EAGLE31
     if not args.no_speculators:
         arms |= {name: [] for name in SPECULATORS_ARMS}
-    tokens = sum(
-        n for batch in epoch_batches(run / "hidden_states", args.steps, 0) for _, n in batch
-    )
+    if args.equal_time:
+        if args.no_speculators:
+            p.error("--equal-time needs speculators' default arm")
+        arms[EQUAL_TIME] = []
+    if args.only:
+        names = args.only.split(",")
+        if unknown := [n for n in names if n not in arms]:
+            p.error(f"--only {unknown}: not among the arms chosen {list(arms)}")
+        arms = {n: arms[n] for n in names}
+
+    def tokens_of(steps: int) -> int:
+        return sum(n for batch in epoch_batches(run / "hidden_states", steps, 0) for _, n in batch)
+
+    tokens = tokens_of(args.steps)
     rows = {}
     for arm, overrides in arms.items():
         results = []
         for seed in seeds:
-            results.append(run_arm(args, recipe, run, out, arm, overrides, seed))
+            if arm == EQUAL_TIME:
+                results.append(run_equal_time(args, recipe, run, out, seed))
+            else:
+                results.append(run_arm(args, recipe, run, out, arm, overrides, seed))
             r = results[-1]
             print(
                 f"  {arm} seed {seed}: AL {r['acceptance_length']:.3f} ({r['evaluator']})",
                 flush=True,
             )
-        rows[arm] = summarize_arm(results, tokens) | {"overrides": overrides}
+        rows[arm] = summarize_arm(results, tokens_of, args.k) | {"overrides": overrides}
     print(f"{args.steps} steps, lr {args.lr}, ~{tokens} packed tokens, {args.prompts} prompts,")
-    print(f"seeds {seeds}; AL = acceptance length (k=3, greedy), mean and min..max, measured by")
+    print(f"seeds {seeds}; AL = acceptance length (k={args.k}, greedy), mean and min..max, by")
     print("the evaluator named (vllm, or the transformers reference loop)")
-    reference = rows.get("speculators", rows["ours"])["acceptance_length"]
-    base = "speculators" if "speculators" in rows else "ours"
+    bases = [b for b in ("speculators", "speculators-adamw") if b in rows] or [next(iter(rows))]
+    width = 8 * args.k
     print(
-        f"{'arm':<28}{'evaluator':<11}{'AL':>7}  {'min..max':<13}{'per position':<22}"
-        f"{'x ' + base:>14}{'run s':>8}{'tokens/s':>10}"
+        f"{'arm':<28}{'evaluator':<11}{'AL':>7}  {'min..max':<14}{'per seed':<{7 * len(seeds)}}"
+        f"{'per position':<{width}}"
+        + "".join(f"{'x ' + b:>{max(len(b) + 4, 9)}}" for b in bases)
+        + f"{'steps':>7}{'run s':>8}{'tokens/s':>10}"
     )
     for arm, r in rows.items():
-        positions = " / ".join(f"{x:.3f}" for x in r["per_position"])
+        positions = " / ".join(f"{x:.2f}" for x in r["per_position"])
+        per_seed = " ".join(f"{x:.3f}" for x in r["per_seed"])
+        ratios = "".join(
+            f"{r['acceptance_length'] / rows[b]['acceptance_length']:>{max(len(b) + 3, 8)}.3f}x"
+            for b in bases
+        )
         print(
             f"{arm:<28}{r['evaluator']:<11}{r['acceptance_length']:>7.3f}  "
-            f"{r['al_min']:.3f}..{r['al_max']:.3f}  "
-            f"{positions:<22}{r['acceptance_length'] / reference:>13.3f}x"
-            f"{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
+            f"{r['al_min']:.3f}..{r['al_max']:.3f}  {per_seed:<{7 * len(seeds)}}"
+            f"{positions:<{width}}{ratios}"
+            f"{r['steps']:>7.0f}{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
         )
     if args.json:
         summary = {"recipe": str(recipe.folder), "steps": args.steps, "seeds": seeds}
