@@ -210,7 +210,10 @@ class _FlashTTTAttention(torch.autograd.Function):
         # diagonal keys in closed form: GEMMs on the inputs' dtype with float32 results
         do = grad_out.view(B, g, -1)
         dv = do.shape[-1]
-        delta = mm_f32(do.reshape(B * g, 1, dv), out.reshape(B * g, dv, 1)).view(B, g, 1)
+        # delta = rowsum(dO·O): the diagonal of dO·Oᵀ over the group's heads (a g × g GEMM
+        # per slot and kv head reads both once; g² ≤ a few dozen outputs)
+        delta = mm_f32(do, out.view(B, g, dv).transpose(1, 2)).diagonal(dim1=1, dim2=2)
+        delta = delta.unsqueeze(-1)
         lse_b = lse.view(nkv, g, T).permute(2, 0, 1).reshape(B, g, 1)
         p = torch.exp(_diagonal_scores(q, kd, scale) - lse_b)  # [B, g, m]
         dvd = mm_f32(p.to(do.dtype).transpose(1, 2), do)  # [B, m, dv]
