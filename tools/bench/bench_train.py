@@ -237,6 +237,34 @@ def _top_kernels(step, count: int = 12) -> list[list]:
 # GEMMs: their float32 inputs are the CPU's exact emulation of bf16 x bf16 -> float32
 # (loss.mm_f32), not elementwise traffic
 _GEMMS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear")
+# views and wrappers: no data of their own moved (a cast's work is its copy_)
+_NO_DATA = {
+    f"aten::{op}"
+    for op in [
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "transpose",
+        "t",
+        "permute",
+        "expand",
+        "slice",
+        "select",
+        "unsqueeze",
+        "squeeze",
+        "as_strided",
+        "alias",
+        "detach",
+        "diagonal",
+        "unbind",
+        "split",
+        "narrow",
+        "contiguous",
+        "to",
+        "_to_copy",
+        "lift_fresh",
+    ]
+}
 _ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8}
 
 
@@ -307,9 +335,10 @@ def print_op_table(rows: list[dict], top: int = 25) -> None:
         if "float" in r["dtypes"].split(",")
         and r["op"] not in _GEMMS
         and "attention" not in r["op"]  # the kernels (their float32 input: the lse)
+        and r["op"] not in _NO_DATA
         and r not in casts
     ]
-    line("non-GEMM, non-attention-kernel ops reading float32", f32)
+    line("non-GEMM ops reading float32 (no views, no kernels, no casts)", f32)
 
 
 def run_speculators(args) -> dict[str, float]:
