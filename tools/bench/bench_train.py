@@ -174,6 +174,8 @@ def run_ours(args) -> dict[str, float]:
         result["pageable_copies_in_step"] = _pageable_copies(step) or "none"
     if args.profile and args.device == "cuda":
         result["top_kernels"] = _top_kernels(step)
+    elif args.profile:
+        result["ops_per_step"] = _op_table(step, args.profile)
     return result
 
 
@@ -232,6 +234,113 @@ def _top_kernels(step, count: int = 12) -> list[list]:
         torch.cuda.synchronize()
     rows = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
     return [[e.key[:90], round(e.device_time_total / 1e3, 3), e.count] for e in rows[:count]]
+
+
+# GEMMs: their float32 inputs are the CPU's exact emulation of bf16 x bf16 -> float32
+# (loss.mm_f32), not elementwise traffic
+_GEMMS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear")
+# views and wrappers: no data of their own moved (a cast's work is its copy_)
+_NO_DATA = {
+    f"aten::{op}"
+    for op in [
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "transpose",
+        "t",
+        "permute",
+        "expand",
+        "slice",
+        "select",
+        "unsqueeze",
+        "squeeze",
+        "as_strided",
+        "alias",
+        "detach",
+        "diagonal",
+        "unbind",
+        "split",
+        "narrow",
+        "contiguous",
+        "to",
+        "_to_copy",
+        "lift_fresh",
+    ]
+}
+_ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8}
+
+
+def _op_table(step, steps: int) -> list[dict]:
+    """Per step, of ``steps`` profiled steps on the CPU: each aten op by the dtypes of its
+    tensor inputs — calls, self CPU ms and the bytes of its tensor inputs (from the recorded
+    shapes) —, so the float32 traffic of a step can be read off and compared before/after."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(steps):
+            step()
+    table: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for e in prof.events():
+        if not e.name.startswith("aten::"):
+            continue
+        tensors = [
+            (t, s)
+            for t, s in zip(e.input_dtypes, e.input_shapes, strict=False)
+            if t in _ELEMENT_BYTES and s
+        ]
+        row = table[(e.name, ",".join(t.replace("c10::", "") for t, _ in tensors))]
+        row[0] += 1
+        row[1] += e.self_cpu_time_total / 1e3
+        for t, s in tensors:
+            numel = 1
+            for n in s:
+                numel *= n
+            row[2] += numel * _ELEMENT_BYTES[t]
+    return sorted(
+        (
+            {
+                "op": op,
+                "dtypes": dt,
+                "calls": c / steps,
+                "self_ms": ms / steps,
+                "mib": b / steps / 2**20,
+            }
+            for (op, dt), (c, ms, b) in table.items()
+        ),
+        key=lambda r: -r["self_ms"],
+    )
+
+
+def print_op_table(rows: list[dict], top: int = 25) -> None:
+    """The --profile table (CPU): the ops that took most time, then two summary lines — the
+    dtype casts (a copy between two dtypes) and the non-GEMM ops reading float32 — each as
+    calls, self CPU ms and input MiB per step."""
+    print(
+        f"\nops per step (self CPU time):\n{'op':34}{'input dtypes':28}{'calls':>8}{'ms':>9}{'MiB':>9}"
+    )
+    for r in rows[:top]:
+        print(
+            f"{r['op'][:33]:34}{r['dtypes'][:27]:28}{r['calls']:>8.0f}{r['self_ms']:>9.2f}{r['mib']:>9.1f}"
+        )
+
+    def line(name: str, chosen: list[dict]) -> None:
+        calls, ms, mib = (sum(r[k] for r in chosen) for k in ("calls", "self_ms", "mib"))
+        print(f"{name}: {calls:.0f} calls, {ms:.1f} ms, {mib:.0f} MiB per step")
+
+    casts = [r for r in rows if r["op"] == "aten::copy_" and len(set(r["dtypes"].split(","))) > 1]
+    line("dtype casts (copy_ between dtypes)", casts)
+    f32 = [
+        r
+        for r in rows
+        if "float" in r["dtypes"].split(",")
+        and r["op"] not in _GEMMS
+        and "attention" not in r["op"]  # the kernels (their float32 input: the lse)
+        and r["op"] not in _NO_DATA
+        and r not in casts
+    ]
+    line("non-GEMM ops reading float32 (no views, no kernels, no casts)", f32)
 
 
 def run_speculators(args) -> dict[str, float]:
@@ -714,7 +823,13 @@ def main() -> int:
         "--sides", default="both", choices=["both", "ours", "speculators"], help="which to run"
     )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
-    p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of one step")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="ours: CUDA, top kernels of one step; CPU, ops by input dtype over N steps "
+        "(calls, self time and input bytes per step)",
+    )
     p.add_argument(
         "--peak-tflops",
         type=float,
@@ -787,6 +902,8 @@ def main() -> int:
             f"{side:14}{r['seconds_per_step']:>10.3f}{r['tokens_per_s']:>12.0f}"
             f"{r['cpu_seconds_per_step']:>12.3f}{peak:>14.0f}"
         )
+    if "ops_per_step" in results.get("ours", {}):
+        print_op_table(results["ours"]["ops_per_step"])
     if not args.skip_loader:
         # at the train config's H and at Kimi-K2.5's (57 KiB per token), about 1 GiB each
         shapes = {"loader": (args.hidden, args.loader_samples), "loader_kimi": (7168, 32)}

@@ -235,6 +235,103 @@ def test_fused_linear_kl_with_bf16_gemms_is_within_float32_round_off_of_float64(
     assert ((w.grad.double() - w64.grad).abs() <= grad_w_bound).all()
 
 
+def test_the_step_head_in_bf16_normed_and_gathered_per_chunk_is_within_bf16_round_off():
+    """The LM head as the step calls it — the pre-norm state of all T slots, the final
+    RMSNorm and the loss rows' gathers inside the chunk loop, targets at rows + offset, bf16
+    GEMM inputs — against float64 autograd through the same norm, gathers and KL on the same
+    bf16 values. Bound, first order in the unit round-offs (u = 2^-8 for bf16, 2^-24 for
+    float32), gamma_k = k·u/(1 - k·u):
+
+    - each normed row h_t is rounded to bf16 for the GEMM (u_h: u after a float32 norm,
+      gamma of log2 H + a few), which moves KL_t by at most u_h·sum_i |h_ti|·|d KL_t/dh_ti|
+      to first order; the float32 dot products move each logit by gamma_H(u32)·(|h_t|·|W_v|),
+      KL_t by sum_v |q - p|_tv of that; with e_tv the two together, the second-order rest is
+      at most sum_v q_tv·e_tv²/2 (the log-sum-exp's curvature);
+    - the float32 log-softmax/KL reductions and the sum over rows, as in the test above;
+    - d/dz = w·(q - p) is rounded to bf16 (u) and q moves with the logits (2·max_v e_tv);
+      the GEMMs for d/dh and d/dW add gamma of their lengths (and d/dW h's rounding, u);
+    - the norm's backward maps d/dh to d/dx by rstd·(dy - y·mean(dy·y)), dy = d/dh·w_norm
+      (the error passes through that map in absolute values) and to d/dw_norm = sum_t d/dh·y.
+    Rows outside the loss rows get exactly zero gradient."""
+    u16, u32 = BF16_U, 2.0**-24
+    T, hidden, vocab, offset, eps = 160, 32, 301, 2, 1e-6
+    g = torch.Generator().manual_seed(5)
+    bf = lambda x: x.bfloat16().float()  # noqa: E731  (bf16 values, held in float32)
+    x = bf(torch.randn(T, hidden, generator=g) * 3).requires_grad_(True)
+    nw = bf(1 + 0.3 * torch.randn(hidden, generator=g)).requires_grad_(True)
+    w = bf(torch.randn(vocab, hidden, generator=g) * 0.25).requires_grad_(True)
+    target = torch.log_softmax(2 * torch.randn(T, vocab, generator=g), -1)
+    # rows whose target row (+ offset) and the next exist: a wrong offset stays in bounds
+    rows = torch.nonzero(torch.rand(T - offset - 1, generator=g) < 0.6).flatten()
+    row_w = (torch.rand(len(rows), generator=g) < 0.8).float() / 40
+    loss, _, _ = fused_linear_kl(
+        x, w, target, row_w, chunk=32, mm_dtype=torch.bfloat16, rows=rows,
+        target_offset=offset, norm=(nw, eps),
+    )  # fmt: skip
+    loss.backward()
+
+    x64, nw64, w64 = (t.detach().double().requires_grad_(True) for t in (x, nw, w))
+    xr = x64[rows]
+    rstd = torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + eps)
+    h64 = nw64 * (xr * rstd)
+    logp, r = target.double()[rows + offset], row_w.double()
+    logq64 = torch.log_softmax(h64 @ w64.T, -1)
+    ref = (r * (logp.exp() * (logp - logq64)).sum(-1)).sum()
+    ref.backward()
+
+    hd, wd, y, rstd = h64.detach(), w64.detach(), (xr * rstd).detach(), rstd.detach()
+    z = hd @ wd.T
+    logq, lse = torch.log_softmax(z, -1), torch.logsumexp(z, -1, keepdim=True)
+    p, q = logp.exp(), logq.exp()
+    u_h = u16 + _gamma(_cascade(hidden) + 4, u32)  # h: a float32 norm, then rounded to bf16
+    # each logit's error: h's rounding (u_h) and the float32 dot product (gamma_H)
+    e = (u_h + _gamma(hidden, u32)) * (hd.abs() @ wd.abs().T)
+    e_max = e.amax(-1)
+    kl = (p * (logp - logq)).sum(-1)
+    gh = (r[:, None] * (q - p)) @ wd  # d/dh in float64 (r: the row weights)
+    # to first order KL_t moves by (q - p)·dz: h's rounding enters through d/dh (whose sum
+    # over V cancels), the dot product's through |q - p|; the rest is at most
+    # lse's curvature, half of sum_v q·dz²
+    kl_bound = (
+        u_h * (hd.abs() * ((q - p) @ wd).abs()).sum(-1)
+        + _gamma(hidden, u32) * ((q - p).abs() * (hd.abs() @ wd.abs().T)).sum(-1)
+        + 0.5 * (q * e**2).sum(-1)
+        + _gamma(_cascade(vocab), u32)
+        * (p * (logp.abs() + logq.abs() + z.abs() + lse.abs())).sum(-1)
+    )
+    loss_bound = (r * kl_bound).sum() + _gamma(_cascade(len(rows)), u32) * (r * kl).sum()
+    got, want = float(loss.detach()), float(ref.detach())
+    assert abs(got - want) <= float(loss_bound), (
+        f"loss {got} vs float64 {want}: error {abs(got - want):.3g} > bound {float(loss_bound):.3g}"
+    )
+
+    rq = r[:, None] * (q + p)  # |d/dz| ≤ this
+    dz = r[:, None] * (u16 + 2 * e_max[:, None] + _gamma(_cascade(vocab) + 4, u32)) * (q + p)
+    gh_bound = dz @ wd.abs() + _gamma(vocab, u32) * (rq @ wd.abs())
+    gw_bound = dz.T @ hd.abs() + (u_h + _gamma(len(rows), u32)) * (rq.T @ hd.abs())
+    dy, dy_bound = gh * nw64.detach(), gh_bound * nw64.detach().abs()
+    mag = rstd * (dy.abs() + y.abs() * (dy * y).abs().mean(-1, keepdim=True))
+    gx_bound = rstd * (dy_bound + y.abs() * (dy_bound * y.abs()).mean(-1, keepdim=True))
+    gx_bound = gx_bound + _gamma(_cascade(hidden) + 6, u32) * mag
+    gnw_bound = (gh_bound * y.abs()).sum(0) + _gamma(_cascade(len(rows)) + 2, u32) * (
+        (gh * y).abs().sum(0)
+    )
+    checks = {
+        "d/dx (loss rows)": (x.grad.double()[rows], x64.grad[rows], gx_bound),
+        "d/dW": (w.grad.double(), w64.grad, gw_bound),
+        "d/dw_norm": (nw.grad.double(), nw64.grad, gnw_bound),
+    }
+    for name, (grad, ref_grad, bound) in checks.items():
+        err = (grad - ref_grad).abs()
+        assert bool((err <= bound).all()), (
+            f"{name}: max error {err.max():.3g}, worst ratio to the bound "
+            f"{(err / bound)[bound > 0].max():.3g}"
+        )
+    others = torch.ones(T, dtype=torch.bool)
+    others[rows] = False
+    assert not x.grad[others].any(), "rows outside the loss rows got a gradient"
+
+
 MLA_SHAPE = dict(
     q_lora_rank=12, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
 )

@@ -38,6 +38,34 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
+# bf16/fp16 GEMMs with a float32 result (cuBLAS accumulates in float32), torch >= 2.8 on CUDA
+def _has_out_dtype(*ops: str) -> bool:
+    return all(hasattr(getattr(torch.ops.aten, op), "dtype") for op in ops)
+
+
+_OUT_DTYPE = {False: _has_out_dtype("mm", "addmm"), True: _has_out_dtype("bmm", "baddbmm")}
+
+
+def mm_f32(a: Tensor, b: Tensor, accumulate: Tensor | None = None) -> Tensor:
+    """``accumulate + a @ b`` in float32 for float32 or half-precision ``a``, ``b`` (2-D, or
+    3-D batches), float64 for float64 ones.
+
+    Half-precision inputs run on the half-precision tensor cores with a float32 result
+    (``mm.dtype``); where that op is missing (CPU), the exact emulation: the product of two
+    half-precision numbers is exact in float32, so upcasting first gives the same sums."""
+    batched = a.dim() == 3
+    if a.dtype in (torch.float16, torch.bfloat16):
+        if a.is_cuda and _OUT_DTYPE[batched]:
+            f32 = torch.float32
+            if accumulate is None:
+                return (torch.bmm if batched else torch.mm)(a, b, out_dtype=f32)
+            return (torch.baddbmm if batched else torch.addmm)(accumulate, a, b, out_dtype=f32)
+        a, b = a.float(), b.float()
+    if accumulate is None:
+        return a @ b
+    return (torch.baddbmm if batched else torch.addmm)(accumulate, a, b)
+
+
 def _chunk_mask(doc_start: Tensor, c0: int, c1: int, k_lo: int) -> Tensor:
     """[C, L] bool: key j (absolute k_lo + col) is visible to query t (c0 + row)."""
     t = torch.arange(c0, c1, device=doc_start.device)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eagle3_train.attention import chunked_ttt_attention, compute_dtype
+from eagle3_train.attention import chunked_ttt_attention, compute_dtype, mm_f32
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -123,13 +123,20 @@ def _kernel_backward(
 
 
 def _diagonal_scores(q: Tensor, kd: Tensor, scale: float) -> Tensor:
-    """[m, T, nkv, g] float32 scores of each slot's query against its own later-step keys;
-    q [T, nkv, g, d] and kd [m, T, nkv, d] (float32)."""
-    return torch.einsum("tkgd,mtkd->mtkg", q, kd) * scale
+    """[T·nkv, g, m] scores of each slot's queries against its own later-step keys, float32
+    (float64 for float64 inputs): q [T, nh, d], kd [T, nkv, m, d] in the kernel's dtype, one
+    batched GEMM with float32 accumulation and result (``mm_f32``), no float32 copies."""
+    T, nkv, m, d = kd.shape
+    return mm_f32(q.reshape(T * nkv, -1, d), kd.reshape(T * nkv, m, d).transpose(1, 2)) * scale
 
 
 class _FlashTTTAttention(torch.autograd.Function):
-    """q [T, nh, d]; k0, v0 [T, nkv, d]; kd, vd [m, T, nkv, d] (v widths padded to d)."""
+    """q [T, nh, d]; k0, v0 [T, nkv, d]; kd, vd [T, nkv, m, d] (v widths padded to d).
+
+    The merge works per (slot, kv head): a batch of T·nkv tiny GEMMs over the group's g
+    queries and the slot's m diagonal keys, bf16 inputs with float32 results. Probabilities,
+    log-sum-exps and dS are float32 ([T·nkv, g, m], m ≤ TTT steps: small); P and dS are
+    rounded to the inputs' dtype before their GEMMs, as the kernel does for the step-0 keys."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -143,55 +150,83 @@ class _FlashTTTAttention(torch.autograd.Function):
         max_len: int,
         scale: float,
     ) -> Tensor:
-        T, nh, d = q.shape
-        nkv = k0.shape[1]
-        g = nh // nkv
-        cdt = compute_dtype(q.dtype)
-        out0, lse0, aux = _kernel_forward(q, k0, v0, cu_seqlens, max_len, scale)
-        # merge: softmax over [step-0 keys | diagonal keys] from lse0 and the diagonal scores
-        qf = q.to(cdt).view(T, nkv, g, d)
-        s = _diagonal_scores(qf, kd.to(cdt), scale)  # [m, T, nkv, g]
-        lse0_t = lse0.view(nkv, g, T).permute(2, 0, 1)  # [T, nkv, g]
-        lse = torch.logsumexp(torch.cat([lse0_t.unsqueeze(0), s]), dim=0)
-        w0 = torch.exp(lse0_t - lse).unsqueeze(-1)
-        p = torch.exp(s - lse)
-        out = w0 * out0.to(cdt).view(T, nkv, g, -1) + torch.einsum("mtkg,mtkd->tkgd", p, vd.to(cdt))
-        out = out.reshape(T, nh, -1).to(q.dtype)
-        lse_kernel = lse.permute(1, 2, 0).reshape(nh, T).contiguous()  # the kernel's layout
-        ctx.save_for_backward(q, k0, v0, kd, vd, cu_seqlens, out, lse_kernel, *aux)
+        with torch.autocast(q.device.type, enabled=False):  # the dtypes here are explicit
+            out, lse, aux = _FlashTTTAttention._merged(
+                q, k0, v0, kd, vd, cu_seqlens, max_len, scale
+            )
+        ctx.save_for_backward(q, k0, v0, kd, vd, cu_seqlens, out, lse, *aux)
         ctx.max_len, ctx.scale = max_len, scale  # type: ignore[attr-defined]
         return out
 
     @staticmethod
+    def _merged(
+        q: Tensor,
+        k0: Tensor,
+        v0: Tensor,
+        kd: Tensor,
+        vd: Tensor,
+        cu_seqlens: Tensor,
+        max_len: int,
+        scale: float,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+        """(merged output, its log-sum-exp in the kernel's layout, the kernel's aux)."""
+        T, nh, _ = q.shape
+        nkv, m, dv = kd.shape[1], kd.shape[2], vd.shape[-1]
+        B, g = T * nkv, nh // nkv
+        out0, lse0, aux = _kernel_forward(q, k0, v0, cu_seqlens, max_len, scale)
+        # merge: softmax over [step-0 keys | diagonal keys] from lse0 and the diagonal scores
+        s = _diagonal_scores(q, kd, scale)  # [B, g, m]
+        lse0_b = lse0.view(nkv, g, T).permute(2, 0, 1).reshape(B, g, 1)
+        lse = torch.logsumexp(torch.cat([lse0_b.to(s.dtype), s], dim=-1), dim=-1, keepdim=True)
+        p = torch.exp(s - lse)
+        # w0·O0 (reading O0 in its dtype) plus P·Vd accumulated onto it in float32
+        out = mm_f32(
+            p.to(vd.dtype),
+            vd.reshape(B, m, dv),
+            accumulate=torch.exp(lse0_b - lse) * out0.reshape(B, g, dv),
+        )
+        out = out.view(T, nh, dv).to(q.dtype)
+        lse = lse.view(T, nkv, g).permute(1, 2, 0).reshape(nh, T).contiguous()
+        return out, lse, aux
+
+    @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor):  # type: ignore[override]
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return _FlashTTTAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor) -> tuple:
         q, k0, v0, kd, vd, cu_seqlens, out, lse, *aux = ctx.saved_tensors  # type: ignore[attr-defined]
         max_len, scale = ctx.max_len, ctx.scale  # type: ignore[attr-defined]
         T, nh, d = q.shape
-        nkv = k0.shape[1]
-        g = nh // nkv
-        cdt = compute_dtype(q.dtype)
+        nkv, m = kd.shape[1], kd.shape[2]
+        B, g = T * nkv, nh // nkv
         grad_out = grad_out.to(q.dtype).contiguous()
         # the kernel's backward with the merged output/lse: the full softmax's gradient for
         # the step-0 keys and their share of dq (its delta = rowsum(dO·O) is the merged one)
         dq, dk0, dv0 = _kernel_backward(
             grad_out, q, k0, v0, out, lse, cu_seqlens, max_len, scale, tuple(aux)
         )
-        # diagonal keys in closed form, float32
-        qf = q.to(cdt).view(T, nkv, g, d)
-        do = grad_out.to(cdt).view(T, nkv, g, -1)
-        lse_t = lse.view(nkv, g, T).permute(2, 0, 1)
-        delta = (do * out.to(cdt).view(T, nkv, g, -1)).sum(-1)  # [T, nkv, g]
-        p = torch.exp(_diagonal_scores(qf, kd.to(cdt), scale) - lse_t)  # [m, T, nkv, g]
-        dvd = torch.einsum("mtkg,tkgd->mtkd", p, do)
-        ds = p * (torch.einsum("tkgd,mtkd->mtkg", do, vd.to(cdt)) - delta)
-        dq = dq.to(cdt) + torch.einsum("mtkg,mtkd->tkgd", ds, kd.to(cdt)).reshape(T, nh, d) * scale
-        dkd = torch.einsum("mtkg,tkgd->mtkd", ds, qf) * scale
+        # diagonal keys in closed form: GEMMs on the inputs' dtype with float32 results
+        do = grad_out.view(B, g, -1)
+        dv = do.shape[-1]
+        # delta = rowsum(dO·O): the diagonal of dO·Oᵀ over the group's heads (a g × g GEMM
+        # per slot and kv head reads both once; g² ≤ a few dozen outputs)
+        delta = mm_f32(do, out.view(B, g, dv).transpose(1, 2)).diagonal(dim1=1, dim2=2)
+        delta = delta.unsqueeze(-1)
+        lse_b = lse.view(nkv, g, T).permute(2, 0, 1).reshape(B, g, 1)
+        p = torch.exp(_diagonal_scores(q, kd, scale) - lse_b)  # [B, g, m]
+        dvd = mm_f32(p.to(do.dtype).transpose(1, 2), do)  # [B, m, dv]
+        dp = mm_f32(do, vd.reshape(B, m, dv).transpose(1, 2))  # [B, g, m]
+        ds = (p * (dp - delta) * scale).to(q.dtype)  # d/d(q·k), rounded for its GEMMs
+        dq = mm_f32(ds, kd.reshape(B, m, d)).add_(dq.reshape(B, g, d))
+        dkd = mm_f32(ds.transpose(1, 2), q.reshape(B, g, d))  # [B, m, d]
         return (
-            dq.to(q.dtype),
+            dq.view(T, nh, d).to(q.dtype),
             dk0.to(k0.dtype),
             dv0.to(v0.dtype),
-            dkd.to(kd.dtype),
-            dvd.to(vd.dtype),
+            dkd.view(kd.shape).to(kd.dtype),
+            dvd.view(vd.shape).to(vd.dtype),
             None,
             None,
             None,
@@ -224,8 +259,8 @@ def flash_ttt_attention(
         q.transpose(0, 1).contiguous(),
         k0.transpose(0, 1).contiguous(),
         v0.transpose(0, 1).contiguous(),
-        kd.transpose(1, 2).contiguous(),
-        vd.transpose(1, 2).contiguous(),
+        kd.permute(2, 1, 0, 3).contiguous(),  # [T, nkv, m, ·]: the merge's batch layout
+        vd.permute(2, 1, 0, 3).contiguous(),
         cu_seqlens.to(torch.int32),
         max_len,
         scale,

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from eagle3_train.attention import mm_f32
+
 LOSS_EPS = 1e-5  # added to each step's loss denominator, as speculators does
 
 
@@ -120,29 +122,10 @@ def align(input_ids: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, ttt_steps: i
     )
 
 
-# bf16/fp16 GEMMs with a float32 result (cuBLAS accumulates in float32), torch >= 2.8 on CUDA
-_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype") and hasattr(torch.ops.aten.addmm, "dtype")
-
-
-def mm_f32(a: Tensor, b: Tensor, accumulate: Tensor | None = None) -> Tensor:
-    """``accumulate + a @ b`` in float32 for float32 or half-precision ``a``, ``b``.
-
-    Half-precision inputs run on the half-precision tensor cores with a float32 result
-    (``mm.dtype``); where that op is missing (CPU), the exact emulation: the product of two
-    half-precision numbers is exact in float32, so upcasting first gives the same sums."""
-    if a.dtype in (torch.float16, torch.bfloat16):
-        if a.is_cuda and _HAS_MM_OUT_DTYPE:
-            if accumulate is None:
-                return torch.mm(a, b, out_dtype=torch.float32)
-            return torch.addmm(accumulate, a, b, out_dtype=torch.float32)
-        a, b = a.float(), b.float()
-    return a @ b if accumulate is None else torch.addmm(accumulate, a, b)
-
-
 @dataclass(frozen=True)
 class TargetTopK:
     """The target's top-k tokens of each row (train.objective.topk) and the weight of the
-    cross-entropy against them, taken once per batch and indexed per TTT step."""
+    cross-entropy against them, taken once per batch; the loss loop gathers its rows."""
 
     logp: Tensor  # [n, k] float32, log p of the top-k tokens
     ids: Tensor  # [n, k] long, their draft-vocabulary ids
@@ -155,26 +138,59 @@ class TargetTopK:
         logp, ids = target_logp.topk(min(k, target_logp.shape[-1]), dim=-1)
         return TargetTopK(logp, ids, weight)
 
-    def __getitem__(self, rows: Tensor | slice) -> TargetTopK:
-        return TargetTopK(self.logp[rows], self.ids[rows], self.weight)
-
 
 DIVERGENCES = ("kl", "tv", "lk")  # train.objective.divergence
+
+
+def _normalized(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(x·rstd, rstd) of RMSNorm, in float32 (float64 for float64 x)."""
+    x = x if x.dtype == torch.float64 else x.float()
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * rstd, rstd
+
+
+def head_rows(
+    x: Tensor, rows: Tensor, norm_weight: Tensor | None, eps: float, dtype: torch.dtype
+) -> Tensor:
+    """The LM head's input for one chunk: rows ``rows`` of ``x``, RMS-normed when
+    ``norm_weight`` is given (as ``layers.RMSNorm``: normalised in float32, rounded to x's
+    dtype, times the weight), in the GEMM's ``dtype``. Gathered and normed a chunk at a
+    time, no [n, H] copy of the normed rows exists."""
+    xc = x[rows]
+    if norm_weight is not None:
+        xc = norm_weight * _normalized(xc, eps)[0].to(x.dtype)
+    return xc.to(dtype)
+
+
+def head_rows_backward(
+    grad: Tensor, x: Tensor, rows: Tensor, norm_weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    """Through ``head_rows``' norm, in ``grad``'s dtype: (d/dx of the chunk's rows, the
+    chunk's share of d/d norm_weight). With y = x·rstd: d/dw = sum_t grad·y, and for
+    dy = grad·w, d/dx = rstd·(dy - y·mean(dy·y))."""
+    y, rstd = _normalized(x[rows], eps)
+    y, rstd = y.to(grad.dtype), rstd.to(grad.dtype)
+    grad_w = (grad * y.to(x.dtype).to(grad.dtype)).sum(0)  # the rounded y the forward used
+    dy = grad * norm_weight.to(grad.dtype)
+    return rstd * (dy - y * (dy * y).mean(-1, keepdim=True)), grad_w
 
 
 def kl_chunk(
     logits: Tensor,
     target_logp: Tensor,
+    target_rows: Tensor,
     row_weights: Tensor,
+    grad_dtype: torch.dtype,
     top_logp: Tensor | None = None,
     top_ids: Tensor | None = None,
     top_weight: float = 0.0,
     divergence: str = "kl",
     lk_eta: float = 3.0,
 ) -> tuple[Tensor, ...]:
-    """One chunk's (sum_t w_t·L_t, sum_t w_t·KL_t, d/dz of the first, argmax z), float32, where
-    L_t = D_t + top_weight · (-sum_{i in top-k(p_t)} p_ti log q_ti), KL_t = KL(p_t || q_t),
-    q_t = softmax(z_t), and D_t the divergence:
+    """One chunk's (sum_t w_t·L_t, sum_t w_t·KL_t, d/dz of the first in ``grad_dtype``,
+    argmax z): the losses float32, where L_t = D_t + top_weight · (-sum_{i in top-k(p_t)}
+    p_ti log q_ti), KL_t = KL(p_t || q_t), q_t = softmax(z_t), p_t the target's row
+    ``target_rows[t]`` (gathered here, a chunk at a time), and D_t the divergence:
 
     - ``kl``: KL_t. d/dz = q - p (p sums to one over the draft vocabulary).
     - ``tv``: TV_t = 1 - sum_i min(p_i, q_i), 1 - TV being the chance speculative sampling
@@ -184,8 +200,11 @@ def kl_chunk(
       constant (no gradient through λ): KL's gradient while the draft is far from the target,
       the acceptance rate's once it is close.
 
-    d top-k CE / d z = P_k·q - p·1_k with P_k the target's top-k mass. Plain torch, so
+    d top-k CE / d z = P_k·q - p·1_k with P_k the target's top-k mass. The softmax and the
+    sums are float32; d/dz leaves in the backward GEMM's input dtype (bf16 under autocast:
+    it is rounded there anyway), the rounding fused into the same pass. Plain torch, so
     ``compile_kl_chunk`` can fuse its elementwise passes into a few kernels."""
+    target_logp = target_logp[target_rows].to(logits.dtype)
     logq = torch.log_softmax(logits, dim=-1)
     p = target_logp.exp()
     q = logq.exp()
@@ -204,96 +223,125 @@ def kl_chunk(
             lam = lam.unsqueeze(-1)
             grad = lam * grad + (1 - lam) * tv_grad
     if top_logp is not None and top_ids is not None:
-        top_p = top_logp.exp()
-        loss = loss - top_weight * (top_p * logq.gather(-1, top_ids)).sum(-1)
+        top_p = top_logp[target_rows].to(logits.dtype).exp()
+        ids = top_ids[target_rows]
+        loss = loss - top_weight * (top_p * logq.gather(-1, ids)).sum(-1)
         grad = grad + top_weight * top_p.sum(-1, keepdim=True) * q
-        grad = grad.scatter_add(-1, top_ids, -top_weight * top_p)
-    grad = grad * row_weights.unsqueeze(-1)
+        grad = grad.scatter_add(-1, ids, -top_weight * top_p)
+    row_weights = row_weights.to(logits.dtype)
+    grad = (grad * row_weights.unsqueeze(-1)).to(grad_dtype)
     return (loss * row_weights).sum(), (kl * row_weights).sum(), grad, logits.argmax(-1)
 
 
-_kl_chunk_impl = kl_chunk
+_head_rows_impl, _kl_chunk_impl, _head_rows_backward_impl = head_rows, kl_chunk, head_rows_backward
 
 
 def compile_kl_chunk(enabled: bool) -> None:
-    """Use a ``torch.compile``d chunk body (train.compile) or the eager one."""
-    global _kl_chunk_impl
-    _kl_chunk_impl = torch.compile(kl_chunk, dynamic=True) if enabled else kl_chunk
+    """Use ``torch.compile``d chunk bodies (train.compile) or the eager ones: the rows'
+    gather and final norm, the chunk's softmax and KL, the norm's backward."""
+    global _head_rows_impl, _kl_chunk_impl, _head_rows_backward_impl
+    if enabled:
+        _head_rows_impl = torch.compile(head_rows, dynamic=True)
+        _kl_chunk_impl = torch.compile(kl_chunk, dynamic=True)
+        _head_rows_backward_impl = torch.compile(head_rows_backward, dynamic=True)
+    else:
+        _head_rows_impl, _kl_chunk_impl = head_rows, kl_chunk
+        _head_rows_backward_impl = head_rows_backward
 
 
 class _FusedLinearKL(torch.autograd.Function):
     """sum_t w_t · KL(p_t || softmax(h_t W^T)) with gradients formed chunk by chunk in forward.
 
-    Draft logits exist one chunk at a time; the backward only rescales the stored gradients.
-    The GEMMs take ``mm_dtype`` inputs (bf16 under autocast) with float32 results; softmax,
-    KL and the gradients' accumulation are float32. Also returns the argmax of each row's
-    draft logits (no gradient) for the metrics.
+    The rows of h (gathered, RMS-normed) and the draft logits exist one chunk at a time; the
+    backward only rescales the stored gradients. The GEMMs take ``mm_dtype`` inputs (bf16
+    under autocast) with float32 results; softmax, KL and the gradients' accumulation are
+    float32. Also returns the argmax of each row's draft logits (no gradient) for the metrics.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx,
-        h: Tensor,
+        x: Tensor,
         weight: Tensor,
+        norm_weight: Tensor | None,
         target_logp: Tensor,
         row_weights: Tensor,
+        rows: Tensor,
+        target_offset: int,
+        norm_eps: float,
         chunk: int,
         mm_dtype: torch.dtype,
         top: TargetTopK | None,
         divergence: tuple[str, float],
     ) -> tuple[Tensor, Tensor, Tensor]:
-        with torch.autocast(h.device.type, enabled=False):  # the dtypes here are explicit
+        with torch.autocast(x.device.type, enabled=False):  # the dtypes here are explicit
             return _FusedLinearKL._forward(
-                ctx, h, weight, target_logp, row_weights, chunk, mm_dtype, top, divergence
-            )
+                ctx, x, weight, norm_weight, target_logp, row_weights, rows, target_offset,
+                norm_eps, chunk, mm_dtype, top, divergence,
+            )  # fmt: skip
 
     @staticmethod
     def _forward(
         ctx: torch.autograd.function.FunctionCtx,
-        h: Tensor,
+        x: Tensor,
         weight: Tensor,
+        norm_weight: Tensor | None,
         target_logp: Tensor,
         row_weights: Tensor,
+        rows: Tensor,
+        target_offset: int,
+        norm_eps: float,
         chunk: int,
         mm_dtype: torch.dtype,
         top: TargetTopK | None,
         divergence: tuple[str, float],
     ) -> tuple[Tensor, Tensor, Tensor]:
-        n = h.shape[0]
-        need_h = ctx.needs_input_grad[0]  # type: ignore[attr-defined]
-        need_w = ctx.needs_input_grad[1]  # type: ignore[attr-defined]
+        n = rows.shape[0]
+        need_x, need_w, need_nw = ctx.needs_input_grad[:3]  # type: ignore[attr-defined]
         acc = torch.float64 if mm_dtype == torch.float64 else torch.float32
         w_mm = weight.to(mm_dtype)
         w_mm_t = w_mm.T
-        grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if need_w else None
-        total = torch.zeros((), dtype=acc, device=h.device)
-        kl_total = torch.zeros((), dtype=acc, device=h.device)
-        preds = torch.empty(n, dtype=torch.long, device=h.device)
+        # rows not scored get no gradient; the scored ones' are written chunk by chunk
+        grad_x = torch.zeros(x.shape, dtype=acc, device=x.device) if need_x else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=x.device) if need_w else None
+        grad_nw = None
+        if need_nw and norm_weight is not None:
+            grad_nw = torch.zeros(norm_weight.shape, dtype=acc, device=x.device)
+        total = torch.zeros((), dtype=acc, device=x.device)
+        kl_total = torch.zeros((), dtype=acc, device=x.device)
+        preds = torch.empty(n, dtype=torch.long, device=x.device)
+        top_c = (top.logp, top.ids, top.weight) if top else (None, None, 0.0)
         for c0 in range(0, n, chunk):
             c1 = min(n, c0 + chunk)
-            hc = h[c0:c1].to(mm_dtype)
-            top_c = (
-                (top.logp[c0:c1].to(acc), top.ids[c0:c1], top.weight) if top else (None, None, 0.0)
-            )
+            rows_c = rows[c0:c1]
+            hc = _head_rows_impl(x, rows_c, norm_weight, norm_eps, mm_dtype)
             part, kl_part, g, preds[c0:c1] = _kl_chunk_impl(
                 mm_f32(hc, w_mm_t),
-                target_logp[c0:c1].to(acc),
-                row_weights[c0:c1].to(acc),
+                target_logp,
+                rows_c + target_offset,
+                row_weights[c0:c1],
+                mm_dtype,
                 *top_c,
                 *divergence,
             )
             total += part
             kl_total += kl_part
-            if need_h or need_w:
-                g = g.to(mm_dtype)
-                if grad_h is not None:
-                    grad_h[c0:c1] = mm_f32(g, w_mm)
-                if grad_w is not None:
-                    grad_w = mm_f32(g.T, hc, accumulate=grad_w)
-        ctx.save_for_backward(*(x for x in (grad_h, grad_w) if x is not None))
-        ctx.has = (grad_h is not None, grad_w is not None)  # type: ignore[attr-defined]
-        ctx.dtypes = (h.dtype, weight.dtype)  # type: ignore[attr-defined]
+            if grad_w is not None:
+                grad_w = mm_f32(g.T, hc, accumulate=grad_w)
+            if grad_x is not None or grad_nw is not None:
+                grad_h = mm_f32(g, w_mm)
+                if norm_weight is not None:
+                    grad_h, grad_nw_c = _head_rows_backward_impl(
+                        grad_h, x, rows_c, norm_weight, norm_eps
+                    )
+                    if grad_nw is not None:
+                        grad_nw += grad_nw_c
+                if grad_x is not None:
+                    grad_x[rows_c] = grad_h
+        grads = (grad_x, grad_w, grad_nw)
+        ctx.save_for_backward(*(g for g in grads if g is not None))
+        ctx.has = tuple(g is not None for g in grads)  # type: ignore[attr-defined]
+        ctx.dtypes = (x.dtype, weight.dtype, None if norm_weight is None else norm_weight.dtype)  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(kl_total, preds)
         if acc == torch.float32:
             total, kl_total = total.float(), kl_total.float()
@@ -307,11 +355,11 @@ class _FusedLinearKL(torch.autograd.Function):
         _grad_preds: Tensor,
     ):
         saved = list(ctx.saved_tensors)  # type: ignore[attr-defined]
-        has_h, has_w = ctx.has  # type: ignore[attr-defined]
-        h_dtype, w_dtype = ctx.dtypes  # type: ignore[attr-defined]
-        grad_h = (saved.pop(0) * grad_total).to(h_dtype) if has_h else None
-        grad_w = (saved.pop(0) * grad_total).to(w_dtype) if has_w else None
-        return grad_h, grad_w, None, None, None, None, None, None
+        grads = [
+            (saved.pop(0) * grad_total).to(dtype) if has else None
+            for has, dtype in zip(ctx.has, ctx.dtypes, strict=True)  # type: ignore[attr-defined]
+        ]
+        return (*grads, None, None, None, None, None, None, None, None, None)
 
 
 def fused_linear_kl(
@@ -324,12 +372,18 @@ def fused_linear_kl(
     top: TargetTopK | None = None,
     divergence: str = "kl",
     lk_eta: float = 3.0,
+    rows: Tensor | None = None,
+    target_offset: int = 0,
+    norm: tuple[Tensor, float] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(sum_t w_t·L_t, sum_t w_t·KL_t, argmax draft ids) for h [n, H], weight [V, H] and
-    w = ``row_weights``; KL_t = KL(target_t || draft_t), L_t the ``divergence`` (kl, tv or lk)
-    plus, with ``top`` (the rows of ``target_logp``'s top-k), its weight times the
-    cross-entropy against the target's top-k tokens (``kl_chunk``). Only the first has a
-    gradient.
+    """(sum_t w_t·L_t, sum_t w_t·KL_t, argmax draft ids) over the rows ``rows`` of h [T, H]
+    (default: all), with weight [V, H], w = ``row_weights`` (one per row of ``rows``) and the
+    target of row t = ``target_logp[t + target_offset]``; KL_t = KL(target_t || draft_t), L_t
+    the ``divergence`` (kl, tv or lk) plus, with ``top`` (``target_logp``'s top-k, indexed
+    alike), its weight times the cross-entropy against the target's top-k tokens
+    (``kl_chunk``). ``norm`` = (weight, eps): the rows are RMS-normed first (the draft's
+    final norm, applied chunk by chunk; its weight gets a gradient). Only the first result
+    has a gradient.
 
     ``mm_dtype``: the GEMMs' input dtype; default: autocast's dtype where autocast is on
     (bf16 on CUDA), else float32 (float64 for float64 inputs)."""
@@ -341,9 +395,13 @@ def fused_linear_kl(
             mm_dtype = torch.float64 if h.dtype == torch.float64 else torch.float32
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence {divergence!r}: expected one of {', '.join(DIVERGENCES)}")
+    if rows is None:
+        rows = torch.arange(h.shape[0], device=h.device)
+    norm_weight, eps = norm if norm is not None else (None, 0.0)
     return _FusedLinearKL.apply(
-        h, weight, target_logp, row_weights, chunk, mm_dtype, top, (divergence, lk_eta)
-    )
+        h, weight, norm_weight, target_logp, row_weights, rows, target_offset, eps, chunk,
+        mm_dtype, top, (divergence, lk_eta),
+    )  # fmt: skip
 
 
 def reference_linear_kl(

@@ -90,6 +90,19 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class FinalNorm(RMSNorm):
+    """The final RMSNorm (checkpoint name ``norm``). Called with the LM head's weight it is
+    the fused LM-head loss over rows of its *input*, normed chunk by chunk inside the loss
+    loop (``fused_linear_kl``'s ``norm``): no [T, H] normed copy, no eager norm. The call
+    runs inside this module's forward, itself inside the LM head's, because ZeRO-3 gathers a
+    module's parameters only during its own forward."""
+
+    def forward(self, x: Tensor, head: Tensor | None = None, **loss: object) -> Tensor:  # type: ignore[override]
+        if head is None:
+            return super().forward(x)
+        return fused_linear_kl(x, head, norm=(self.weight, self.eps), **loss)  # type: ignore[arg-type]
+
+
 class DraftLMHead(nn.Module):
     """The draft LM head; its forward is the fused LM-head + KL so ZeRO-3 gathers the weight."""
 
@@ -105,21 +118,29 @@ class DraftLMHead(nn.Module):
         chunk: int = 1024,
         top: TargetTopK | None = None,
         objective: ObjectiveConfig = PLAIN_TTT,
+        rows: Tensor | None = None,
+        target_offset: int = 0,
+        norm: FinalNorm | None = None,
     ) -> tuple[Tensor, ...]:
-        """(logits, argmax) without a target; with one, ``fused_linear_kl``'s (loss, KL, argmax)."""
+        """(logits, argmax) without a target; with one, ``fused_linear_kl``'s (loss, KL,
+        argmax) over the rows ``rows`` of h, trained toward ``target_logp``'s rows
+        ``rows + target_offset``, normed by ``norm`` first when it is given."""
         if target_logp is None or row_weights is None:
             logits = h @ self.weight.T
             return logits, logits.argmax(-1)
-        return fused_linear_kl(
-            h,
-            self.weight,
-            target_logp,
-            row_weights,
-            chunk,
+        loss = dict(
+            target_logp=target_logp,
+            row_weights=row_weights,
+            chunk=chunk,
             top=top,
             divergence=objective.divergence,
             lk_eta=objective.lk_eta,
+            rows=rows,
+            target_offset=target_offset,
         )
+        if norm is not None:
+            return norm(h, self.weight, **loss)
+        return fused_linear_kl(h, self.weight, **loss)  # type: ignore[arg-type]
 
 
 class Eagle3Draft(nn.Module):
@@ -140,7 +161,7 @@ class Eagle3Draft(nn.Module):
             self.fc_norm = nn.ModuleList(RMSNorm(H, arch.rms_norm_eps) for _ in range(arch.num_aux))
         self.fc = nn.Linear(arch.num_aux * H, H, bias=False)
         self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
-        self.norm = RMSNorm(H, arch.rms_norm_eps)
+        self.norm = FinalNorm(H, arch.rms_norm_eps)
         self.lm_head = DraftLMHead(H, arch.draft_vocab_size)
         self.rotary = Rotary(arch)
         # Frozen target pieces: buffers, so no optimizer, DDP bucket or ZeRO partition sees
@@ -250,21 +271,25 @@ class Eagle3Draft(nn.Module):
             x = hidden
             for i, layer in enumerate(self.layers):
                 x = run_layer(layer, x, embeds if i == 0 else None, cos, sin, caches[i], al)
-            normed = self.norm(x)
-            hidden = normed if self.arch.norm_output else x
+            # the final norm runs inside the LM head's chunk loop, unless the next step is fed
+            # the normed state (norm_output): then it is formed once here for both
+            hidden = self.norm(x) if self.arch.norm_output else x
             # Draft logits only for the rows that count (scored, or in the accuracy chain);
-            # each is trained toward the target's row t+1+k.
+            # each is trained toward the target's row t+1+k (gathered chunk by chunk).
             loss_rows, valid = al.loss_rows[k], al.valid[k]
             decay = ttt_step_loss_decay**k
             denominator = al.num_scored[k] + LOSS_EPS
             row_w = valid[loss_rows].float() * (decay / denominator)
             step_loss, step_kl, preds = self.lm_head(
-                normed[loss_rows],
-                target_logp[loss_rows + 1 + k],
+                hidden,
+                target_logp,
                 row_w,
                 self.arch.loss_chunk,
-                target_top[loss_rows + 1 + k] if target_top else None,
+                target_top,
                 obj,
+                rows=loss_rows,
+                target_offset=1 + k,
+                norm=None if self.arch.norm_output else self.norm,
             )
             loss = loss + step_loss
             with torch.no_grad():
