@@ -87,8 +87,8 @@ class TrainLoopConfig:
     compile: Literal["auto", "always", "never"] = "auto"
     # Activation checkpointing: each decoder layer recomputed in backward, per TTT step
     # (recompute.py; also under train.compile): the same loss and gradients, bit for bit. Trades
-    # one more forward of the layer for its activations: at the Kimi draft shape 2.03 -> ~1.62 MB
-    # per token (bf16, 3 TTT steps: a 57K -> ~72K-token sample per H200); on CPU at a tiny shape
+    # one more forward of the layer for its activations: at the Kimi draft shape 1.74 -> ~1.22 MB
+    # per token (bf16, 3 TTT steps: a ~67K -> ~96K-token sample per H200); on CPU at a tiny shape
     # step time +19 % (32K tokens) to +68 % (4K). For samples longer than fit without it;
     # recipes/kimi-k2.5/RESOURCES.md "Long samples".
     recompute: bool = False
