@@ -17,7 +17,7 @@ HUB_ID=moonshotai/Kimi-K2.5  # what `huggingface-cli download` fetches into $MOD
 NGPU="${NGPU:-8}"                          # GPUs of the node, all serving one TP engine
 SAMPLES="${SAMPLES:-20000}"                # conversations regenerated and trained on (seeded draw)
 # Tokens kept per sample (longer ones keep their prefix). 32,768: one sample of it trains in
-# ~84 GB of an H200 under ZeRO-2 (57K would fill it), measured per token: RESOURCES.md "Long samples".
+# ~75 GB of an H200 under ZeRO-2 (~67K would fill it), measured per token: RESOURCES.md "Long samples".
 MAX_LENGTH="${MAX_LENGTH:-32768}"
 STORAGE_DTYPE="${STORAGE_DTYPE:-fp8_e4m3}" # 57,349 B/token in bf16 -> 28,693 in fp8; no measured acceptance cost (RESOURCES.md)
 CPU_WORKERS="${CPU_WORKERS:-16}"           # tokenizer processes
