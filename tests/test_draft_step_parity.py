@@ -242,8 +242,8 @@ def trainer_step_logits(run: Path, doc_ids: list[int]):
 
     The weights come from the run's last resumable checkpoint (Accelerate's save_state),
     not from the export. The logits are formed from what the trainer's fused LM-head + KL
-    reads at each step — the final norm of the step's state, of which it takes the scored rows — times
-    the draft lm_head, for every row.
+    reads at each step — the final norm of the step's state, of which it takes the scored
+    rows — times the draft lm_head, for every row.
     """
     config = load_config(run / "run.yaml")
     inputs = load_inputs(config)
