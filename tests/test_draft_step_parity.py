@@ -51,6 +51,7 @@ from eagle3_eval.offline import read_samples
 from eagle3_train.build import build_model
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
+from eagle3_train.layers import RMSNorm
 from eagle3_train.loader import ShardReader
 from eagle3_train.synthetic import (
     fake_fingerprint,
@@ -242,8 +243,8 @@ def trainer_step_logits(run: Path, doc_ids: list[int]):
 
     The weights come from the run's last resumable checkpoint (Accelerate's save_state),
     not from the export. The logits are formed from what the trainer's fused LM-head + KL
-    reads at each step — the final norm's output, of which it takes the scored rows — times
-    the draft lm_head, for every row.
+    reads at each step — the final norm of the step's state, of which it takes the scored
+    rows — times the draft lm_head, for every row.
     """
     config = load_config(run / "run.yaml")
     inputs = load_inputs(config)
@@ -255,7 +256,10 @@ def trainer_step_logits(run: Path, doc_ids: list[int]):
     ds = inputs.dataset
     batch = ShardReader(ds).read([(i, int(ds.num_tokens[i])) for i in doc_ids])
     captured: list[torch.Tensor] = []
-    hook = model.norm.register_forward_hook(lambda _m, _args, out: captured.append(out))
+    # each step's state through the final norm (the fused LM head norms its rows in its loop)
+    hook = model.norm.register_forward_hook(
+        lambda m, args, _out: captured.append(RMSNorm.forward(m, args[0]))
+    )
     with torch.no_grad():
         model(
             batch["aux_hidden_states"],

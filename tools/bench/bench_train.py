@@ -237,7 +237,7 @@ def _top_kernels(step, count: int = 12) -> list[list]:
 
 
 # GEMMs: their float32 inputs are the CPU's exact emulation of bf16 x bf16 -> float32
-# (loss.mm_f32), not elementwise traffic
+# (attention.mm_f32, whose upcasts the table names apart), not elementwise traffic
 _GEMMS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear")
 # views and wrappers: no data of their own moved (a cast's work is its copy_)
 _NO_DATA = {
@@ -278,6 +278,8 @@ def _op_table(step, steps: int) -> list[dict]:
 
     from torch.profiler import ProfilerActivity, profile
 
+    from eagle3_train.attention import MM_F32_EMULATION
+
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(steps):
             step()
@@ -285,12 +287,18 @@ def _op_table(step, steps: int) -> list[dict]:
     for e in prof.events():
         if not e.name.startswith("aten::"):
             continue
+        name, parent = e.name, e.cpu_parent
+        while parent is not None:  # the CPU's stand-in for a CUDA op: named apart
+            if parent.name == MM_F32_EMULATION:
+                name = f"{name} (mm_f32 CPU upcast)"
+                break
+            parent = parent.cpu_parent
         tensors = [
             (t, s)
             for t, s in zip(e.input_dtypes, e.input_shapes, strict=False)
             if t in _ELEMENT_BYTES and s
         ]
-        row = table[(e.name, ",".join(t.replace("c10::", "") for t, _ in tensors))]
+        row = table[(name, ",".join(t.replace("c10::", "") for t, _ in tensors))]
         row[0] += 1
         row[1] += e.self_cpu_time_total / 1e3
         for t, s in tensors:
@@ -329,8 +337,14 @@ def print_op_table(rows: list[dict], top: int = 25) -> None:
         calls, ms, mib = (sum(r[k] for r in chosen) for k in ("calls", "self_ms", "mib"))
         print(f"{name}: {calls:.0f} calls, {ms:.1f} ms, {mib:.0f} MiB per step")
 
-    casts = [r for r in rows if r["op"] == "aten::copy_" and len(set(r["dtypes"].split(","))) > 1]
+    casts = [
+        r
+        for r in rows
+        if r["op"].startswith("aten::copy_") and len(set(r["dtypes"].split(","))) > 1
+    ]
     line("dtype casts (copy_ between dtypes)", casts)
+    emulated = [r for r in rows if r["op"].startswith("aten::copy_ (mm_f32")]
+    line("  of which mm_f32's CPU upcasts (a GEMM's out_dtype on CUDA)", emulated)
     f32 = [
         r
         for r in rows

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from eagle3_train.arch import DraftArch
-from eagle3_train.layers import apply_rope
+from eagle3_train.layers import RMSNorm, apply_rope
 from eagle3_train.loss import align
 from eagle3_train.model import Eagle3Draft
 
@@ -133,7 +133,10 @@ def test_training_forward_equals_vllm_style_serving(norm_output):
     last = torch.randn(T, 16, generator=g, dtype=torch.float64)
     ids = torch.randint(0, 30, (T,), generator=g)
     captured = []
-    hook = model.norm.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+    # the final norm of each step's state (the fused LM head norms it inside its loop)
+    hook = model.norm.register_forward_hook(
+        lambda m, i, o: captured.append(RMSNorm.forward(m, i[0]).detach())
+    )
     model(aux, last, ids, torch.ones(T, dtype=torch.bool), torch.tensor([0, T]), ttt_steps=steps)
     hook.remove()
     train_logits = [c @ model.lm_head.weight.T for c in captured]  # per step [T, V]

@@ -46,6 +46,9 @@ def _has_out_dtype(*ops: str) -> bool:
 _OUT_DTYPE = {False: _has_out_dtype("mm", "addmm"), True: _has_out_dtype("bmm", "baddbmm")}
 
 
+MM_F32_EMULATION = "mm_f32: bf16 inputs upcast (CPU; on CUDA the GEMM's out_dtype)"
+
+
 def mm_f32(a: Tensor, b: Tensor, accumulate: Tensor | None = None) -> Tensor:
     """``accumulate + a @ b`` in float32 for float32 or half-precision ``a``, ``b`` (2-D, or
     3-D batches), float64 for float64 ones.
@@ -60,7 +63,8 @@ def mm_f32(a: Tensor, b: Tensor, accumulate: Tensor | None = None) -> Tensor:
             if accumulate is None:
                 return (torch.bmm if batched else torch.mm)(a, b, out_dtype=f32)
             return (torch.baddbmm if batched else torch.addmm)(accumulate, a, b, out_dtype=f32)
-        a, b = a.float(), b.float()
+        with torch.profiler.record_function(MM_F32_EMULATION):  # named in profiles
+            a, b = a.float(), b.float()
     if accumulate is None:
         return a @ b
     return (torch.baddbmm if batched else torch.addmm)(accumulate, a, b)

@@ -143,8 +143,8 @@ DIVERGENCES = ("kl", "tv", "lk")  # train.objective.divergence
 
 
 def _normalized(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(x·rstd, rstd) of RMSNorm, in float32 (float64 for float64 x)."""
-    x = x if x.dtype == torch.float64 else x.float()
+    """(x·rstd, rstd) of RMSNorm, in float32 (as ``layers.RMSNorm``, float64 x included)."""
+    x = x.float()
     rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return x * rstd, rstd
 
