@@ -7,7 +7,7 @@ gradients (float32; the two differ only in summation order and RoPE's absolute o
 Differences by design, stated and tested:
 - speculators receives per-sample shifted data (``shift_batch``: drop x_0, aux[T-1],
   last[0], loss_mask[0]) and positions from 1; we receive the unshifted packed rows and
-  apply the same shift inside (loss.align), with positions from 0 as vLLM does. RoPE sees
+  apply the same shift inside (shift.align), with positions from 0 as vLLM does. RoPE sees
   only differences, so attention is the same.
 - at TTT step k, speculators scores the last k slots of a packed document against the
   next document's first rows; we never score across documents. The parity batches keep

@@ -1,4 +1,4 @@
-"""THE shift (loss.align) on a hand-built batch, and proof that the training forward computes
+"""THE shift (shift.align) on a hand-built batch, and proof that the training forward computes
 what vLLM's EagleProposer computes at serving time.
 
 Serving (vllm/v1/spec_decode/eagle.py, propose): token ids are shifted left by one and paired
@@ -17,8 +17,8 @@ import torch
 
 from eagle3_train.arch import DraftArch
 from eagle3_train.layers import RMSNorm, apply_rope
-from eagle3_train.loss import align
 from eagle3_train.model import Eagle3Draft
+from eagle3_train.shift import align
 
 
 def test_alignment_on_hand_built_batch():

@@ -7,7 +7,7 @@ import torch
 
 from eagle3_train.config import Config
 from eagle3_train.loader import to_device
-from eagle3_train.loss import align
+from eagle3_train.shift import align
 
 
 def verify_mode(config: Config) -> str | None:

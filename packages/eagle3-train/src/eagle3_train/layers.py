@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from eagle3_train.arch import DraftArch
 from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention
 from eagle3_train.flash_attention import flash_ttt_attention, resolve_attention
-from eagle3_train.loss import Alignment
+from eagle3_train.shift import Alignment
 
 
 class RMSNorm(nn.Module):

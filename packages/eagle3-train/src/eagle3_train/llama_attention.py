@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from eagle3_train.arch import DraftArch
 from eagle3_train.layers import LayerCache, apply_rope, ttt_attend
-from eagle3_train.loss import Alignment
+from eagle3_train.shift import Alignment
 
 
 class Attention(nn.Module):

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from eagle3_train.arch import DraftArch
 from eagle3_train.layers import LayerCache, RMSNorm, apply_rope, ttt_attend
-from eagle3_train.loss import Alignment
+from eagle3_train.shift import Alignment
 
 
 def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

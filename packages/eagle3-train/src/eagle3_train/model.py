@@ -34,19 +34,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eagle3_train.arch import DraftArch
+from eagle3_train.attention import mm_f32
 from eagle3_train.layers import MLP, LayerCache, RMSNorm, Rotary, rms_norm
 from eagle3_train.llama_attention import Attention
-from eagle3_train.loss import (
-    LOSS_EPS,
-    Alignment,
-    TargetTopK,
-    align,
-    fused_linear_kl,
-    mm_f32,
-    step_accuracy,
-)
+from eagle3_train.loss import LOSS_EPS, TargetTopK, fused_linear_kl, step_accuracy
 from eagle3_train.mla_attention import MLAAttention
 from eagle3_train.recompute import run_layer
+from eagle3_train.shift import Alignment, align
 from eagle3_train.train_config import ObjectiveConfig
 
 PLAIN_TTT = ObjectiveConfig(topk_weight=0.0)
@@ -245,7 +239,7 @@ class Eagle3Draft(nn.Module):
         denominator (``loss.unpack_stats`` names them). Plain
         tensors, so DDP/DeepSpeed hooks see them.
 
-        ``alignment``: ``loss.align`` of this batch computed on the host and moved here (the
+        ``alignment``: ``shift.align`` of this batch computed on the host and moved here (the
         trainer does so); without it, it is computed here, reading counts back to the host.
         ``objective``: train.objective; None = plain EAGLE-3 TTT (what speculators computes;
         the trainer passes the config's)."""

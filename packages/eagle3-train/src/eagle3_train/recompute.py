@@ -20,7 +20,7 @@ from torch import Tensor, is_grad_enabled, nn
 from torch.utils.checkpoint import checkpoint
 
 from eagle3_train.layers import LayerCache
-from eagle3_train.loss import Alignment
+from eagle3_train.shift import Alignment
 
 
 class _CacheBefore:
