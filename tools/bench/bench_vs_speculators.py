@@ -546,8 +546,9 @@ def main() -> int:
     print("the evaluator named (vllm, or the transformers reference loop)")
     bases = [b for b in ("speculators", "speculators-adamw") if b in rows] or [next(iter(rows))]
     width = 8 * args.k
+    seed_width = max(9, 7 * len(seeds))
     print(
-        f"{'arm':<28}{'evaluator':<11}{'AL':>7}  {'min..max':<14}{'per seed':<{7 * len(seeds)}}"
+        f"{'arm':<28}{'evaluator':<11}{'AL':>7}  {'min..max':<14}{'per seed':<{seed_width}}"
         f"{'per position':<{width}}"
         + "".join(f"{'x ' + b:>{max(len(b) + 4, 9)}}" for b in bases)
         + f"{'steps':>7}{'run s':>8}{'tokens/s':>10}"
@@ -561,7 +562,7 @@ def main() -> int:
         )
         print(
             f"{arm:<28}{r['evaluator']:<11}{r['acceptance_length']:>7.3f}  "
-            f"{r['al_min']:.3f}..{r['al_max']:.3f}  {per_seed:<{7 * len(seeds)}}"
+            f"{r['al_min']:.3f}..{r['al_max']:.3f}  {per_seed:<{seed_width}}"
             f"{positions:<{width}}{ratios}"
             f"{r['steps']:>7.0f}{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
         )
