@@ -21,7 +21,7 @@ be read on both evaluators.
   steps as fit in the wall-clock seconds speculators' default arm took for --steps on this
   machine, the same seed (steps in proportion to ours' own --steps run beside it); its steps,
   seconds and AL are printed beside the same-steps figures. On a GPU the step-time ratio
-  tools/bench/gpu_check.py measures decides the same trade.
+  tools/gpu/gpu_check.py measures decides the same trade.
   `--eagle31-arms` adds issue 30's arms of ours (ARMS_EAGLE31: fc_norm, norm_output, both,
   speculators' norm pair, muon, muon with its Muon group at 5e-3, tv, lk), each one option
   away from the defaults.
