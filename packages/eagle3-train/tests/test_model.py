@@ -10,31 +10,12 @@ import pytest
 import torch
 
 from eagle3_schemas.registry import load_schema
-from eagle3_train.arch import DraftArch
 from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
 from eagle3_train.flash_attention import flash_ttt_attention
 from eagle3_train.loss import NUM_STATS, fused_linear_kl, reference_linear_kl
 from eagle3_train.model import Eagle3Draft
 from eagle3_train.shift import document_bounds
-
-
-def _arch(**kw) -> DraftArch:
-    base = dict(
-        hidden_size=16,
-        num_aux=3,
-        target_vocab_size=40,
-        draft_vocab_size=20,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=32,
-        rms_norm_eps=1e-6,
-        target_rms_norm_eps=1e-5,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
-    )
-    base.update(kw)
-    return DraftArch(**base)
+from eagle3_train.testing import small_arch
 
 
 def _reference_attention(q, k0, v0, kd, vd, doc_start):
@@ -122,7 +103,7 @@ def _batch(seed=0, lengths=(30, 18, 25)):
 
 def _model(seed=0, **kw):
     torch.manual_seed(seed)
-    model = Eagle3Draft(_arch(**kw))
+    model = Eagle3Draft(small_arch(**kw))
     g = torch.Generator().manual_seed(seed + 1)
     model.load_target_head(
         torch.randn(40, 16, generator=g),
@@ -467,8 +448,8 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
 
     cpu = torch.device("cpu")
     assert attention.flash_self_check(cpu) == []
-    assert check_attention_kernel(_arch(attention="flash"), cpu, "bf16") == []
-    assert check_attention_kernel(_arch(attention="auto"), cpu, "bf16") == []  # chunked here
+    assert check_attention_kernel(small_arch(attention="flash"), cpu, "bf16") == []
+    assert check_attention_kernel(small_arch(attention="auto"), cpu, "bf16") == []  # chunked here
     real = attention._kernel_forward
 
     def reordered_lse(*args):
@@ -476,7 +457,7 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
         return out, lse.flip(-1).contiguous(), aux
 
     monkeypatch.setattr(attention, "_kernel_forward", reordered_lse)
-    (finding,) = check_attention_kernel(_arch(attention="flash"), cpu, "bf16")
+    (finding,) = check_attention_kernel(small_arch(attention="flash"), cpu, "bf16")
     assert finding.level == "error" and "disagrees with the chunked reference" in finding.message
     assert "out: max error" in finding.message
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_train.arch import DraftArch
 from eagle3_train.model import Eagle3Draft
+from eagle3_train.testing import small_arch
 from eagle3_train.train_config import ObjectiveConfig
 
 MLA = dict(
@@ -21,19 +21,7 @@ MLA = dict(
 
 
 def _model(**kw) -> Eagle3Draft:
-    arch = DraftArch(
-        hidden_size=16,
-        num_aux=3,
-        target_vocab_size=40,
-        draft_vocab_size=20,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=32,
-        rms_norm_eps=1e-6,
-        target_rms_norm_eps=1e-5,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
+    arch = small_arch(
         num_layers=2,  # a later layer reads the first's output: both recomputed
         attention_chunk=16,  # several query chunks per document
         **kw,

@@ -120,6 +120,25 @@ YARN = {
 }
 
 
+def small_arch(**overrides) -> DraftArch:
+    """A 16-wide Llama-style draft the unit tests build in milliseconds, with ``overrides``."""
+    base: dict = dict(
+        hidden_size=16,
+        num_aux=3,
+        target_vocab_size=40,
+        draft_vocab_size=20,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=32,
+        rms_norm_eps=1e-6,
+        target_rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+    )
+    return DraftArch(**(base | overrides))
+
+
 def yarn_arch(architecture: str = "llama") -> DraftArch:
     """A draft of a YaRN target, as resolve_arch copies the target's rope_scaling into it."""
     mla = {
