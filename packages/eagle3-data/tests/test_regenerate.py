@@ -26,6 +26,7 @@ from eagle3_data.config import RegenerateConfig, SamplingConfig
 from eagle3_data.journal import read_journal
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
+from eagle3_schemas.atomic import TEMP_MARKER
 from eagle3_schemas.failures import failure_report
 from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
 
@@ -398,3 +399,52 @@ def test_a_full_disk_while_journaling_stops_by_name_and_the_rerun_resumes(
         # the journal's entries, the torn one and those in flight beside it
         assert sum(script.requests.values()) - asked_before == 60 - len(whole)
         assert asked_before - len(whole) <= 2  # concurrency 2
+
+
+@pytest.mark.tmpfs
+def test_a_full_disk_while_publishing_stops_by_name_and_the_rerun_publishes_from_the_journal(
+    endpoint, tmp_path: Path, write_conversations
+) -> None:
+    """Every answer is journaled, but the artifact does not fit beside the journal: the run stops
+    (exit 7) naming the output, leaves neither the artifact nor its temporary file and keeps the
+    journal whole; once space is freed the same command publishes from the journal, asking the
+    endpoint nothing again."""
+    url, script = endpoint
+    n = 400
+    source = write_conversations(tmp_path / "c.parquet", _conversations(n))
+
+    def command(out: Path) -> list[str]:
+        command = [sys.executable, "-m", "eagle3_data", "regenerate", str(source)]
+        command += ["--out", str(out), "--model", "tiny", "--endpoint", url]
+        return [*command, "--concurrency", "4", "--backoff", "0.01"]
+
+    # the artifact and the journal's sizes, from a run on the roomy disk
+    reference = tmp_path / "reference.parquet"
+    assert subprocess.run(command(reference), capture_output=True, timeout=120).returncode == 0
+    rows = pq.read_table(reference).to_pylist()
+    journal_bytes = sum(
+        len(json.dumps({"id": r["id"], "messages": r["messages"]}, ensure_ascii=False)) + 1
+        for r in rows
+    )
+    page = 4096
+    artifact_pages = reference.stat().st_size // page
+    assert artifact_pages >= 3, reference.stat().st_size  # room to fall short of it
+    with small_tmpfs(tmp_path / "small", size_mib=2) as disk:
+        out = disk / "regen.parquet"
+        journal = disk / "regen.parquet.journal.jsonl"
+        # the journal's pages, and one page short of half the artifact's beside them
+        filler = leave_free(disk, -(-journal_bytes // page) * page + artifact_pages // 2 * page)
+        stopped = subprocess.run(command(out), capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 7, failure_report(stopped.stderr)
+        assert f"{out}: no room for the regenerated conversations" in stopped.stderr
+        assert "rerun the same command to resume" in stopped.stderr
+        assert not out.exists() and not [p for p in disk.iterdir() if TEMP_MARKER in p.name]
+        assert len(read_journal(journal)) == n  # every answer kept, whole
+        asked = sum(script.requests.values())
+
+        filler.unlink()
+        done = subprocess.run(command(out), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, failure_report(done.stderr)
+        assert sum(script.requests.values()) == asked  # published from the journal alone
+        assert pq.read_table(out).to_pylist() == rows
+        assert validate(out) == [] and not journal.exists()

@@ -29,6 +29,7 @@ from eagle3_data.ingest import SCHEMA
 from eagle3_data.journal import Journal, read_journal
 from eagle3_data.rejects import RejectsFile
 from eagle3_schemas.conversations import describe_selection, select_rows
+from eagle3_schemas.diskspace import disk_full, is_disk_full
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.jsonl import truncate_torn_tail
 from eagle3_schemas.lineage import fingerprint_json
@@ -327,7 +328,20 @@ def run(config: RegenerateConfig) -> RegenerateSummary:
 
 
 def _publish(config: RegenerateConfig, source_fingerprint: str, summary: RegenerateSummary) -> None:
-    """Assemble the artifact in input order from the journal, then drop the journal."""
+    """Assemble the artifact in input order from the journal, then drop the journal. A full
+    disk stops it by name (``DiskFull``, exit 7): the artifact is written to a temporary name,
+    so nothing half-written is left, and the journal stays whole for the rerun."""
+    try:
+        _write_artifact(config, source_fingerprint)
+    except Exception as e:
+        if is_disk_full(e):
+            raise disk_full(config.output, "the regenerated conversations", None, e) from e
+        raise
+    config.journal.unlink()
+    summary.published = True
+
+
+def _write_artifact(config: RegenerateConfig, source_fingerprint: str) -> None:
     offsets = read_journal(config.journal)
     settings = {"engine": config.engine, "model": config.model, "sampling": asdict(config.sampling)}
     kept = rejected = 0
@@ -374,5 +388,3 @@ def _publish(config: RegenerateConfig, source_fingerprint: str, summary: Regener
                 "selection": describe_selection(config.limit, config.sample_seed),
             },
         )
-    config.journal.unlink()
-    summary.published = True
