@@ -7,9 +7,9 @@
    side's alone; torch threads are set explicitly.
 2. Loader: eagle3-train's shard streaming vs the raw read throughput of the same shard bytes
    (sequential 8 MiB reads of the whole files, page cache warm for both, interleaved
-   repeats, best of each). With 2 worker processes the steady state is reported (worker
-   start-up excluded).
-
+   repeats, best of each), with 0 and 2 workers in steady state. ``--verify-rows``: also
+   with the trainer's row checks (data.verify_rows: each sample's rows hashed as read and
+   compared with the manifest's XXH3-128); ``--loader-only`` skips the training step.
 3. Model FLOPs per trained token from the shape, and on a GPU each side's share of the
    device's dense bf16 peak (MFU). Per token, with T_doc the packed documents' length:
 
@@ -21,12 +21,11 @@
 
    (a matmul's backward costs twice its forward; attention counts the causal keys' average
    plus the diagonal keys). The same formula for both sides: MFU compares tokens/s.
-   ``--verify-rows``: the loader also with the trainer's row checks (data.verify_rows: each
-   sample's rows hashed as read and compared with the manifest's XXH3-128), interleaved with
-   the unchecked runs; ``--loader-only`` skips the training step.
-4. ``--sync-check`` (CUDA): one more step of ours under torch.cuda.set_sync_debug_mode
-   ("error"), the host-side alignment, gradient clipping and the optimizer included: any op
-   that waits for the GPU inside a step raises, and the report names it.
+4. ``--lengths``: one packed sample of each length, each side's step peak memory and s/step
+   (recipes/kimi-k2.5/RESOURCES.md "Long samples"; ``--recompute 1``: with train.recompute).
+5. On CUDA, for tools/gpu/gpu_check.py: ``--sync-check``, one more step of ours under
+   torch.cuda.set_sync_debug_mode("error") (an op that waits for the GPU raises and is
+   named) and its host→device copies from pageable memory; ``--profile``, the top kernels.
 
     uv run --frozen python tools/bench/bench_train.py                 # H=256 (tiny target), T=2048
     uv run --frozen python tools/bench/bench_train.py --hidden 128 --json out.json
@@ -175,8 +174,6 @@ def run_ours(args) -> dict[str, float]:
         result["pageable_copies_in_step"] = _pageable_copies(step) or "none"
     if args.profile and args.device == "cuda":
         result["top_kernels"] = _top_kernels(step)
-    elif args.profile:
-        result["ops_per_step"] = _op_table(step, args.profile)
     return result
 
 
@@ -235,127 +232,6 @@ def _top_kernels(step, count: int = 12) -> list[list]:
         torch.cuda.synchronize()
     rows = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
     return [[e.key[:90], round(e.device_time_total / 1e3, 3), e.count] for e in rows[:count]]
-
-
-# GEMMs: their float32 inputs are the CPU's exact emulation of bf16 x bf16 -> float32
-# (attention.mm_f32, whose upcasts the table names apart), not elementwise traffic
-_GEMMS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear")
-# views and wrappers: no data of their own moved (a cast's work is its copy_)
-_NO_DATA = {
-    f"aten::{op}"
-    for op in [
-        "view",
-        "_unsafe_view",
-        "reshape",
-        "transpose",
-        "t",
-        "permute",
-        "expand",
-        "slice",
-        "select",
-        "unsqueeze",
-        "squeeze",
-        "as_strided",
-        "alias",
-        "detach",
-        "diagonal",
-        "unbind",
-        "split",
-        "narrow",
-        "contiguous",
-        "to",
-        "_to_copy",
-        "lift_fresh",
-    ]
-}
-_ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8}
-
-
-def _op_table(step, steps: int) -> list[dict]:
-    """Per step, of ``steps`` profiled steps on the CPU: each aten op by the dtypes of its
-    tensor inputs — calls, self CPU ms and the bytes of its tensor inputs (from the recorded
-    shapes) —, so the float32 traffic of a step can be read off and compared before/after."""
-    from collections import defaultdict
-
-    from torch.profiler import ProfilerActivity, profile
-
-    from eagle3_train.attention import MM_F32_EMULATION
-
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(steps):
-            step()
-    table: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-    for e in prof.events():
-        if not e.name.startswith("aten::"):
-            continue
-        name, parent = e.name, e.cpu_parent
-        while parent is not None:  # the CPU's stand-in for a CUDA op: named apart
-            if parent.name == MM_F32_EMULATION:
-                name = f"{name} (mm_f32 CPU upcast)"
-                break
-            parent = parent.cpu_parent
-        tensors = [
-            (t, s)
-            for t, s in zip(e.input_dtypes, e.input_shapes, strict=False)
-            if t in _ELEMENT_BYTES and s
-        ]
-        row = table[(name, ",".join(t.replace("c10::", "") for t, _ in tensors))]
-        row[0] += 1
-        row[1] += e.self_cpu_time_total / 1e3
-        for t, s in tensors:
-            numel = 1
-            for n in s:
-                numel *= n
-            row[2] += numel * _ELEMENT_BYTES[t]
-    return sorted(
-        (
-            {
-                "op": op,
-                "dtypes": dt,
-                "calls": c / steps,
-                "self_ms": ms / steps,
-                "mib": b / steps / 2**20,
-            }
-            for (op, dt), (c, ms, b) in table.items()
-        ),
-        key=lambda r: -r["self_ms"],
-    )
-
-
-def print_op_table(rows: list[dict], top: int = 25) -> None:
-    """The --profile table (CPU): the ops that took most time, then two summary lines — the
-    dtype casts (a copy between two dtypes) and the non-GEMM ops reading float32 — each as
-    calls, self CPU ms and input MiB per step."""
-    print(
-        f"\nops per step (self CPU time):\n{'op':34}{'input dtypes':28}{'calls':>8}{'ms':>9}{'MiB':>9}"
-    )
-    for r in rows[:top]:
-        print(
-            f"{r['op'][:33]:34}{r['dtypes'][:27]:28}{r['calls']:>8.0f}{r['self_ms']:>9.2f}{r['mib']:>9.1f}"
-        )
-
-    def line(name: str, chosen: list[dict]) -> None:
-        calls, ms, mib = (sum(r[k] for r in chosen) for k in ("calls", "self_ms", "mib"))
-        print(f"{name}: {calls:.0f} calls, {ms:.1f} ms, {mib:.0f} MiB per step")
-
-    casts = [
-        r
-        for r in rows
-        if r["op"].startswith("aten::copy_") and len(set(r["dtypes"].split(","))) > 1
-    ]
-    line("dtype casts (copy_ between dtypes)", casts)
-    emulated = [r for r in rows if r["op"].startswith("aten::copy_ (mm_f32")]
-    line("  of which mm_f32's CPU upcasts (a GEMM's out_dtype on CUDA)", emulated)
-    f32 = [
-        r
-        for r in rows
-        if "float" in r["dtypes"].split(",")
-        and r["op"] not in _GEMMS
-        and "attention" not in r["op"]  # the kernels (their float32 input: the lse)
-        and r["op"] not in _NO_DATA
-        and r not in casts
-    ]
-    line("non-GEMM ops reading float32 (no views, no kernels, no casts)", f32)
 
 
 def run_speculators(args) -> dict[str, float]:
@@ -591,8 +467,8 @@ def run_side(args) -> None:
         # process (reported "out of memory"), not in a neighbour the kernel's OOM killer picks
         cap = int(args.memory_cap_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    if args.device == "cuda":  # as eagle3-train sets it (train.tf32), for both sides
-        torch.set_float32_matmul_precision("high" if args.tf32 else "highest")
+    if args.device == "cuda":  # as eagle3-train sets it (train.tf32: true), for both sides
+        torch.set_float32_matmul_precision("high")
     result = run_ours(args) if args.side == "ours" else run_speculators(args)
     if args.device == "cuda":
         result["peak_tflops"] = _device_peak_tflops()
@@ -774,26 +650,24 @@ def _figure(side: dict, key: str, fmt: str) -> str:
     return format(side[key], fmt) if key in side else "-"
 
 
-def loader_only(args, results: dict[str, object]) -> int:
-    """--loader-only: the loader at the train config's H and at Kimi-K2.5's, with (when
-    --verify-rows) the cost of the row checks."""
+def loaders(args, results: dict[str, object], ratios: dict[str, float]) -> None:
+    """The loader vs a raw read at the train config's H and at Kimi-K2.5's (57 KiB per token),
+    about 1 GiB each, with 0 and 2 workers; with --verify-rows also the row checks' cost."""
     shapes = {"loader": (args.hidden, args.loader_samples), "loader_kimi": (7168, 32)}
     for key, (hidden, samples) in shapes.items():
         loader = results[key] = bench_loader(args, hidden, samples)
         line = (
-            f"{key}: H={hidden}, {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB; raw "
-            f"read {loader['raw_tokens_per_s']:.0f} tok/s"
+            f"{key}: H={hidden}, {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB of "
+            f"bf16 shards; raw read {loader['raw_tokens_per_s']:.0f} tok/s"
         )
         for w in ("w0", "w2"):
             plain = loader[f"loader_tokens_per_s_{w}"]
+            ratios[f"{key}_vs_raw_read_{w}"] = plain / loader["raw_tokens_per_s"]
             line += f"; {w}: {plain:.0f} tok/s"
             checked = loader.get(f"loader_verified_tokens_per_s_{w}")
             if checked is not None:
                 line += f", checked {checked:.0f} tok/s ({checked / plain:.2f}x)"
         print(line)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
-    return 0
 
 
 def main() -> int:
@@ -838,21 +712,12 @@ def main() -> int:
         "--sides", default="both", choices=["both", "ours", "speculators"], help="which to run"
     )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
-    p.add_argument(
-        "--profile",
-        type=int,
-        default=0,
-        help="ours: CUDA, top kernels of one step; CPU, ops by input dtype over N steps "
-        "(calls, self time and input bytes per step)",
-    )
+    p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of a step")
     p.add_argument(
         "--peak-tflops",
         type=float,
         default=None,
         help="the device's dense bf16 peak for MFU (default: 989 on an H100/H200, else none)",
-    )
-    p.add_argument(
-        "--tf32", type=int, default=1, help="CUDA float32 matmuls on TF32 (1) or not (0)"
     )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
@@ -883,7 +748,10 @@ def main() -> int:
         "config": {k: v for k, v in vars(args).items() if k not in ("side", "json")}
     }
     if args.loader_only:
-        return loader_only(args, results)
+        loaders(args, results, {})
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
+        return 0
     sides = ("speculators", "ours") if args.sides == "both" else (args.sides,)
     if args.lengths:
         return long_context(args, forwarded, sides, results)
@@ -917,21 +785,8 @@ def main() -> int:
             f"{side:14}{r['seconds_per_step']:>10.3f}{r['tokens_per_s']:>12.0f}"
             f"{r['cpu_seconds_per_step']:>12.3f}{peak:>14.0f}"
         )
-    if "ops_per_step" in results.get("ours", {}):
-        print_op_table(results["ours"]["ops_per_step"])
     if not args.skip_loader:
-        # at the train config's H and at Kimi-K2.5's (57 KiB per token), about 1 GiB each
-        shapes = {"loader": (args.hidden, args.loader_samples), "loader_kimi": (7168, 32)}
-        for key, (hidden, samples) in shapes.items():
-            loader = results[key] = bench_loader(args, hidden, samples)
-            for w in ("w0", "w2"):
-                ratio = loader[f"loader_tokens_per_s_{w}"] / loader["raw_tokens_per_s"]
-                ratios[f"{key}_vs_raw_read_{w}"] = ratio
-            print(
-                f"{key}: H={hidden}, {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB of bf16 shards; "
-                f"raw read {loader['raw_tokens_per_s']:.0f} tok/s, loader {loader['loader_tokens_per_s_w0']:.0f} "
-                f"tok/s (0 workers), {loader['loader_tokens_per_s_w2']:.0f} tok/s (2 workers)"
-            )
+        loaders(args, results, ratios)
     flops = model_flops_per_token(args)
     results["model_flops_per_token"] = flops
     peak = args.peak_tflops or next((r.get("peak_tflops") for r in ran.values()), None)

@@ -142,9 +142,6 @@ class KV:
     def __len__(self) -> int:
         return self.k.shape[0]
 
-    def narrow(self, length: int) -> KV:
-        return KV(self.k[:length], self.v[:length])
-
 
 @dataclass
 class DraftStep:

@@ -27,8 +27,6 @@ from typing import Any
 
 from eagle3_schemas.conversations import conversation_id
 
-FORMATS = ("mt-bench", "humaneval", "gsm8k", "chat")
-SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 # ShareGPT speaker names -> OpenAI roles.
 SHAREGPT_ROLES = {
     "human": "user",
@@ -53,10 +51,6 @@ class Item:
     later_turns: list[str] = field(default_factory=list)
     category: str | None = None
     row: dict[str, Any] = field(default_factory=dict)  # chat rows: split, source, id
-
-
-def is_prompt_file(path: Path) -> bool:
-    return any(path.name.endswith(suffix) for suffix in SUFFIXES)
 
 
 def records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -25,7 +25,6 @@ from eagle3_schemas.validate import validate
 
 REPORT_FILE = "report.json"
 SAMPLES_FILE = "samples.parquet"
-FIGURE_FILE = "acceptance.png"
 
 
 class ReportError(ValueError):

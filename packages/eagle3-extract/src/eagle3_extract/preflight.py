@@ -16,7 +16,7 @@ from pathlib import Path
 
 from eagle3_extract.config import ConfigError, ExtractConfig, check_layer_ids
 from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
-from eagle3_extract.samples import Sample, Tokenized
+from eagle3_extract.samples import Tokenized
 from eagle3_extract.target import TargetInfo, head_bytes, transformers_refusal
 from eagle3_schemas.lineage import fingerprint_tokenizer_dir
 from eagle3_schemas.validate import validate
@@ -115,28 +115,6 @@ def check_tokenizer_lineage(tokenizer_dir: Path, tokenized: Tokenized) -> list[F
         ]
     return [
         Finding("ok", "tokenizer lineage", f"tokenized with {tokenizer_dir} ({actual[:19]}...)")
-    ]
-
-
-def check_lengths(samples: Sequence[Sample], limit: int | None, what: str) -> list[Finding]:
-    """vLLM rejects a whole generate() call for one prompt over its limit: find it first."""
-    if limit is None or not samples:
-        return []
-    longest = max(samples, key=lambda s: s.num_tokens)
-    # One generated token (max_tokens=1) must fit after the prompt.
-    if longest.num_tokens + 1 > limit:
-        return [
-            Finding(
-                "error",
-                "sample length",
-                f"sample {longest.sample_id!r} has {longest.num_tokens} tokens; {what} is {limit} "
-                "(prompt + 1 generated token must fit): raise --max-model-len or truncate",
-            )
-        ]
-    return [
-        Finding(
-            "ok", "sample length", f"longest sample {longest.num_tokens} tokens < {what} {limit}"
-        )
     ]
 
 

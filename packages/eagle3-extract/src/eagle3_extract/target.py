@@ -17,8 +17,6 @@ import numpy as np
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.target_config import text_config
 
-# Safetensors dtypes the target_head schema allows; other weight dtypes are cast to bfloat16.
-HEAD_DTYPES = ("BF16", "F16", "F32")
 # Where multimodal wrappers (Kimi-K2.5, Llama-4, Qwen-VL) keep the language model's tensors.
 TEXT_PREFIXES = ("", "language_model.", "model.language_model.", "text_model.")
 
