@@ -10,7 +10,8 @@ gradients never reach (asserted) and ZeRO-2 with 0 (DeepSpeed's clip off).
 The tolerance. The one difference left in the rule is Newton–Schulz's rounding: both run the
 same quintic iteration in bf16, but torch fuses ``b·A + c·A·A`` and ``a·X + B·X`` into addmm
 where DeepSpeed rounds each product and sum, and the iteration amplifies what rounding leaves in
-a gradient's small singular directions. δ(shape) = ||NS_torch(M) - NS_deepspeed(M)||_F, measured
+a gradient's small singular directions (as much as torch's own iteration differs on the same
+matrix rescaled by 1-3 %: asserted). δ(shape) = ||NS_torch(M) - NS_deepspeed(M)||_F, measured
 on the single run's own Muon momentum buffers (steps 3 and 6, the matrices the rule really sees).
 Each step moves a matrix by lr·0.2·sqrt(max side)·NS(...), so after STEPS steps the two differ by
 at most STEPS·lr·0.2·sqrt(max side)·δ from the rounding, and again as much as the changed weights
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.distributed
 STEPS = 6
 LR = 5e-3
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
+RESCALE = (0.97, 1.01, 1.03)
 NEVER_REACHED = 1e6  # a max_grad_norm no gradient here comes near: torch's side never clips
 
 
@@ -94,16 +96,21 @@ def _tolerances(single: Path, reference: dict[str, torch.Tensor]) -> dict[str, f
     from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS
     from torch.optim._muon import _zeropower_via_newtonschulz as torch_ns
 
+    ns = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
     delta: dict[tuple[int, ...], float] = {}
     for step in (3, 6):
         saved = torch.load(single / "checkpoints" / f"step-{step:08d}" / "optimizer.bin")
         for i in saved["param_groups"][0]["params"]:  # MuonWithAdamW: Muon's group first
             m = saved["state"][i]["momentum_buffer"]
-            ours = torch_ns(m, (DEFAULT_A, DEFAULT_B, DEFAULT_C), 5, EPS).float()
-            theirs = zeropower_via_newtonschulz5(m, steps=5).float()
-            d = float((ours - theirs).norm())
-            # rounding, not another iteration: nonzero, and small beside the update itself
-            assert 0 < d < 0.2 * float(ours.norm()), (tuple(m.shape), d)
+            ours = torch_ns(m, ns, 5, EPS).float()
+            d = float((ours - zeropower_via_newtonschulz5(m, steps=5).float()).norm())
+            # Rounding, not another iteration: no further from torch's than torch's own is from
+            # itself on the same matrix rescaled (a no-op but for bf16 rounding; measured at
+            # most 2.2x on these buffers)
+            itself = max(
+                float((ours - torch_ns(m * s, ns, 5, EPS).float()).norm()) for s in RESCALE
+            )
+            assert 0 < d <= 3 * itself, (tuple(m.shape), d, itself)
             delta[tuple(m.shape)] = max(delta.get(tuple(m.shape), 0.0), d)
     return {
         name: 2 * STEPS * LR * 0.2 * math.sqrt(max(w.shape)) * delta[tuple(w.shape)]

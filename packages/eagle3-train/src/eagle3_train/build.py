@@ -205,6 +205,8 @@ def make_deepspeed_muon(model: Eagle3Draft, config: Config, fused: bool) -> torc
     - torch's AdamW over the rest, with make_muon's settings.
 
     The LR schedule stays ours: a LambdaLR over these groups scales each group's lr, ratio kept.
+    Not compared here (no GPU): under bf16 ZeRO-2 keeps Muon's momentum in the gradients' bf16
+    (stage_1_and_2.py _muon_momentum_buffer), where torch's path keeps it in float32.
     """
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
 
