@@ -17,7 +17,8 @@ Each step moves a matrix by lr·0.2·sqrt(max side)·NS(...), so after STEPS ste
 at most STEPS·lr·0.2·sqrt(max side)·δ from the rounding, and again as much as the changed weights
 feed back into later gradients: tolerance = 2·STEPS·lr·0.2·sqrt(max side)·δ(shape) (Frobenius).
 AdamW's tensors (norms, LM head) step by torch's AdamW on both sides and differ only through that
-feedback: none may drift further, relative to its size, than a Muon matrix's tolerance allows.
+feedback from the Muon matrices: none may differ by more than the largest Muon tolerance (a
+stated bound, not a derived one).
 """
 
 from __future__ import annotations
@@ -123,17 +124,23 @@ def _beyond(ours: dict[str, torch.Tensor], single: Path) -> tuple[list[str], lis
     """(every weight with its difference and tolerance, those beyond their tolerance)."""
     reference = _weights(single)
     tolerances = _tolerances(single, reference)
-    relative = max(tol / float(reference[name].norm()) for name, tol in tolerances.items())
+    largest = max(tolerances.values())
     report, beyond = [], []
     for name, w in reference.items():
         if not w.is_floating_point():
             continue
         diff = float((ours[name] - w).norm())
-        tol = tolerances.get(name, relative * float(w.norm()))
+        tol = tolerances.get(name, largest)
         report.append(f"{name}: {diff:.3g} (tolerance {tol:.3g})")
         if diff > tol:
             beyond.append(report[-1])
     return report, beyond
+
+
+def _assert_steps_as_torch(run: Path, single: Path) -> None:
+    report, beyond = _beyond(_weights(run), single)
+    print(f"{run.name} vs torch Muon, ||difference||_F after {STEPS} steps:", *report, sep="\n  ")
+    assert not beyond, f"{run.name}: Muon differs from torch's beyond tolerance: {beyond}"
 
 
 def test_zero2_muon_steps_as_torch_muon_in_one_process(setup):
@@ -146,9 +153,7 @@ def test_zero2_muon_steps_as_torch_muon_in_one_process(setup):
     # the same weights and data before the first step: the same first loss
     first = [_records(r)[0]["loss"] for r in (run, single)]
     assert first[0] == pytest.approx(first[1], rel=1e-6)
-    report, beyond = _beyond(_weights(run), single)
-    print("ZeRO-2 Muon vs torch Muon, ||difference||_F after", STEPS, "steps:", *report, sep="\n  ")
-    assert not beyond, f"ZeRO-2 Muon differs from torch's Muon beyond tolerance: {beyond}"
+    _assert_steps_as_torch(run, single)
 
 
 def test_keller_scale_left_in_place_is_caught(setup, tmp_path):
@@ -165,10 +170,10 @@ def test_keller_scale_left_in_place_is_caught(setup, tmp_path):
     )
     run = root / "keller_only"
     _launch(inputs, run, script=script)
-    report, beyond = _beyond(_weights(run), root / "single")
-    print("Keller scale only, ||difference||_F:", *report, sep="\n  ")
-    assert any(b.startswith("fc.weight") for b in beyond), beyond
-    assert any("mlp.gate_proj" in b for b in beyond), beyond
+    with pytest.raises(AssertionError) as failure:
+        _assert_steps_as_torch(run, root / "single")
+    print(failure.value)
+    assert "fc.weight" in str(failure.value) and "mlp.gate_proj" in str(failure.value)
 
 
 def test_a_resumed_zero2_muon_run_continues_exactly(setup):
