@@ -170,3 +170,21 @@ def test_deepspeed_muon_steps_as_torch_muon_and_the_lr_ratio_is_what_makes_it(mo
         assert keller_off == pytest.approx(abs(1 - 1 / ratio), abs=0.1), (name, keller_off)
     for name in set(torch_step) - set(matrices):  # AdamW's tensors: torch's AdamW both sides
         torch.testing.assert_close(deepspeed_step[name], torch_step[name], msg=name)
+
+
+def test_max_grad_norm_0_is_no_clip(tmp_path, in_process):
+    """train.max_grad_norm: 0 (what Muon under DeepSpeed asks for) trains as a clip never reached
+    does, bit for bit; torch's clip_grad_norm_ with 0 would have zeroed every gradient."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=12)
+    weights = {}
+    for name, limit in (("off", 0), ("never", 1e9), ("tight", 1e-3)):
+        train = {"optimizer": "muon", "max_steps": 2, "max_grad_norm": limit, "warmup_steps": 0}
+        config = write_config(inputs, tmp_path / name, train=train)
+        try:
+            assert in_process(["--config", str(config), "--no-preflight"]) == 0
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+        weights[name] = load_file(str(tmp_path / name / "draft" / "model.safetensors"))
+    assert all(torch.equal(weights["off"][n], weights["never"][n]) for n in weights["off"])
+    # ... and the clip is really applied when set: a tight one trains another draft
+    assert not all(torch.equal(weights["off"][n], weights["tight"][n]) for n in weights["off"])

@@ -73,7 +73,7 @@ class TrainLoopConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adam_eps: float = 1e-8
     gradient_accumulation_steps: int = 1
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = 0.5  # 0 = no clip
     # auto = bf16 autocast on CUDA, fp32 on CPU.
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
     # On CUDA, float32 matmuls (the exact-softmax attention and the KL over the vocabulary,
