@@ -11,7 +11,7 @@ import yaml
 
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.validate import validate
-from eagle3_train.accelerator import DEEPSPEED_REFUSED
+from eagle3_train.accelerator import DEEPSPEED_REFUSED, ZeroLaunch
 from eagle3_train.checkpoint import Checkpoints
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
@@ -315,3 +315,14 @@ def test_a_setting_deepspeed_cannot_run_is_refused_at_start(
     assert f"{setting} is not available under DeepSpeed ({why})" in caplog.text
     assert caplog.text.count("is not available under DeepSpeed") == 1, caplog.text
     assert not (tmp_path / "run").exists()
+
+
+def test_the_zero_stage_and_offload_are_read_from_a_deepspeed_config_file(tmp_path, monkeypatch):
+    for name in ("ZERO_STAGE", "OFFLOAD_OPTIMIZER_DEVICE", "CONFIG_FILE"):
+        monkeypatch.delenv(f"ACCELERATE_DEEPSPEED_{name}", raising=False)
+    assert ZeroLaunch.from_environment() == ZeroLaunch(2, "none")  # Accelerate's defaults
+    path = tmp_path / "ds.json"
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    path.write_text(json.dumps({"zero_optimization": zero}))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(path))
+    assert ZeroLaunch.from_environment() == ZeroLaunch(3, "cpu")

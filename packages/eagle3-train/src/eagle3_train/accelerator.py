@@ -40,7 +40,7 @@ class ZeroLaunch:
         path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
         if path != "none":
             zero = json.loads(Path(path).read_text()).get("zero_optimization", {})
-            stage = int(zero.get("stage", stage))
+            stage = int(zero["stage"]) if zero.get("stage", "auto") != "auto" else stage
             offload = zero.get("offload_optimizer", {}).get("device", offload)
         return cls(stage, str(offload or "none"))
 

@@ -81,6 +81,14 @@ def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.opt
     if t.optimizer == "muon":
         cuda = accelerator.device.type == "cuda"
         if plugin is not None:
+            # refused at start already (accelerator.py); this is the config DeepSpeed really got
+            stage = plugin.deepspeed_config.get("zero_optimization", {}).get("stage")
+            if stage != 2:
+                raise ValueError(
+                    f"train.optimizer: muon runs under DeepSpeed ZeRO-2 only, and this launch's "
+                    f"DeepSpeed config has zero_optimization.stage {stage} (DEEPSPEED_REFUSED in "
+                    "accelerator.py says why)"
+                )
             return make_deepspeed_muon(model, config, fused=cuda)
         return make_muon(model, config, fused=cuda)
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
