@@ -1,5 +1,6 @@
 """train.optimizer: muon — which tensors Muon takes, that a resumed run continues Muon's
-state bit for bit, and that DeepSpeed is refused at start naming the reason."""
+state bit for bit, and that DeepSpeed's Muon is set up to step as torch's (the 2-process
+ZeRO-2 runs are test_muon_zero.py; the DeepSpeed refusals test_preflight.py)."""
 
 from __future__ import annotations
 
