@@ -1,16 +1,20 @@
 """train.optimizer: muon — which tensors Muon takes, that a resumed run continues Muon's
-state bit for bit, and that DeepSpeed is refused at start naming the reason."""
+state bit for bit, and that DeepSpeed's Muon is set up to step as torch's (the 2-process
+ZeRO-2 runs are test_muon_zero.py; the DeepSpeed refusals test_preflight.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
+import pytest
 import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_train.build import MuonWithAdamW, make_muon, muon_split
+from eagle3_train import build
+from eagle3_train.build import MuonWithAdamW, make_deepspeed_muon, make_muon, muon_split
 from eagle3_train.config import Config
 from eagle3_train.model import Eagle3Draft
 from eagle3_train.testing import make_inputs, write_config, yarn_arch
@@ -120,3 +124,68 @@ def test_the_combined_optimizer_state_dict_holds_both_and_loads_into_a_fresh_one
     assert sum("momentum_buffer" in s for s in fresh.state.values()) == len(
         fresh.muon.param_groups[0]["params"]
     )
+
+
+def _one_step(opt: torch.optim.Optimizer, model: Eagle3Draft, grads: dict[str, torch.Tensor]):
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            p.grad = grads[name].clone()
+    opt.step()
+
+
+def test_deepspeed_muon_steps_as_torch_muon_and_the_lr_ratio_is_what_makes_it(monkeypatch):
+    """make_deepspeed_muon's groups (DeepSpeed's MuonWithAuxAdam; outside ZeRO it orthogonalises
+    each whole matrix itself, the same muon_update ZeRO calls) against make_muon, one step on the
+    same gradients: equal to Newton–Schulz's bf16 rounding (a few percent of the step at most),
+    and with the lr ratio dropped (DeepSpeed's Keller scale left) off by the ratio itself.
+    The 2-process ZeRO-2 run is tests/test_muon_zero.py."""
+    pytest.importorskip("deepspeed")
+    config = Config()
+    config.train.optimizer, config.train.lr = "muon", 5e-3
+
+    def step_of(make) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = Eagle3Draft(yarn_arch())
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        generator = torch.Generator().manual_seed(1)
+        grads = {n: torch.randn(p.shape, generator=generator) for n, p in model.named_parameters()}
+        opt = make(model)
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)  # ours, ratio kept
+        _one_step(opt, model, grads)
+        del schedule
+        return {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
+
+    torch_step = step_of(lambda m: make_muon(m, config, fused=False))
+    deepspeed_step = step_of(lambda m: make_deepspeed_muon(m, config, fused=False))
+    monkeypatch.setattr(build, "deepspeed_muon_lr_ratio", lambda fn, rows, cols: 1.0)
+    keller_step = step_of(lambda m: make_deepspeed_muon(m, config, fused=False))
+    matrices = [n for n, s in torch_step.items() if s.dim() == 2 and "lm_head" not in n]
+    assert matrices
+    for name in matrices:
+        size = float(torch_step[name].norm())
+        off = float((deepspeed_step[name] - torch_step[name]).norm()) / size
+        keller_off = float((keller_step[name] - torch_step[name]).norm()) / size
+        rows, cols = torch_step[name].shape
+        ratio = 0.2 * math.sqrt(max(rows, cols)) / math.sqrt(max(1, rows / cols))
+        assert off < 0.1, (name, off)  # rounding
+        assert keller_off == pytest.approx(abs(1 - 1 / ratio), abs=0.1), (name, keller_off)
+    for name in set(torch_step) - set(matrices):  # AdamW's tensors: torch's AdamW both sides
+        torch.testing.assert_close(deepspeed_step[name], torch_step[name], msg=name)
+
+
+def test_max_grad_norm_0_is_no_clip(tmp_path, in_process):
+    """train.max_grad_norm: 0 (what Muon under DeepSpeed asks for) trains as a clip never reached
+    does, bit for bit; torch's clip_grad_norm_ with 0 would have zeroed every gradient."""
+    inputs = make_inputs(tmp_path / "inputs", num_samples=12)
+    weights = {}
+    for name, limit in (("off", 0), ("never", 1e9), ("tight", 1e-3)):
+        train = {"optimizer": "muon", "max_steps": 2, "max_grad_norm": limit, "warmup_steps": 0}
+        config = write_config(inputs, tmp_path / name, train=train)
+        try:
+            assert in_process(["--config", str(config), "--no-preflight"]) == 0
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+        weights[name] = load_file(str(tmp_path / name / "draft" / "model.safetensors"))
+    assert all(torch.equal(weights["off"][n], weights["never"][n]) for n in weights["off"])
+    # ... and the clip is really applied when set: a tight one trains another draft
+    assert not all(torch.equal(weights["off"][n], weights["tight"][n]) for n in weights["off"])

@@ -11,7 +11,7 @@ import yaml
 
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.validate import validate
-from eagle3_train.accelerator import DEEPSPEED_REFUSED
+from eagle3_train.accelerator import DEEPSPEED_REFUSED, ZeroLaunch
 from eagle3_train.checkpoint import Checkpoints
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
@@ -273,10 +273,23 @@ def test_a_resume_that_does_not_match_its_checkpoint_is_refused_naming_both(
     assert f"draft.num_layers: {out / 'run.yaml'} has 1 but this config has 2" in errors[1]
 
 
-# every setting DeepSpeed cannot run, as a user writes it
+# every setting DeepSpeed cannot run, as a user writes it: (train section, launch environment)
+MUON = {"optimizer": "muon", "max_grad_norm": 0}
 DEEPSPEED_REFUSED_CASES = {
-    "train.on_non_finite: skip": {"on_non_finite": "skip"},
-    "train.optimizer: muon": {"optimizer": "muon"},
+    "train.on_non_finite: skip": ({"on_non_finite": "skip"}, {}),
+    "train.optimizer: muon under ZeRO stage 1 or 3": (
+        MUON,
+        {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
+    ),
+    "train.optimizer: muon with offload_optimizer": (
+        MUON,
+        {"ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"},
+    ),
+    "train.optimizer: muon with train.max_grad_norm > 0": ({"optimizer": "muon"}, {}),
+    "train.optimizer: muon with train.muon.ns_steps other than 5": (
+        {**MUON, "muon": {"ns_steps": 6}},
+        {},
+    ),
 }
 
 
@@ -288,12 +301,28 @@ def test_every_deepspeed_refusal_has_a_case():
 def test_a_setting_deepspeed_cannot_run_is_refused_at_start(
     setting, tmp_path, in_process, monkeypatch, caplog
 ):
-    """Refused before anything starts (no output folder), naming the setting and why."""
+    """Refused before anything starts (no output folder), naming the setting and why, and
+    only that setting."""
+    train, launch = DEEPSPEED_REFUSED_CASES[setting]
     inputs = make_inputs(tmp_path / "inputs", num_samples=8)
-    config = write_config(inputs, tmp_path / "run", train=DEEPSPEED_REFUSED_CASES[setting])
+    config = write_config(inputs, tmp_path / "run", train=train)
     assert in_process(["--config", str(config), "--preflight"]) == 0  # fine without DeepSpeed
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as `accelerate launch` sets it
+    for name, value in launch.items():
+        monkeypatch.setenv(name, value)
     assert in_process(["--config", str(config)]) == 2
     (why,) = [why for name, _, why in DEEPSPEED_REFUSED if name == setting]
     assert f"{setting} is not available under DeepSpeed ({why})" in caplog.text
+    assert caplog.text.count("is not available under DeepSpeed") == 1, caplog.text
     assert not (tmp_path / "run").exists()
+
+
+def test_the_zero_stage_and_offload_are_read_from_a_deepspeed_config_file(tmp_path, monkeypatch):
+    for name in ("ZERO_STAGE", "OFFLOAD_OPTIMIZER_DEVICE", "CONFIG_FILE"):
+        monkeypatch.delenv(f"ACCELERATE_DEEPSPEED_{name}", raising=False)
+    assert ZeroLaunch.from_environment() == ZeroLaunch(2, "none")  # Accelerate's defaults
+    path = tmp_path / "ds.json"
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    path.write_text(json.dumps({"zero_optimization": zero}))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(path))
+    assert ZeroLaunch.from_environment() == ZeroLaunch(3, "cpu")

@@ -4,10 +4,13 @@ torch threads, and the one small collective by which every rank agrees that one 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,20 +25,62 @@ def is_deepspeed() -> bool:
     return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
 
 
+@dataclass(frozen=True)
+class ZeroLaunch:
+    """What the DeepSpeed launch runs, as Accelerate's DeepSpeedPlugin reads it: the
+    ``accelerate launch`` environment, or the deepspeed_config_file it names."""
+
+    stage: int
+    offload_optimizer: str  # "none", "cpu" or "nvme"
+
+    @classmethod
+    def from_environment(cls) -> ZeroLaunch:
+        stage = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))  # Accelerate's default
+        offload = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
+        path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+        if path != "none":
+            zero = json.loads(Path(path).read_text()).get("zero_optimization", {})
+            stage = int(zero["stage"]) if zero.get("stage", "auto") != "auto" else stage
+            offload = zero.get("offload_optimizer", {}).get("device", offload)
+        return cls(stage, str(offload or "none"))
+
+
+MUON_CHECKED = "tests/test_muon_zero.py checks DeepSpeed's Muon equal to torch's under ZeRO-2 only"
+
 # Settings DeepSpeed cannot run, each with why: refused before anything starts.
-DEEPSPEED_REFUSED: list[tuple[str, Callable[[TrainLoopConfig], bool], str]] = [
+DEEPSPEED_REFUSED: list[tuple[str, Callable[[TrainLoopConfig, ZeroLaunch], bool], str]] = [
     (
         "train.on_non_finite: skip",
-        lambda t: t.on_non_finite == "skip",
+        lambda t, z: t.on_non_finite == "skip",
         "its engine steps the optimizer inside backward, before the step's verdict is known; "
         "use stop",
     ),
     (
-        "train.optimizer: muon",
-        lambda t: t.optimizer == "muon",
-        "ZeRO hands the optimizer flat partitions of the parameters, and Muon's Newton–Schulz "
-        "step needs each matrix whole; launch without DeepSpeed (DDP keeps whole matrices) or "
-        "use adamw",
+        "train.optimizer: muon under ZeRO stage 1 or 3",
+        lambda t, z: t.optimizer == "muon" and z.stage != 2,
+        f"{MUON_CHECKED}: stage 3 orthogonalises in its own sub-group loop (zero/stage3.py, one "
+        "momentum for every Muon group) and stage 1 of bf16 weights steps in bf16_optimizer.py, "
+        "neither compared; use a ZeRO-2 config (recipes/accelerate/zero2.yaml)",
+    ),
+    (
+        "train.optimizer: muon with offload_optimizer",
+        lambda t, z: t.optimizer == "muon" and z.offload_optimizer != "none",
+        f"{MUON_CHECKED}: ZeRO-Offload orthogonalises on another path "
+        "(stage_1_and_2.py _apply_muon_updates_cpu_offload), not compared; use zero2.yaml",
+    ),
+    (
+        "train.optimizer: muon with train.max_grad_norm > 0",
+        lambda t, z: t.optimizer == "muon" and t.max_grad_norm > 0,
+        "DeepSpeed clips after Newton–Schulz: its norm covers the orthogonalised updates "
+        "(stage_1_and_2.py step()), not the gradients that torch's Muon path clips, so any clip "
+        "is another rule, and one of 0.5 shortens every Muon step (an orthogonalised matrix's "
+        "norm is about the square root of its smaller side); set train.max_grad_norm: 0 (no "
+        "clip) or launch without DeepSpeed",
+    ),
+    (
+        "train.optimizer: muon with train.muon.ns_steps other than 5",
+        lambda t, z: t.optimizer == "muon" and t.muon.ns_steps != 5,
+        "ZeRO calls DeepSpeed's muon_update without ns_steps, which then runs 5",
     ),
 ]
 
@@ -44,10 +89,11 @@ def deepspeed_refusals(config: Config) -> list[str]:
     """What of ``config`` DeepSpeed cannot run (one message each), under a DeepSpeed launch."""
     if not is_deepspeed():
         return []
+    launch = ZeroLaunch.from_environment()
     return [
         f"{setting} is not available under DeepSpeed ({why})"
         for setting, chosen, why in DEEPSPEED_REFUSED
-        if chosen(config.train)
+        if chosen(config.train, launch)
     ]
 
 

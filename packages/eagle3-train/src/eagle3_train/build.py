@@ -77,15 +77,26 @@ def compile_enabled(setting: str, device: torch.device) -> bool:
 
 def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.optim.Optimizer:
     t = config.train
+    plugin = accelerator.state.deepspeed_plugin
     if t.optimizer == "muon":
-        return make_muon(model, config, fused=accelerator.device.type == "cuda")
+        cuda = accelerator.device.type == "cuda"
+        if plugin is not None:
+            # refused at start already (accelerator.py); this is the config DeepSpeed really got
+            stage = plugin.deepspeed_config.get("zero_optimization", {}).get("stage")
+            if stage != 2:
+                raise ValueError(
+                    f"train.optimizer: muon runs under DeepSpeed ZeRO-2 only, and this launch's "
+                    f"DeepSpeed config has zero_optimization.stage {stage} (DEEPSPEED_REFUSED in "
+                    "accelerator.py says why)"
+                )
+            return make_deepspeed_muon(model, config, fused=cuda)
+        return make_muon(model, config, fused=cuda)
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": t.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    plugin = accelerator.state.deepspeed_plugin
     offload = plugin is not None and (
         plugin.deepspeed_config.get("zero_optimization", {})
         .get("offload_optimizer", {})
@@ -174,6 +185,77 @@ def make_muon(model: Eagle3Draft, config: Config, fused: bool) -> MuonWithAdamW:
         fused=fused,
     )
     return MuonWithAdamW(muon, adamw)
+
+
+def deepspeed_muon_lr_ratio(adjust_lr_fn: str, rows: int, cols: int) -> float:
+    """torch.optim.Muon's step size over DeepSpeed's, for a (rows, cols) matrix. torch steps by
+    lr x adjust_lr_fn's factor (torch/optim/_muon.py ``_adjust_lr``); DeepSpeed multiplies the
+    orthogonalised update by Keller Jordan's sqrt(max(1, rows/cols)) whatever was asked
+    (zero/muon/original_muon.py ``_aspect_ratio_scale``) and steps by the group's lr."""
+    keller = math.sqrt(max(1.0, rows / cols))
+    wanted = 0.2 * math.sqrt(max(rows, cols)) if adjust_lr_fn == "match_rms_adamw" else keller
+    return wanted / keller
+
+
+def make_deepspeed_muon(model: Eagle3Draft, config: Config, fused: bool) -> torch.optim.Optimizer:
+    """train.optimizer: muon under DeepSpeed ZeRO-2: DeepSpeed's own MuonWithAuxAdam, because
+    ZeRO's gradient partitioning gathers each ``use_muon`` matrix whole and orthogonalises it
+    before the flat partitions reach the optimizer (zero/stage_1_and_2.py get_flat_partition).
+    Set up so that its step is make_muon's (checked in tests/test_muon_zero.py):
+
+    - one Muon group per matrix shape, its lr x deepspeed_muon_lr_ratio: DeepSpeed's Keller
+      scale times that ratio is torch's adjust_lr_fn scale; its weight decay / the ratio, as
+      DeepSpeed decays by the group's lr where torch decays by the unadjusted one;
+    - ns_method "standard": the quintic iteration with torch's coefficients, in bf16 as torch's,
+      unfused (measured on a run's momentum buffers: 3-23 % off torch's, as far as torch's own
+      is from itself on the same matrix rescaled by 1-3 %). DeepSpeed's default "gram" (X Xᵀ
+      in fp16 with a restart) measured as close, but is not the same iteration;
+    - momentum, Nesterov (DeepSpeed's is always on, as make_muon's) and 5 Newton–Schulz steps
+      (ZeRO passes no ns_steps: train.muon.ns_steps is refused otherwise, accelerator.py);
+    - torch's AdamW over the rest, with make_muon's settings.
+
+    The LR schedule stays ours: a LambdaLR over these groups scales each group's lr, ratio kept.
+    Not compared here (no GPU): under bf16 ZeRO-2 keeps Muon's momentum in the gradients' bf16
+    (stage_1_and_2.py _muon_momentum_buffer), where torch's path keeps it in float32.
+    """
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+
+    t, m = config.train, config.train.muon
+    lr = m.lr if m.lr is not None else t.lr
+    matrices, rest = muon_split(model)
+    by_shape: dict[tuple[int, ...], list[torch.nn.Parameter]] = {}
+    for p in matrices:
+        by_shape.setdefault(tuple(p.shape), []).append(p)
+    groups: list[dict] = []
+    for (rows, cols), params in by_shape.items():
+        ratio = deepspeed_muon_lr_ratio(m.adjust_lr_fn, rows, cols)
+        groups.append(
+            {
+                "params": params,
+                "use_muon": True,
+                "lr": lr * ratio,
+                "weight_decay": m.weight_decay / ratio,
+                "momentum": m.momentum,
+                "ns_method": "standard",
+            }
+        )
+    if rest:
+        groups.append(
+            {
+                "params": rest,
+                "use_muon": False,
+                "lr": t.lr,
+                "betas": tuple(t.betas),
+                "eps": t.adam_eps,
+                "weight_decay": m.adamw_weight_decay,
+            }
+        )
+    for group in groups:
+        for p in group["params"]:
+            p.use_muon = group["use_muon"]  # what ZeRO's partitioning reads
+    return MuonWithAuxAdam(
+        groups, adam_optimizer=torch.optim.AdamW, adam_optimizer_kwargs={"fused": fused}
+    )
 
 
 def lr_lambda(config: Config, total_steps: int):

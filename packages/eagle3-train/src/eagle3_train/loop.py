@@ -192,7 +192,9 @@ class Loop:
             accelerator.backward(loss)
             grad_norm = None
             if accelerator.sync_gradients:
-                grad_norm = accelerator.clip_grad_norm_(self.params, self.t.max_grad_norm)
+                # 0 = no clip (the norm is still measured); DeepSpeed clips by its own config
+                limit = self.t.max_grad_norm or float("inf")
+                grad_norm = accelerator.clip_grad_norm_(self.params, limit)
                 if grad_norm is not None:
                     grad_norm = torch.as_tensor(grad_norm)
                     where = dataclasses.replace(where, what="gradient norm", value=grad_norm)

@@ -64,17 +64,16 @@ class TrainLoopConfig:
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     # "adamw": AdamW on every trained tensor. "muon": torch.optim.Muon on the hidden 2-D
     # matrices (fc, attention, MLP) and AdamW on the rest (norms and the LM head: embedding-like
-    # rows never go to Muon), with train.muon's settings. Not under DeepSpeed (refused at
-    # start): ZeRO hands the optimizer flat partitions of the parameters, and Newton–Schulz
-    # needs each matrix whole; several processes run Muon under DDP (every rank holds the
-    # whole draft).
+    # rows never go to Muon), with train.muon's settings. Under DeepSpeed: ZeRO-2 only, through
+    # DeepSpeed's Muon set up to step as torch's (build.make_deepspeed_muon), and only with
+    # max_grad_norm: 0, as DeepSpeed clips the orthogonalised update (accelerator.py says why).
     optimizer: Literal["adamw", "muon"] = "adamw"
     muon: MuonConfig = field(default_factory=MuonConfig)
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adam_eps: float = 1e-8
     gradient_accumulation_steps: int = 1
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = 0.5  # 0 = no clip
     # auto = bf16 autocast on CUDA, fp32 on CPU.
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
     # On CUDA, float32 matmuls (the exact-softmax attention and the KL over the vocabulary,
