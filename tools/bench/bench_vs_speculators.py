@@ -49,8 +49,10 @@ be read on both evaluators.
 
 Finished (arm, seed) runs are kept under OUT/ARM/seed-S and reused when their overrides are
 the same, so a run can be extended by more seeds or arms: the trained draft (trained.json) and
-each k's measurement (result.json at k = 3, result-kK.json) apart, so a draft trained once is
-measured at k = 5 without training again, and one k's figures never stand for another's.
+each k's measurement (result.json at k = 3, result-kK.json; result-reference.json,
+result-kK-reference.json where the reference loop read it) apart, so a draft trained once is
+measured at k = 5 or by the other evaluator without training again, and one k's (or one
+evaluator's) figures never stand for another's. The table names each arm's evaluator.
 `--only ARM[,ARM]` runs just those arms (e.g. one (arm, seed) per call under a CPU lock); a
 last call without it prints the whole table from the runs kept. Whole-run time is start to exported
 draft of each process (imports, loading, validation, checkpoints included): what a user waits
@@ -367,8 +369,9 @@ def run_arm(
     steps: int | None = None,
 ) -> dict:
     """One (arm, seed): train (trained.json), then measure at k (vLLM where it serves the
-    draft; result.json at k = 3, result-kK.json otherwise). Each is reused when already done
-    alike: a draft trained alike is measured at another k without training again. ``steps``:
+    draft; result.json at k = 3, result-kK.json otherwise, "-reference" before ".json" when
+    the reference loop measures). Each is reused when already done alike: a draft trained alike
+    is measured at another k or by the other evaluator without training again. ``steps``:
     args.steps unless given (the equal-wall-clock arm)."""
     steps = steps or args.steps
     where = out / arm / f"seed-{seed}"
@@ -389,14 +392,16 @@ def run_arm(
             seconds = train_ours(recipe, run, where / "train", steps, args.lr, seed, overrides)
         _write_json(trained, {"key": train_key, "run_seconds": seconds})
     seconds = json.loads(trained.read_text())["run_seconds"]
-    suffix = "" if args.k == 3 else f"-k{args.k}"
+    in_vllm = args.evaluator == "auto" and recipe.vllm_serves(draft)
+    evaluator = "vllm" if in_vllm else "reference"
+    # keyed and named by the evaluator that reads the draft, so one draft holds both readings
+    suffix = ("" if args.k == 3 else f"-k{args.k}") + ("" if in_vllm else "-reference")
     done = where / f"result{suffix}.json"
-    key = train_key | {"prompts": args.prompts, "evaluator": args.evaluator, "k": args.k}
+    key = train_key | {"prompts": args.prompts, "evaluator": evaluator, "k": args.k}
     if done.exists():
         result = json.loads(done.read_text())
         if result["key"] == key:
             return result
-    in_vllm = args.evaluator == "auto" and recipe.vllm_serves(draft)
     vllm_python = args.vllm_python if in_vllm else None
     report = evaluate(
         recipe, run, draft, where / f"eval{suffix}", args.prompts, args.k, vllm_python
