@@ -7,15 +7,17 @@ embedded target, and this tier checks each hand-off and the quality gate.
   vocab map inside the export is the data stage's, and the export train wrote is what vLLM
   measured.
 - Quality gate: vLLM's acceptance length at k = 3 (greedy, held-out prompts) is >= 2.5 — the
-  issue's bar. Measured anchors on 2 cores with the recipe's defaults: 3.235 (per position
-  0.84 / 0.75 / 0.65; top-k term and 0.8^k step weights); 3.174 with plain TTT; 2.915-2.933
-  with the earlier draft defaults (no norm_before_residual, frozen LM head); 1.79 without
-  regenerated answers. The ceiling is k + 1 = 4.
+  issue's bar. Measured anchors on 2 cores with the recipe's defaults: 3.349 (per position
+  0.86 / 0.78 / 0.71; Muon at 5e-3, top-k term and 0.8^k step weights); 3.235 with AdamW;
+  3.174 with AdamW and plain TTT; 2.915-2.933 with the earlier draft defaults (no
+  norm_before_residual, frozen LM head); 1.79 without regenerated answers. The ceiling is
+  k + 1 = 4.
 - Speculative decoding is lossless at temperature 0: vLLM's greedy tokens with the draft equal
   the target's alone (both float32 in vLLM; measured 40/40).
 - The offline figure estimates vLLM's: held-out states extracted from the target's own answers
   (regenerated like the training set) put `eagle3-eval offline` within 5 % of vLLM's acceptance
-  length (measured: 3.221 offline, 3.235 vLLM, -0.4 %; from the corpus answers as written it read 1.48 against 3.24).
+  length (measured: 3.379 offline, 3.349 vLLM, +0.9 %; AdamW's draft 3.221 against 3.235; from
+  the corpus answers as written it read 1.48 against 3.24).
 - A benchmark file in MT-Bench's format, three categories of two two-turn questions made here from
   the corpus's held-out rows (`BENCH`), is measured by vLLM per category, printed and stored.
 - The gate's negative cases: the same dataset with its aux states paired one position late
