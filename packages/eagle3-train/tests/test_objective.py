@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_train.arch import DraftArch
 from eagle3_train.config import ConfigError, load_config, parse_override
 from eagle3_train.loss import TargetTopK, fused_linear_kl, reference_linear_kl, unpack_stats
 from eagle3_train.model import Eagle3Draft
+from eagle3_train.testing import small_arch
 from eagle3_train.train_config import ObjectiveConfig
 
 
@@ -106,20 +106,7 @@ def test_one_minus_tv_is_the_acceptance_rate_of_speculative_sampling():
 
 
 def _draft(seed: int = 0) -> Eagle3Draft:
-    arch = DraftArch(
-        hidden_size=16,
-        num_aux=3,
-        target_vocab_size=40,
-        draft_vocab_size=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=32,
-        rms_norm_eps=1e-6,
-        target_rms_norm_eps=1e-5,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
-    )
+    arch = small_arch(draft_vocab_size=3)
     torch.manual_seed(seed)
     model = Eagle3Draft(arch)
     g = torch.Generator().manual_seed(seed + 1)

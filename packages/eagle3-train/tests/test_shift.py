@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_train.arch import DraftArch
 from eagle3_train.layers import RMSNorm, apply_rope
 from eagle3_train.model import Eagle3Draft
 from eagle3_train.shift import align
+from eagle3_train.testing import small_arch
 
 
 def test_alignment_on_hand_built_batch():
@@ -45,19 +45,11 @@ def test_prompt_tokens_are_not_scored_but_the_first_answer_continuation_is():
 
 
 def _tiny(norm_output: bool) -> Eagle3Draft:
-    arch = DraftArch(
-        hidden_size=16,
-        num_aux=3,
+    arch = small_arch(
         target_vocab_size=30,
         draft_vocab_size=30,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=32,
-        rms_norm_eps=1e-6,
         target_rms_norm_eps=1e-6,
         max_position_embeddings=128,
-        rope_theta=10000.0,
         norm_output=norm_output,
     )
     torch.manual_seed(0)
