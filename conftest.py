@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_schemas.testing.smallfs import tmpfs_problem
-
 from support import vllm_server
+from support.smallfs import tmpfs_problem
 
 REQUIRE_ENV = "EAGLE3_REQUIRE_TIERS"
 MAX_REASONS = 5  # skip reasons shown per tier; the rest are counted

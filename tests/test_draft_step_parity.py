@@ -59,7 +59,8 @@ from eagle3_train.synthetic import (
     write_target_config,
     write_vocab_map,
 )
-from eagle3_train.testing import Inputs, write_config
+
+from support.train import Inputs, write_config
 
 STEPS = 4  # k = 0..3
 HIDDEN, V_TARGET, V_DRAFT = 32, 96, 40

@@ -235,8 +235,8 @@ def _reaches_into_tools(tree: ast.AST, tool_modules: set[str]) -> Iterator[tuple
 
 
 def test_no_test_imports_from_tools() -> None:
-    """tools/ is what a person runs by hand; tests share tests/support or a package's testing
-    module instead (found here by name, and any sys.path edit that would make a tool importable)."""
+    """tools/ is what a person runs by hand; tests share tests/support instead (found here by
+    name, and any sys.path edit that would make a tool importable)."""
     tool_modules = {p.stem for p in ROOT.glob("tools/**/*.py")}
     assert tool_modules, "no Python file under tools/: the check would see nothing"
     found = [

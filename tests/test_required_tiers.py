@@ -115,7 +115,7 @@ def test_a_module_skipped_at_collection_fails_a_tiered_run(
 FULL_DISK = """
 import pytest
 
-from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
+from support.smallfs import leave_free, small_tmpfs
 
 @pytest.mark.tmpfs
 def test_full_disk(tmp_path):

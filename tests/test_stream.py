@@ -43,10 +43,10 @@ from eagle3_schemas.stream import (
     reclaim,
     shard_bytes_on_disk,
 )
-from eagle3_train.testing import REPO, env_for_subprocess
 
 from support.stage_cli import run_cli, run_train_cli
 from support.tiny_corpus import build_corpus, write_corpus_jsonl
+from support.train import REPO, env_for_subprocess
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

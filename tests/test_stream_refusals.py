@@ -28,10 +28,10 @@ from eagle3_schemas.stream import (
     read_stream,
     reclaim,
 )
-from eagle3_train.testing import REPO, Inputs, make_inputs, write_config
 
 from support.stage_cli import Outcome, run_cli, run_train_cli
 from support.synthetic_stream import seal_rest, stream_of
+from support.train import REPO, Inputs, make_inputs, write_config
 
 EXIT_CONFIG = EXIT_PREFLIGHT = 2
 EXIT_STREAM = 4

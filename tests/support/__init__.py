@@ -1,4 +1,5 @@
-"""What the tests share: stage entry points run in-process, the embedded tiny targets' corpus
+"""What the tests share: valid fixture artifacts of every kind and their corruptions, stage
+entry points run in-process, the trainer's synthetic inputs, the embedded tiny targets' corpus
 and scoring, stand-ins of real targets, synthetic streams, the eval tests' tiny draft.
 
 Importable as ``support`` from every test (pyproject's pytest ``pythonpath``); scripts that run

@@ -10,9 +10,10 @@ import pytest
 
 from eagle3_data import ingest, regenerate, tokenization, vocab
 from eagle3_data.cli import main
-from eagle3_schemas.testing import fixtures
-from eagle3_schemas.testing.cli import assert_refused_before_work, work_started
 from eagle3_schemas.validate import Violation
+
+from support import fixtures
+from support.refusal import assert_refused_before_work, work_started
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 

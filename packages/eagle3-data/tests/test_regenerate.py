@@ -28,7 +28,8 @@ from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.atomic import TEMP_MARKER
 from eagle3_schemas.failures import failure_report
-from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
+
+from support.smallfs import leave_free, small_tmpfs
 
 
 @dataclass

@@ -5,9 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_schemas.testing import fixtures
-
-from support import tiny_draft
+from support import fixtures, tiny_draft
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO / "recipes" / "tiny" / "target"

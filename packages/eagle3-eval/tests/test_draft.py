@@ -12,8 +12,9 @@ from eagle3_eval.draft import KV, Eagle3Draft, chain_logits, random_draft, save_
 from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_schemas.header import make_header
 from eagle3_schemas.lineage import fingerprint_vocab_map
-from eagle3_schemas.testing import fixtures
 from eagle3_schemas.validate import validate
+
+from support import fixtures
 
 
 def _embed(spec: DraftSpec, seed: int = 0) -> torch.Tensor:

@@ -32,8 +32,9 @@ from eagle3_eval.offline import run_offline
 from eagle3_eval.preflight import PreflightError, check_target_shape, inspect_draft
 from eagle3_schemas.header import make_header
 from eagle3_schemas.lineage import fingerprint_vocab_map
-from eagle3_schemas.testing import fixtures
 from eagle3_schemas.validate import validate
+
+from support import fixtures
 
 H, HEADS, Q_LORA, KV_LORA, NOPE, ROPE, V_DIM, INTER = 64, 2, 32, 512, 32, 64, 32, 128
 V_TARGET, V_DRAFT, AUX = 300, 100, [1, 2, 3]

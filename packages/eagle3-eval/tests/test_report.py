@@ -21,8 +21,9 @@ from eagle3_eval.report import (
     read_report,
     write_report,
 )
-from eagle3_schemas.testing.fixtures import fake_fingerprint
 from eagle3_schemas.validate import validate
+
+from support.fixtures import fake_fingerprint
 
 LINEAGE = {
     "draft_fingerprint": fake_fingerprint("draft"),
@@ -149,7 +150,7 @@ def test_figures_per_set_and_category(tmp_path: Path) -> None:
 
 
 def test_a_v1_report_still_validates_and_reads_as_one_group(tmp_path: Path) -> None:
-    from eagle3_schemas.testing.edits import rewrite_header
+    from support.edits import rewrite_header
 
     out = write_report(make_result([[3, 1, 0], [2, 2]]), tmp_path / "report")
 

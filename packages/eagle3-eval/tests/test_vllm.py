@@ -38,10 +38,11 @@ import torch
 from eagle3_eval.cli import main
 from eagle3_eval.groups import group_label
 from eagle3_eval.report import Report, read_report
-from eagle3_eval.testing import write_mt_bench
 from eagle3_eval.vllm_engine import EXPAND_BUG
 from eagle3_schemas.failures import failure_report
 from eagle3_schemas.validate import validate
+
+from support.mt_bench import write_mt_bench
 
 pytestmark = pytest.mark.vllm
 

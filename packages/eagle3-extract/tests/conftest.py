@@ -20,7 +20,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from eagle3_schemas.testing import fixtures
+from support import fixtures
 
 VOCAB = 64  # > fixtures.V_TARGET (32): the fixture's token ids fit
 

@@ -9,8 +9,9 @@ import pytest
 
 from eagle3_extract import merge, run, verify
 from eagle3_extract.cli import main
-from eagle3_schemas.testing import fixtures
-from eagle3_schemas.testing.cli import assert_refused_before_work, work_started
+
+from support import fixtures
+from support.refusal import assert_refused_before_work, work_started
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ from eagle3_extract.workdir import WorkDir, partial_dir
 from eagle3_schemas import validate
 from eagle3_schemas.atomic import TEMP_MARKER
 from eagle3_schemas.stream import Fragment
-from eagle3_schemas.testing import fixtures
+
+from support import fixtures
 
 LENGTHS = tuple(3 + (7 * i) % 23 for i in range(40))
 
@@ -82,7 +83,7 @@ def test_a_disk_that_fills_up_stops_naming_the_shard_and_the_rerun_resumes(
     the run stops (exit 7) with what the next shard needs and what is free, every sealed shard
     kept, no temporary file; once space is freed the same command finishes without redoing a
     sealed shard."""
-    from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
+    from support.smallfs import leave_free, small_tmpfs
 
     tokenized = fixtures.tokenized(tmp_path / "t.parquet", lengths=LENGTHS)
     with small_tmpfs(tmp_path / "small") as disk:

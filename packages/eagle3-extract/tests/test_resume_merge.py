@@ -23,7 +23,8 @@ from eagle3_extract.samples import read_tokenized
 from eagle3_extract.workdir import ResumeError, WorkDir, partial_dir
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.atomic import TEMP_MARKER
-from eagle3_schemas.testing import fixtures
+
+from support import fixtures
 
 LENGTHS = tuple(3 + (7 * i) % 23 for i in range(40))
 

@@ -17,7 +17,8 @@ from eagle3_extract.cli import main
 from eagle3_extract.progress import CaptureProgress
 from eagle3_extract.samples import Sample, read_tokenized
 from eagle3_schemas.conversations import select_rows
-from eagle3_schemas.testing import fixtures
+
+from support import fixtures
 
 IDS = [f"sample-{i}" for i in range(200)]
 

@@ -29,7 +29,8 @@ from eagle3_schemas import validate
 from eagle3_schemas.atomic import TEMP_MARKER
 from eagle3_schemas.failures import failure_report
 from eagle3_schemas.stream import Fragment
-from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
+
+from support.smallfs import leave_free, small_tmpfs
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"

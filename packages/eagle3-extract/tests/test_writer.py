@@ -21,7 +21,8 @@ from eagle3_extract.samples import read_tokenized
 from eagle3_extract.storage import STORAGE_RELATIVE_ERROR, decode, encode
 from eagle3_schemas import fingerprint_artifact, fingerprint_model_dir, read_header, validate
 from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_schemas.testing import fixtures
+
+from support import fixtures
 
 
 def _run(model: Path, tokenized: Path, out: Path, **kwargs) -> dict:

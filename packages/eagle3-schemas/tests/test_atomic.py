@@ -13,7 +13,8 @@ import pytest
 
 from eagle3_schemas import atomic_directory, atomic_path, validate
 from eagle3_schemas.atomic import TEMP_MARKER
-from eagle3_schemas.testing.fixtures import build
+
+from support.fixtures import build
 
 
 def test_exception_inside_the_block_leaves_nothing(tmp_path: Path) -> None:

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from eagle3_schemas.cli import main
-from eagle3_schemas.testing.edits import rewrite_tensors
-from eagle3_schemas.testing.fixtures import build
+
+from support.edits import rewrite_tensors
+from support.fixtures import build
 
 
 def test_validate_clean_and_corrupt(tmp_path: Path, capsys) -> None:

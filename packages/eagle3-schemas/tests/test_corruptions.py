@@ -18,14 +18,15 @@ from hypothesis import strategies as st
 
 from eagle3_schemas import validate
 from eagle3_schemas.registry import load_schema, versions
-from eagle3_schemas.testing.edits import (
+
+from support.edits import (
     artifact_files,
     load_tensors,
     rewrite_header,
     rewrite_parquet,
     rewrite_tensors,
 )
-from eagle3_schemas.testing.fixtures import build
+from support.fixtures import build
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KINDS = [

@@ -14,7 +14,8 @@ from eagle3_schemas.paths import (
     check_output_artifact,
 )
 from eagle3_schemas.registry import artifact_kinds
-from eagle3_schemas.testing import fixtures
+
+from support import fixtures
 
 
 @pytest.mark.parametrize("kind", artifact_kinds())

@@ -15,8 +15,9 @@ from eagle3_schemas import fingerprint_artifact, fingerprint_vocab_map, read_hea
 from eagle3_schemas.hidden_states import checksum_rows
 from eagle3_schemas.registry import artifact_kinds, versions
 from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_schemas.testing.edits import as_hidden_states_v1, rewrite_header
-from eagle3_schemas.testing.fixtures import BUILDERS, build, vocab_arrays
+
+from support.edits import as_hidden_states_v1, rewrite_header
+from support.fixtures import BUILDERS, build, vocab_arrays
 
 
 def test_every_schema_kind_has_a_fixture() -> None:

@@ -1,4 +1,4 @@
-"""Fixtures; the helpers themselves live in eagle3_train.testing (importable from any test)."""
+"""Fixtures; the helpers themselves live in support.train (importable from any test)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from accelerate.state import AcceleratorState
 
 from eagle3_train.cli import main
-from eagle3_train.testing import Inputs, make_inputs
+
+from support.train import Inputs, make_inputs
 
 
 @pytest.fixture

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_schemas.testing import fixtures
-from eagle3_schemas.testing.cli import assert_refused_before_work, work_started
 from eagle3_train import trainer
 from eagle3_train.cli import main
-from eagle3_train.testing import Inputs, write_config
+
+from support import fixtures
+from support.refusal import assert_refused_before_work, work_started
+from support.train import Inputs, write_config
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from huggingface_hub import ModelCard
 from eagle3_schemas.model_card import put_acceptance, read_acceptance
 from eagle3_schemas.validate import validate
 from eagle3_train.card import parameter_counts
-from eagle3_train.testing import make_inputs, write_config
+
+from support.train import make_inputs, write_config
 
 CARD = {
     "repo_id": "acme/tiny-eagle3",

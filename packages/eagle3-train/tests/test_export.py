@@ -17,7 +17,8 @@ from eagle3_train.export import draft_config, export_weights, write_checkpoint
 from eagle3_train.inputs import checkpoint_lineage, load_inputs, resolve_arch
 from eagle3_train.layers import Rotary
 from eagle3_train.synthetic import write_target_model
-from eagle3_train.testing import YARN, write_config, yarn_arch
+
+from support.train import YARN, write_config, yarn_arch
 
 
 @pytest.fixture

@@ -23,14 +23,15 @@ from safetensors.torch import load_file
 
 from eagle3_schemas.header import write_safetensors
 from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_schemas.testing.edits import rewrite_checksums
-from eagle3_schemas.testing.smallfs import leave_free, small_tmpfs
 from eagle3_train.data import CorruptSample, HiddenStateDataset
 from eagle3_train.loader import ShardReader
 from eagle3_train.metrics import read_metrics
 from eagle3_train.nonfinite import NonFiniteSkip, fused_found_inf
 from eagle3_train.synthetic import write_dataset
-from eagle3_train.testing import (
+
+from support.edits import rewrite_checksums
+from support.smallfs import leave_free, small_tmpfs
+from support.train import (
     REPO,
     Inputs,
     env_for_subprocess,

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_schemas.validate import validate
-from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
+
+from support.train import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 
 pytestmark = pytest.mark.distributed
 

@@ -15,7 +15,8 @@ from eagle3_train.flash_attention import flash_ttt_attention
 from eagle3_train.loss import NUM_STATS, fused_linear_kl, reference_linear_kl
 from eagle3_train.model import Eagle3Draft
 from eagle3_train.shift import document_bounds
-from eagle3_train.testing import small_arch
+
+from support.train import small_arch
 
 
 def _reference_attention(q, k0, v0, kd, vd, doc_start):

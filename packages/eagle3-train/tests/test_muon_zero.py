@@ -34,7 +34,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_train.build import VOCABULARY_ROWS
-from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
+
+from support.train import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 
 pytestmark = pytest.mark.distributed
 

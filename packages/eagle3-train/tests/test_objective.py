@@ -9,8 +9,9 @@ import torch
 from eagle3_train.config import ConfigError, load_config, parse_override
 from eagle3_train.loss import TargetTopK, fused_linear_kl, reference_linear_kl, unpack_stats
 from eagle3_train.model import Eagle3Draft
-from eagle3_train.testing import small_arch
 from eagle3_train.train_config import ObjectiveConfig
+
+from support.train import small_arch
 
 
 def _kl_inputs(seed: int = 0):

@@ -17,7 +17,8 @@ from eagle3_train import build
 from eagle3_train.build import MuonWithAdamW, make_deepspeed_muon, make_muon, muon_split
 from eagle3_train.config import Config
 from eagle3_train.model import Eagle3Draft
-from eagle3_train.testing import make_inputs, write_config, yarn_arch
+
+from support.train import make_inputs, write_config, yarn_arch
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_norms_and_vocabulary_rows():

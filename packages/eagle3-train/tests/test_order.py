@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 
 from eagle3_train.data import HiddenStateDataset, is_validation
 from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
-from eagle3_train.testing import make_inputs, write_config
+
+from support.train import make_inputs, write_config
 
 VALIDATION = 0.2
 MAX_TOKENS = 100

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from eagle3_train.model import Eagle3Draft
-from eagle3_train.testing import small_arch
 from eagle3_train.train_config import ObjectiveConfig
+
+from support.train import small_arch
 
 MLA = dict(
     architecture="mla",

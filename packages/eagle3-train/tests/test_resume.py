@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from eagle3_train.testing import REPO, env_for_subprocess, make_inputs, run_cli, write_config
+from support.train import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 
 STEPS, SAVE, KILL_AFTER = 12, 4, 4
 

@@ -18,7 +18,8 @@ import torch
 from eagle3_train.layers import RMSNorm, apply_rope
 from eagle3_train.model import Eagle3Draft
 from eagle3_train.shift import align
-from eagle3_train.testing import small_arch
+
+from support.train import small_arch
 
 
 def test_alignment_on_hand_built_batch():

@@ -24,7 +24,8 @@ from accelerate.state import AcceleratorState
 from eagle3_train.cli import main
 from eagle3_train.export import draft_config
 from eagle3_train.layers import Rotary
-from eagle3_train.testing import env_for_subprocess, make_inputs, write_config, yarn_arch
+
+from support.train import env_for_subprocess, make_inputs, write_config, yarn_arch
 
 pytestmark = pytest.mark.vllm
 

@@ -1,4 +1,4 @@
-"""Test support for eagle3-train and its users: synthetic inputs, config files, CLI runs."""
+"""eagle3-train's test inputs: synthetic inputs, config files, CLI runs, small drafts."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import yaml
 from eagle3_train.arch import DraftArch
 from eagle3_train.synthetic import write_dataset, write_target_config, write_vocab_map
 
-# packages/eagle3-train/src/eagle3_train/testing.py -> repository root
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass

@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 
 def _mount(directory: Path, size_mib: int) -> str | None:
     """Mount a tmpfs of ``size_mib`` MiB on ``directory``; None, or why it could not."""
@@ -41,8 +43,6 @@ def tmpfs_problem() -> str | None:
 
 @contextlib.contextmanager
 def small_tmpfs(directory: Path, size_mib: int = 8) -> Iterator[Path]:
-    import pytest  # only tests call this; the package itself does not depend on pytest
-
     directory.mkdir(parents=True, exist_ok=True)
     problem = _mount(directory, size_mib)
     if problem is not None:

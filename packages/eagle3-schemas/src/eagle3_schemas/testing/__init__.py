@@ -1,1 +1,0 @@
-"""Test support for every stage: valid fixture artifacts and helpers that damage them."""
