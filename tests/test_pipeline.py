@@ -152,7 +152,7 @@ def test_the_drafts_card_parses_and_holds_the_vllm_measured_table(
     target's own, and eval's vLLM table in it has the numbers of eval's report."""
     from huggingface_hub import ModelCard
 
-    from eagle3_schemas.model_card import read_acceptance
+    from support.card import read_acceptance
 
     out = run[0]
     report = _report(out)

@@ -43,13 +43,7 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from eagle3_eval.draft import (
-    Eagle3Draft,
-    chain_logits,
-    random_draft,
-    save_draft,
-    speculators_config,
-)
+from eagle3_eval.draft import Eagle3Draft, chain_logits
 from eagle3_eval.draft_spec import DraftSpec
 from eagle3_eval.target import capture_aux, load_target
 from eagle3_schemas.atomic import atomic_directory, write_json_atomic
@@ -67,6 +61,7 @@ from eagle3_schemas.lineage import (
 from eagle3_schemas.validate import validate
 
 from support import tiny_corpus
+from support.drafts import random_draft, save_draft, speculators_config
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "recipes" / "tiny" / "target"

@@ -1,4 +1,5 @@
-"""eagle3-train's test inputs: synthetic inputs, config files, CLI runs, small drafts."""
+"""eagle3-train's test inputs: synthetic inputs (the hidden states from eagle3_train.synthetic,
+vocab maps, target configs and models), config files, CLI runs, small drafts."""
 
 from __future__ import annotations
 
@@ -8,12 +9,95 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
 import yaml
+from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
+from eagle3_schemas.header import make_header, write_safetensors
 from eagle3_train.arch import DraftArch
-from eagle3_train.synthetic import write_dataset, write_target_config, write_vocab_map
+from eagle3_train.synthetic import fake_fingerprint, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def vocab_arrays(v_target: int, v_draft: int, seed: int = 0):
+    """(token counts, d2t, t2d): the draft vocabulary = the v_draft most counted ids."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 1000, v_target).astype(np.int64)
+    chosen = np.sort(np.argsort(-counts, kind="stable")[:v_draft])
+    t2d = np.zeros(v_target, dtype=bool)
+    t2d[chosen] = True
+    return counts, (chosen - np.arange(v_draft)).astype(np.int64), t2d
+
+
+def write_vocab_map(
+    path: Path, v_target: int, v_draft: int, seed: int = 0, label: str = "synthetic"
+) -> Path:
+    counts, _, _ = vocab_arrays(v_target, v_draft, seed)
+    lineage = {
+        "tokenized_fingerprint": fake_fingerprint(f"{label}/tokenized"),
+        "tokenizer_fingerprint": fake_fingerprint(f"{label}/tokenizer"),
+    }
+    return write_vocab_map_from_counts(path, counts, v_draft, lineage)
+
+
+def write_vocab_map_from_counts(
+    path: Path, counts: np.ndarray, v_draft: int, lineage: dict[str, object]
+) -> Path:
+    """The vocab_map artifact for loss-token ``counts``: the v_draft most counted ids
+    (ties by lower id), ascending; d2t as offsets."""
+    counts = np.asarray(counts, dtype=np.int64)
+    chosen = np.sort(np.argsort(-counts, kind="stable")[:v_draft])
+    d2t = (chosen - np.arange(v_draft)).astype(np.int64)
+    t2d = np.zeros(counts.shape[0], dtype=bool)
+    t2d[chosen] = True
+    coverage = float(counts[chosen].sum() / max(counts.sum(), 1))
+    header = make_header(
+        "vocab_map",
+        lineage,
+        draft_vocab_size=v_draft,
+        target_vocab_size=int(counts.shape[0]),
+        num_loss_tokens=int(counts.sum()),
+        coverage=coverage,
+    )
+    write_safetensors(path, {"token_counts": counts, "d2t": d2t, "t2d": t2d}, header)
+    return path
+
+
+def write_target_config(
+    directory: Path,
+    hidden: int = 16,
+    num_layers: int = 4,
+    v_target: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 32,
+    rms_norm_eps: float = 1e-6,
+) -> Path:
+    """A target model directory holding only config.json (enough for the draft's defaults)."""
+    LlamaConfig(
+        hidden_size=hidden,
+        num_hidden_layers=num_layers,
+        vocab_size=v_target,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        intermediate_size=intermediate,
+        rms_norm_eps=rms_norm_eps,
+        max_position_embeddings=4096,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(directory)
+    return directory
+
+
+def write_target_model(directory: Path, seed: int = 0, **sizes: int) -> Path:
+    """A random-weight Llama target (config + model.safetensors) of ``write_target_config``'s
+    sizes, for loaders that read the verifier's weights (speculators' from_pretrained)."""
+    write_target_config(directory, **sizes)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(AutoConfig.from_pretrained(directory)).save_pretrained(directory)
+    return directory
 
 
 @dataclass

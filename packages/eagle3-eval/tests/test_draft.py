@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_eval.draft import KV, Eagle3Draft, chain_logits, random_draft, save_draft
+from eagle3_eval.draft import KV, Eagle3Draft, chain_logits
 from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_schemas.header import make_header
 from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_schemas.validate import validate
 
 from support import fixtures
+from support.drafts import random_draft, save_draft
 
 
 def _embed(spec: DraftSpec, seed: int = 0) -> torch.Tensor:

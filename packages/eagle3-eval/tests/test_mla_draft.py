@@ -26,7 +26,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from eagle3_eval.config import OfflineConfig
-from eagle3_eval.draft import KV, Eagle3Draft, chain_logits, random_draft, save_draft, vocab_t2d
+from eagle3_eval.draft import KV, Eagle3Draft, chain_logits, vocab_t2d
 from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_eval.offline import run_offline
 from eagle3_eval.preflight import PreflightError, check_target_shape, inspect_draft
@@ -35,6 +35,7 @@ from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_schemas.validate import validate
 
 from support import fixtures
+from support.drafts import random_draft, save_draft
 
 H, HEADS, Q_LORA, KV_LORA, NOPE, ROPE, V_DIM, INTER = 64, 2, 32, 512, 32, 64, 32, 128
 V_TARGET, V_DRAFT, AUX = 300, 100, [1, 2, 3]

@@ -15,11 +15,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3_eval.draft import random_draft, speculators_config
 from eagle3_eval.draft_spec import DraftSpec
 from eagle3_eval.reference import DecodeSettings, Request, SpeculativeDecoder
 from eagle3_eval.rejection import verify_greedy, verify_sampled
 from eagle3_eval.target import Target
+
+from support.drafts import random_draft, speculators_config
 
 CONFIDENCE = 0.999
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from eagle3_eval.cli import main
-from eagle3_eval.draft import random_draft, save_draft, speculators_config
 from eagle3_eval.draft_spec import DraftSpec
 from eagle3_eval.report import read_report
 from eagle3_schemas.header import make_header
@@ -27,6 +26,7 @@ from eagle3_schemas.lineage import (
 from eagle3_schemas.validate import validate
 
 from support import tiny_draft as builder
+from support.drafts import random_draft, save_draft, speculators_config
 
 PROMPTS = [
     "Write a Python function `clamp(x, lo, hi)` that does this: limit x to the range [lo, hi].",
@@ -199,7 +199,9 @@ def test_reference_runs_put_their_table_into_the_drafts_card(tmp_path: Path, tin
     replaces its table, another setting adds one; huggingface_hub still reads the card."""
     from huggingface_hub import ModelCard
 
-    from eagle3_schemas.model_card import TABLES_ANCHOR, front_matter, read_acceptance
+    from eagle3_schemas.model_card import TABLES_ANCHOR, front_matter
+
+    from support.card import read_acceptance
 
     draft = untrained_draft(tiny_target, tmp_path / "draft")
     card = draft / "README.md"

@@ -10,10 +10,11 @@ import shlex
 import pytest
 from huggingface_hub import ModelCard
 
-from eagle3_schemas.model_card import put_acceptance, read_acceptance
+from eagle3_schemas.model_card import put_acceptance
 from eagle3_schemas.validate import validate
 from eagle3_train.card import parameter_counts
 
+from support.card import read_acceptance
 from support.train import make_inputs, write_config
 
 CARD = {

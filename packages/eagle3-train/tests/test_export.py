@@ -16,9 +16,8 @@ from eagle3_train.config import load_config
 from eagle3_train.export import draft_config, export_weights, write_checkpoint
 from eagle3_train.inputs import checkpoint_lineage, load_inputs, resolve_arch
 from eagle3_train.layers import Rotary
-from eagle3_train.synthetic import write_target_model
 
-from support.train import YARN, write_config, yarn_arch
+from support.train import YARN, write_config, write_target_model, yarn_arch
 
 
 @pytest.fixture

@@ -20,10 +20,9 @@ from eagle3_train.config import load_config
 from eagle3_train.init_from import fingerprint_init_draft
 from eagle3_train.inputs import load_inputs, resolve_arch
 from eagle3_train.run import make_order
-from eagle3_train.synthetic import write_vocab_map
 from eagle3_train.validation import evaluate
 
-from support.train import make_inputs, write_config
+from support.train import make_inputs, write_config, write_vocab_map
 
 
 @pytest.fixture
@@ -147,9 +146,8 @@ def test_the_mla_layout_reads_loads_and_is_told_from_a_llama_run(tmp_path):
     from eagle3_train.export import draft_config, export_weights
     from eagle3_train.init_from import compatibility_problems, load_into, read_init_draft
     from eagle3_train.model import Eagle3Draft
-    from eagle3_train.synthetic import vocab_arrays
 
-    from support.train import yarn_arch
+    from support.train import vocab_arrays, yarn_arch
 
     arch = dataclasses.replace(yarn_arch("mla"), fc_norm=True)  # EAGLE 3.1's per-aux norms
     _, d2t, t2d = vocab_arrays(arch.target_vocab_size, arch.draft_vocab_size)

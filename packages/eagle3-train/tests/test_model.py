@@ -12,10 +12,11 @@ import torch
 from eagle3_schemas.registry import load_schema
 from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
 from eagle3_train.flash_attention import flash_ttt_attention
-from eagle3_train.loss import NUM_STATS, fused_linear_kl, reference_linear_kl
+from eagle3_train.loss import NUM_STATS, fused_linear_kl
 from eagle3_train.model import Eagle3Draft
 from eagle3_train.shift import document_bounds
 
+from support.reference_kl import reference_linear_kl
 from support.train import small_arch
 
 

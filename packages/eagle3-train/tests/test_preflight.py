@@ -16,9 +16,9 @@ from eagle3_train.checkpoint import Checkpoints
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
 from eagle3_train.preflight import run_preflight
-from eagle3_train.synthetic import fake_fingerprint, write_vocab_map_from_counts
+from eagle3_train.synthetic import fake_fingerprint
 
-from support.train import make_inputs, run_cli, write_config
+from support.train import make_inputs, run_cli, write_config, write_vocab_map_from_counts
 
 
 def _errors(inputs, tmp_path, **sections):
