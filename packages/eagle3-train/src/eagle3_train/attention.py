@@ -26,7 +26,10 @@ The GPU path, ``flash_ttt_attention``, is in flash_attention.py; it is checked a
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +39,22 @@ from torch import Tensor
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half-precision inputs are computed in float32; float32/float64 stay as they are."""
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+_Step = TypeVar("_Step", bound=Callable)
+
+
+def autocast_off(step: _Step) -> _Step:
+    """An autograd Function's forward or backward run with autocast off on the device of its
+    first tensor argument: the dtypes inside are explicit, and softmax statistics must come from
+    the same precision in forward and backward."""
+
+    @functools.wraps(step)
+    def run(ctx: torch.autograd.function.FunctionCtx, first: Tensor, *rest: object) -> object:
+        with torch.autocast(first.device.type, enabled=False):
+            return step(ctx, first, *rest)
+
+    return run  # type: ignore[return-value]
 
 
 # bf16/fp16 GEMMs with a float32 result (cuBLAS accumulates in float32), torch >= 2.8 on CUDA
@@ -81,24 +100,8 @@ class _ChunkedTTTAttention(torch.autograd.Function):
     """q [nkv, g, T, d]; k0, v0 [nkv, T, d]; kd, vd [m, nkv, T, d]; doc_start [T] long."""
 
     @staticmethod
+    @autocast_off  # the math runs in float32 (bf16 autocast on GPU stays off)
     def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        q: Tensor,
-        k0: Tensor,
-        v0: Tensor,
-        kd: Tensor,
-        vd: Tensor,
-        doc_start: Tensor,
-        scale: float,
-        chunk: int,
-    ) -> Tensor:
-        # Softmax statistics must come from the same precision in forward and backward:
-        # autocast (bf16 on GPU) stays off inside, the math runs in float32.
-        with torch.autocast(q.device.type, enabled=False):
-            return _ChunkedTTTAttention._forward(ctx, q, k0, v0, kd, vd, doc_start, scale, chunk)
-
-    @staticmethod
-    def _forward(
         ctx: torch.autograd.function.FunctionCtx,
         q: Tensor,
         k0: Tensor,
@@ -143,12 +146,8 @@ class _ChunkedTTTAttention(torch.autograd.Function):
         return out.to(q.dtype)
 
     @staticmethod
+    @autocast_off
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor):  # type: ignore[override]
-        with torch.autocast(grad_out.device.type, enabled=False):
-            return _ChunkedTTTAttention._backward(ctx, grad_out)
-
-    @staticmethod
-    def _backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor):
         q, k0, v0, kd, vd, doc_start, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
         scale, chunk = ctx.scale, ctx.chunk  # type: ignore[attr-defined]
         T = q.shape[2]

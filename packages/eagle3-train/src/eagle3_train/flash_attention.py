@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eagle3_train.attention import chunked_ttt_attention, compute_dtype, mm_f32
+from eagle3_train.attention import autocast_off, chunked_ttt_attention, compute_dtype, mm_f32
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -139,6 +139,7 @@ class _FlashTTTAttention(torch.autograd.Function):
     rounded to the inputs' dtype before their GEMMs, as the kernel does for the step-0 keys."""
 
     @staticmethod
+    @autocast_off
     def forward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx,
         q: Tensor,
@@ -150,10 +151,7 @@ class _FlashTTTAttention(torch.autograd.Function):
         max_len: int,
         scale: float,
     ) -> Tensor:
-        with torch.autocast(q.device.type, enabled=False):  # the dtypes here are explicit
-            out, lse, aux = _FlashTTTAttention._merged(
-                q, k0, v0, kd, vd, cu_seqlens, max_len, scale
-            )
+        out, lse, aux = _FlashTTTAttention._merged(q, k0, v0, kd, vd, cu_seqlens, max_len, scale)
         ctx.save_for_backward(q, k0, v0, kd, vd, cu_seqlens, out, lse, *aux)
         ctx.max_len, ctx.scale = max_len, scale  # type: ignore[attr-defined]
         return out
@@ -190,12 +188,8 @@ class _FlashTTTAttention(torch.autograd.Function):
         return out, lse, aux
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor):  # type: ignore[override]
-        with torch.autocast(grad_out.device.type, enabled=False):
-            return _FlashTTTAttention._backward(ctx, grad_out)
-
-    @staticmethod
-    def _backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor) -> tuple:
+    @autocast_off
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor) -> tuple:  # type: ignore[override]
         q, k0, v0, kd, vd, cu_seqlens, out, lse, *aux = ctx.saved_tensors  # type: ignore[attr-defined]
         max_len, scale = ctx.max_len, ctx.scale  # type: ignore[attr-defined]
         T, nh, d = q.shape

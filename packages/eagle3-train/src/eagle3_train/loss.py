@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from eagle3_train.attention import mm_f32
+from eagle3_train.attention import autocast_off, mm_f32
 
 LOSS_EPS = 1e-5  # added to each step's loss denominator, as speculators does
 
@@ -154,29 +154,8 @@ class _FusedLinearKL(torch.autograd.Function):
     """
 
     @staticmethod
+    @autocast_off  # the dtypes here are explicit
     def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        x: Tensor,
-        weight: Tensor,
-        norm_weight: Tensor | None,
-        target_logp: Tensor,
-        row_weights: Tensor,
-        rows: Tensor,
-        target_offset: int,
-        norm_eps: float,
-        chunk: int,
-        mm_dtype: torch.dtype,
-        top: TargetTopK | None,
-        divergence: tuple[str, float],
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        with torch.autocast(x.device.type, enabled=False):  # the dtypes here are explicit
-            return _FusedLinearKL._forward(
-                ctx, x, weight, norm_weight, target_logp, row_weights, rows, target_offset,
-                norm_eps, chunk, mm_dtype, top, divergence,
-            )  # fmt: skip
-
-    @staticmethod
-    def _forward(
         ctx: torch.autograd.function.FunctionCtx,
         x: Tensor,
         weight: Tensor,
