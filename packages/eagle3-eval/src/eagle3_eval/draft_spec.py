@@ -428,11 +428,8 @@ class DraftSpec:
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor name this draft may hold -> its shape."""
-        if self.mla is not None:
-            return self._mla_shapes(self.mla)
-        h, q_dim = self.hidden_size, self.num_attention_heads * self.head_dim
-        kv_dim = self.num_key_value_heads * self.head_dim
-        i, fc_in = self.intermediate_size, self.num_aux * self.target_hidden_size
+        h, i, mla = self.hidden_size, self.intermediate_size, self.mla
+        fc_in = self.num_aux * self.target_hidden_size
         shapes: dict[str, tuple[int, ...]] = {
             "fc.weight": (h, fc_in),
             "norm.weight": (h,),
@@ -441,41 +438,8 @@ class DraftSpec:
             "t2d": (self.target_vocab_size,),
             "embed_tokens.weight": (self.target_vocab_size, h),
         }
-        if self.norm_before_fc:
+        if self.norm_before_fc and mla is None:
             shapes["input_norm.weight"] = (fc_in,)
-        if self.fc_norm:
-            for n in range(self.num_aux):
-                shapes[f"fc_norm.{n}.weight"] = (self.target_hidden_size,)
-        for n in range(self.num_layers):
-            qkv_in = 2 * h if n == 0 else h
-            prefix = f"layers.{n}."
-            shapes[prefix + "self_attn.q_proj.weight"] = (q_dim, qkv_in)
-            shapes[prefix + "self_attn.k_proj.weight"] = (kv_dim, qkv_in)
-            shapes[prefix + "self_attn.v_proj.weight"] = (kv_dim, qkv_in)
-            shapes[prefix + "self_attn.o_proj.weight"] = (h, q_dim)
-            if self.attention_bias:
-                shapes[prefix + "self_attn.q_proj.bias"] = (q_dim,)
-                shapes[prefix + "self_attn.k_proj.bias"] = (kv_dim,)
-                shapes[prefix + "self_attn.v_proj.bias"] = (kv_dim,)
-            shapes[prefix + "mlp.gate_proj.weight"] = (i, h)
-            shapes[prefix + "mlp.up_proj.weight"] = (i, h)
-            shapes[prefix + "mlp.down_proj.weight"] = (h, i)
-            shapes[prefix + "input_layernorm.weight"] = (h,)
-            shapes[prefix + "post_attention_layernorm.weight"] = (h,)
-            if n == 0:
-                shapes[prefix + "hidden_norm.weight"] = (h,)
-        return shapes
-
-    def _mla_shapes(self, mla: MLASpec) -> dict[str, tuple[int, ...]]:
-        h, heads, i = self.hidden_size, self.num_attention_heads, self.intermediate_size
-        shapes: dict[str, tuple[int, ...]] = {
-            "fc.weight": (h, self.num_aux * self.target_hidden_size),
-            "norm.weight": (h,),
-            "lm_head.weight": (self.draft_vocab_size, h),
-            "d2t": (self.draft_vocab_size,),
-            "t2d": (self.target_vocab_size,),
-            "embed_tokens.weight": (self.target_vocab_size, h),
-        }
         if self.fc_norm:
             for n in range(self.num_aux):
                 shapes[f"fc_norm.{n}.weight"] = (self.target_hidden_size,)
@@ -483,26 +447,49 @@ class DraftSpec:
             x_in = 2 * h if n == 0 else h
             prefix = f"layers.{n}."
             attn = prefix + "self_attn."
-            shapes[attn + "q_a_proj.weight"] = (mla.q_lora_rank, x_in)
-            shapes[attn + "q_a_layernorm.weight"] = (mla.q_lora_rank,)
-            shapes[attn + "q_b_proj.weight"] = (heads * mla.qk_head_dim, mla.q_lora_rank)
-            shapes[attn + "kv_a_proj_with_mqa.weight"] = (
-                mla.kv_lora_rank + mla.qk_rope_head_dim,
-                x_in,
-            )
-            shapes[attn + "kv_a_layernorm.weight"] = (mla.kv_lora_rank,)
-            shapes[attn + "kv_b_proj.weight"] = (
-                heads * (mla.qk_nope_head_dim + mla.v_head_dim),
-                mla.kv_lora_rank,
-            )
-            shapes[attn + "o_proj.weight"] = (h, heads * mla.v_head_dim)
+            if mla is None:
+                shapes.update(self._llama_attention_shapes(attn, x_in))
+            else:
+                shapes.update(self._mla_attention_shapes(attn, x_in, mla))
             shapes[prefix + "mlp.gate_proj.weight"] = (i, h)
             shapes[prefix + "mlp.up_proj.weight"] = (i, h)
             shapes[prefix + "mlp.down_proj.weight"] = (h, i)
-            # vLLM builds hidden_norm in every layer; only layer 0 uses it.
-            for norm in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
-                shapes[prefix + norm + ".weight"] = (h,)
+            shapes[prefix + "input_layernorm.weight"] = (h,)
+            shapes[prefix + "post_attention_layernorm.weight"] = (h,)
+            if n == 0 or mla is not None:  # vLLM builds hidden_norm in every MLA layer
+                shapes[prefix + "hidden_norm.weight"] = (h,)
         return shapes
+
+    def _llama_attention_shapes(self, attn: str, x_in: int) -> dict[str, tuple[int, ...]]:
+        q_dim = self.num_attention_heads * self.head_dim
+        kv_dim = self.num_key_value_heads * self.head_dim
+        shapes = {
+            attn + "q_proj.weight": (q_dim, x_in),
+            attn + "k_proj.weight": (kv_dim, x_in),
+            attn + "v_proj.weight": (kv_dim, x_in),
+            attn + "o_proj.weight": (self.hidden_size, q_dim),
+        }
+        if self.attention_bias:
+            for name, size in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                shapes[f"{attn}{name}_proj.bias"] = (size,)
+        return shapes
+
+    def _mla_attention_shapes(
+        self, attn: str, x_in: int, mla: MLASpec
+    ) -> dict[str, tuple[int, ...]]:
+        heads = self.num_attention_heads
+        return {
+            attn + "q_a_proj.weight": (mla.q_lora_rank, x_in),
+            attn + "q_a_layernorm.weight": (mla.q_lora_rank,),
+            attn + "q_b_proj.weight": (heads * mla.qk_head_dim, mla.q_lora_rank),
+            attn + "kv_a_proj_with_mqa.weight": (mla.kv_lora_rank + mla.qk_rope_head_dim, x_in),
+            attn + "kv_a_layernorm.weight": (mla.kv_lora_rank,),
+            attn + "kv_b_proj.weight": (
+                heads * (mla.qk_nope_head_dim + mla.v_head_dim),
+                mla.kv_lora_rank,
+            ),
+            attn + "o_proj.weight": (self.hidden_size, heads * mla.v_head_dim),
+        }
 
     def optional_tensors(self) -> set[str]:
         """Tensors vLLM does without: shared from the target, derived, or ignored."""
