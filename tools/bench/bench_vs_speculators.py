@@ -181,19 +181,13 @@ def speculators_layer_config(recipe: Recipe):
     if not recipe.mla_target:
         return config
     t = config.text_config
+    copied = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads")
+    copied += ("num_key_value_heads", "rms_norm_eps", "max_position_embeddings")
     return LlamaConfig(
-        vocab_size=t.vocab_size,
-        hidden_size=t.hidden_size,
-        intermediate_size=t.intermediate_size,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
+        **{key: getattr(t, key) for key in copied},
+        **{f"{name}_token_id": getattr(t, f"{name}_token_id") for name in ("bos", "eos", "pad")},
         head_dim=t.hidden_size // t.num_attention_heads,
-        rms_norm_eps=t.rms_norm_eps,
-        max_position_embeddings=t.max_position_embeddings,
         rope_parameters=dict(t.rope_parameters),
-        bos_token_id=t.bos_token_id,
-        eos_token_id=t.eos_token_id,
-        pad_token_id=t.pad_token_id,
         architectures=config.architectures,
     )
 
