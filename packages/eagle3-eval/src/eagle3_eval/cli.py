@@ -158,12 +158,11 @@ def _online_config(args: argparse.Namespace):
     from eagle3_eval.prompts import PromptSelection, PromptSource
     from eagle3_schemas.options import config_from_args
 
-    selection = PromptSelection(
+    selection = config_from_args(
+        PromptSelection,
+        args,
         sources=tuple(PromptSource.parse(p) for p in args.prompts),
         split=None if args.split.lower() == "none" else args.split,
-        heldout_sources=args.heldout_sources,
-        limit=args.limit,
-        max_prompt_tokens=args.max_prompt_tokens,
         allow_unverified=args.allow_unverified_prompts,
     )
     # each mode's own options (reference: dtype, device...; vllm: vllm_python, concurrency) by name
