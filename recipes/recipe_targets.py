@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +58,6 @@ def recipe_aux_layer_ids(recipe_dir: Path) -> list[int]:
     return list(train_config(recipe_dir)["draft"]["aux_layer_ids"])
 
 
-def eagle3_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's default aux layers in vLLM's convention (id k = residual after k layers):
-    low, middle and high, ``[2, N//2, N-3]``. Distinct and inside [1, N-1] only for N >= 7."""
-    if num_layers < 7:
-        raise RecipeError(f"[2, N//2, N-3] needs N >= 7 decoder layers, found N = {num_layers}")
-    return [2, num_layers // 2, num_layers - 3]
-
-
 def check_target(recipe_dir: Path, model_dir: Path) -> list[str]:
     """Where ``model_dir/config.json`` differs from the recipe's facts (empty: it is the target)."""
     config_path = Path(model_dir) / "config.json"
@@ -87,37 +78,6 @@ def check_target(recipe_dir: Path, model_dir: Path) -> list[str]:
         for key in CHECKED_KEYS
         if value(actual, key) != value(expected, key)
     ]
-
-
-def stage_flags(
-    recipe_dir: Path, knobs: dict[str, str], names: Sequence[str]
-) -> dict[str, list[str]]:
-    """The arrays (or scalars) ``names`` of the recipe's flags.sh, as bash expands them with
-    ``knobs`` set and no other knob inherited from the caller's environment."""
-    import subprocess
-
-    script = (
-        'set -euo pipefail; source "$1"; shift; '
-        'for name in "$@"; do declare -n ref="$name"; printf "@%s\\0" "$name"; '
-        'for x in "${ref[@]}"; do printf "%s\\0" "$x"; done; unset -n ref; done'
-    )
-    done = subprocess.run(
-        ["bash", "-c", script, "flags", str(Path(recipe_dir) / "flags.sh"), *names],
-        cwd=REPO_ROOT,
-        env={"PATH": "/usr/bin:/bin", **knobs},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    # NUL-separated words; "@NAME" opens an array (flags may hold spaces, never NULs).
-    arrays: dict[str, list[str]] = {}
-    current: list[str] = []
-    for item in done.stdout.split("\0")[:-1]:
-        if item.startswith("@") and item[1:] in names:
-            current = arrays.setdefault(item[1:], [])
-        else:
-            current.append(item)
-    return arrays
 
 
 def parameter_count(facts: dict[str, Any]) -> int:

@@ -51,7 +51,7 @@ from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import read_header
 from eagle3_schemas.failures import failure_report
 
-from support import kimi_standin
+from support import kimi_standin, recipes
 from support.recipes import recipe_targets
 from support.stage_cli import run_cli, run_train_cli
 
@@ -107,7 +107,7 @@ HELDOUT = [
 
 
 def flags() -> dict[str, list[str]]:
-    return recipe_targets.stage_flags(RECIPE, KNOBS, NAMES)
+    return recipes.stage_flags(RECIPE, KNOBS, NAMES)
 
 
 def on_cpu(extract_args: list[str]) -> list[str]:
@@ -160,7 +160,7 @@ def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     work = tmp_path_factory.mktemp("kimi-run")
     f = flags()
     layers = json.loads((standin / "config.json").read_text())["text_config"]["num_hidden_layers"]
-    aux = recipe_targets.eagle3_aux_layer_ids(layers)
+    aux = recipes.eagle3_aux_layer_ids(layers)
     csv = ",".join(map(str, aux))
     o: dict = {}
     for split, chats in (("train", TRAIN), ("heldout", HELDOUT)):
@@ -753,9 +753,7 @@ def test_plan_on_the_real_config(tmp_path: Path, gpu_gib: str, level: str) -> No
     model = tmp_path / "Kimi-K2.5"
     model.mkdir()
     shutil.copyfile(RECIPE / "target_config.json", model / "config.json")
-    plan_args = recipe_targets.stage_flags(RECIPE, {"GPU_MEMORY_GIB": gpu_gib}, ["PLAN_ARGS"])[
-        "PLAN_ARGS"
-    ]
+    plan_args = recipes.stage_flags(RECIPE, {"GPU_MEMORY_GIB": gpu_gib}, ["PLAN_ARGS"])["PLAN_ARGS"]
     figures = {}
     for dtype in ("bfloat16", "fp8_e4m3"):
         args = replace_value(plan_args, "--storage-dtype", dtype)
@@ -854,7 +852,7 @@ def test_the_recipe_files_agree(tmp_path: Path) -> None:
     assert f["EXTRACT_WORKERS"] == ["1"] and f["VERIFY_SKIPPED"]
     for name in ("TOKENIZE_ARGS", "EXTRACT_ARGS", "EVAL_ARGS"):
         assert "--trust-remote-code" in f[name], name
-    eight = recipe_targets.stage_flags(RECIPE, {}, ["ACCELERATE_ARGS", "EXTRACT_ARGS"])
+    eight = recipes.stage_flags(RECIPE, {}, ["ACCELERATE_ARGS", "EXTRACT_ARGS"])
     assert eight["ACCELERATE_ARGS"] == [
         "--config_file",
         "recipes/accelerate/zero2.yaml",

@@ -38,7 +38,7 @@ from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_extract.config import default_aux_layer_ids
 
-from support import recipe_standins
+from support import recipe_standins, recipes
 from support.recipes import recipe_targets
 from support.stage_cli import Outcome, run_cli, run_train_cli
 
@@ -92,7 +92,7 @@ def recipe_dir(recipe: str) -> Path:
 
 
 def stage_flags(recipe: str, knobs: dict[str, str] = CPU_KNOBS) -> dict[str, list[str]]:
-    return recipe_targets.stage_flags(recipe_dir(recipe), knobs, FLAG_ARRAYS)
+    return recipes.stage_flags(recipe_dir(recipe), knobs, FLAG_ARRAYS)
 
 
 def on_cpu(extract_args: list[str]) -> list[str]:
@@ -124,7 +124,7 @@ def run_stages(recipe: str, work: Path) -> StagesRun:
     flags = stage_flags(recipe)
     standin = recipe_standins.build_standin(recipe_dir(recipe), work / "target")
     layers = json.loads((standin / "config.json").read_text())["num_hidden_layers"]
-    aux = recipe_targets.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
+    aux = recipes.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
     raw = work / "chat.jsonl"
     raw.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
     conversations, tokenized = (
@@ -213,7 +213,7 @@ def test_the_standin_is_the_targets_architecture_scaled_down(recipe: str) -> Non
     assert scaled["num_attention_heads"] // scaled["num_key_value_heads"] == group
     # Depth / 4 keeps [2, N//2, N-3] in its regular form (distinct, inside [1, N-1]).
     n = scaled["num_hidden_layers"]
-    assert n >= 7 and recipe_targets.eagle3_aux_layer_ids(n) == default_aux_layer_ids(n)
+    assert n >= 7 and recipes.eagle3_aux_layer_ids(n) == default_aux_layer_ids(n)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

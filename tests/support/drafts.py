@@ -30,6 +30,24 @@ def random_draft(
     return model.eval()
 
 
+def vocab_t2d(d2t: Tensor, target_vocab_size: int) -> Tensor:
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[torch.arange(len(d2t)) + d2t] = True
+    return t2d
+
+
+def checkpoint_tensors(model: Eagle3Draft) -> dict[str, Tensor]:
+    """The draft's tensors under their checkpoint names, ``t2d`` derived from ``d2t``."""
+    out: dict[str, Tensor] = {}
+    for prefix, module in model.checkpoint_modules().items():
+        out[f"{prefix}.weight"] = module.weight.detach()
+        if getattr(module, "bias", None) is not None:
+            out[f"{prefix}.bias"] = module.bias.detach()
+    out["d2t"] = model.d2t.clone()
+    out["t2d"] = vocab_t2d(model.d2t, model.spec.target_vocab_size)
+    return out
+
+
 def save_draft(
     model: Eagle3Draft,
     directory: str | Path,
@@ -44,7 +62,7 @@ def save_draft(
     """
     tensors = {
         k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
-        for k, v in model.checkpoint_tensors().items()
+        for k, v in checkpoint_tensors(model).items()
     }
     with atomic_directory(directory) as tmp:
         write_safetensors(tmp / WEIGHTS_FILE, tensors)

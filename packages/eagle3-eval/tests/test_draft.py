@@ -15,7 +15,7 @@ from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_schemas.validate import validate
 
 from support import fixtures
-from support.drafts import random_draft, save_draft
+from support.drafts import checkpoint_tensors, random_draft, save_draft
 
 
 def _embed(spec: DraftSpec, seed: int = 0) -> torch.Tensor:
@@ -151,5 +151,5 @@ def test_save_load_round_trip_is_a_valid_artifact(tmp_path: Path) -> None:
     out = save_draft(draft, tmp_path / "draft", config, header.to_json())
     assert validate(out) == []
     again = Eagle3Draft.load(out, draft.embed_tokens.weight)
-    for name, tensor in draft.checkpoint_tensors().items():
-        assert torch.equal(again.checkpoint_tensors()[name], tensor), name
+    for name, tensor in checkpoint_tensors(draft).items():
+        assert torch.equal(checkpoint_tensors(again)[name], tensor), name

@@ -26,7 +26,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from eagle3_eval.config import OfflineConfig
-from eagle3_eval.draft import KV, Eagle3Draft, chain_logits, vocab_t2d
+from eagle3_eval.draft import KV, Eagle3Draft, chain_logits
 from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_eval.offline import run_offline
 from eagle3_eval.preflight import PreflightError, check_target_shape, inspect_draft
@@ -35,7 +35,7 @@ from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_schemas.validate import validate
 
 from support import fixtures
-from support.drafts import random_draft, save_draft
+from support.drafts import checkpoint_tensors, random_draft, save_draft, vocab_t2d
 
 H, HEADS, Q_LORA, KV_LORA, NOPE, ROPE, V_DIM, INTER = 64, 2, 32, 512, 32, 64, 32, 128
 V_TARGET, V_DRAFT, AUX = 300, 100, [1, 2, 3]
@@ -409,7 +409,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     draft = Eagle3Draft.load(write_draft(tmp_path / "draft", config), embeddings())
     out = save_draft(draft, tmp_path / "again", config, None)
     again = Eagle3Draft.load(out, embeddings())
-    before, after = draft.checkpoint_tensors(), again.checkpoint_tensors()
+    before, after = checkpoint_tensors(draft), checkpoint_tensors(again)
     assert set(before) == set(random_tensors(0))
     for name, tensor in before.items():
         assert torch.equal(after[name], tensor), name

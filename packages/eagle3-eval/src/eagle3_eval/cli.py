@@ -156,43 +156,26 @@ def _parser() -> argparse.ArgumentParser:
 def _online_config(args: argparse.Namespace):
     from eagle3_eval.config import DraftSource, OnlineConfig, parse_engine_args
     from eagle3_eval.prompts import PromptSelection, PromptSource
+    from eagle3_schemas.options import config_from_args
 
-    selection = PromptSelection(
+    selection = config_from_args(
+        PromptSelection,
+        args,
         sources=tuple(PromptSource.parse(p) for p in args.prompts),
         split=None if args.split.lower() == "none" else args.split,
-        heldout_sources=args.heldout_sources,
-        limit=args.limit,
-        max_prompt_tokens=args.max_prompt_tokens,
         allow_unverified=args.allow_unverified_prompts,
     )
-    extra = {}
-    if args.command == "reference":
-        extra = {
-            "dtype": args.dtype,
-            "draft_proposal": args.draft_proposal,
-            "threads": args.threads,
-            "device": args.device,
-        }
-    else:
-        extra = {
-            "vllm_python": args.vllm_python,
-            "concurrency": args.concurrency,
-            "engine_args": parse_engine_args(args.engine_arg),
-        }
-    return OnlineConfig(
-        target=args.target,
+    # each mode's own options (reference: dtype, device...; vllm: vllm_python, concurrency) by name
+    engine = {"engine_args": parse_engine_args(args.engine_arg)} if args.command == "vllm" else {}
+    return config_from_args(
+        OnlineConfig,
+        args,
         drafts=tuple(DraftSource.parse(d) for d in args.draft),
         prompts=selection,
-        out=args.out,
-        k=args.k,
         temperatures=tuple(args.temperature or [0.0]),
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
         baseline=not args.no_baseline,
-        ignore_lineage=args.ignore_lineage,
-        trust_remote_code=args.trust_remote_code,
         chat_template_kwargs=parse_engine_args(args.chat_template_kwarg, "--chat-template-kwarg"),
-        **extra,
+        **engine,
     )
 
 
@@ -240,20 +223,10 @@ def _run(args: argparse.Namespace) -> int:
     if command == "offline":
         from eagle3_eval.config import OfflineConfig
         from eagle3_eval.offline import run_offline
+        from eagle3_schemas.options import config_from_args
 
-        config = OfflineConfig(
-            draft=args.draft,
-            hidden_states=args.hidden_states,
-            out=args.out,
-            k=args.k,
-            temperatures=tuple(args.temperature or [0.0]),
-            seed=args.seed,
-            max_samples=args.max_samples,
-            target_rms_norm_eps=args.target_rms_norm_eps,
-            ignore_lineage=args.ignore_lineage,
-            skip_validation=args.skip_validation,
-            threads=args.threads,
-        )
+        temperatures = tuple(args.temperature or [0.0])
+        config = config_from_args(OfflineConfig, args, temperatures=temperatures)
         config.check_paths()
         _publish(run_offline(config), config.out, config.temperatures, not args.no_figure)
         return 0

@@ -431,17 +431,6 @@ class Eagle3Draft(nn.Module):
         model.load_tensors(load_file(str(weights)), str(weights))
         return model.to(dtype).eval()
 
-    def checkpoint_tensors(self) -> dict[str, Tensor]:
-        """Tensors under their checkpoint names, ``t2d`` derived from ``d2t``."""
-        out: dict[str, Tensor] = {}
-        for prefix, module in self.checkpoint_modules().items():
-            out[f"{prefix}.weight"] = module.weight.detach()
-            if getattr(module, "bias", None) is not None:
-                out[f"{prefix}.bias"] = module.bias.detach()
-        out["d2t"] = self.d2t.clone()
-        out["t2d"] = vocab_t2d(self.d2t, self.spec.target_vocab_size)
-        return out
-
     # ---- the forward ----------------------------------------------------------------------
 
     def combine(self, aux_hidden_states: Tensor) -> Tensor:
@@ -493,12 +482,6 @@ class Eagle3Draft(nn.Module):
     def target_ids(self) -> Tensor:
         """Target id of every draft id, ascending."""
         return self.to_target_ids(torch.arange(self.spec.draft_vocab_size))
-
-
-def vocab_t2d(d2t: Tensor, target_vocab_size: int) -> Tensor:
-    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
-    t2d[torch.arange(len(d2t)) + d2t] = True
-    return t2d
 
 
 def chain_logits(

@@ -31,6 +31,7 @@ from eagle3_extract.config import (
     ExtractConfig,
 )
 from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
+from eagle3_schemas.options import config_from_args
 from eagle3_schemas.paths import PathArgumentError, check_output
 from eagle3_schemas.remote_code import RemoteCodeRefused
 from eagle3_schemas.signals import EXIT_PREEMPTED
@@ -157,36 +158,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, preflight: bool = True) -> ExtractConfig:
-    return ExtractConfig(
-        model=args.model,
-        tokenized=args.tokenized,
-        out=args.out,
-        backend=args.backend,
-        aux_layer_ids=args.aux_layer_ids,
-        storage_dtype=args.storage_dtype,
-        compute_dtype=args.compute_dtype,
-        rank=args.rank,
-        world_size=args.world_size,
-        shard_mb=args.shard_mb,
-        batch_tokens=args.batch_tokens,
-        device=args.device,
-        max_samples=args.max_samples,
-        sample_seed=args.sample_seed,
+    return config_from_args(
+        ExtractConfig,
+        args,
         preflight=preflight,
-        validate_output=args.validate_output,
-        tokenizer=args.tokenizer,
-        trust_remote_code=args.trust_remote_code,
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enforce_eager=args.enforce_eager,
-        shards_per_call=args.shards_per_call,
         vllm_kwargs=dict(args.vllm_arg),
-        stream=args.stream,
-        disk_budget=args.disk_budget,
-        stream_epochs=args.stream_epochs,
         preempt_signals=tuple(s for s in args.preempt_signals.split(",") if s.strip()),
     )
 
@@ -334,20 +310,13 @@ def _plan(args: argparse.Namespace) -> int:
     target = read_target(args.model)
     aux = list(args.aux_layer_ids or default_aux_layer_ids(target.num_hidden_layers))
     check_layer_ids(aux, target.num_hidden_layers)
-    inputs = PlanInputs(
-        model=args.model,
+    inputs = config_from_args(
+        PlanInputs,
+        args,
         aux_layer_ids=aux,
-        storage_dtype=args.storage_dtype,
         num_tokens=args.samples * per_sample,
         num_samples=args.samples,
         tokens_are_bound=args.max_tokens_per_sample is not None,
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-        gpus=args.gpus,
-        gpu_memory_gib=args.gpu_memory_gib,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len,
-        out=args.out,
     )
     plan = make_plan(inputs, target)
     # This host's NVIDIA driver against the CUDA release torch/vLLM need (none: not a GPU host).

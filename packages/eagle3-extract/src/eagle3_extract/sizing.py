@@ -83,9 +83,6 @@ def module_groups(config: dict[str, Any]) -> list[ModuleGroup]:
     t = text_config(config)
     h, layers, vocab = t["hidden_size"], t["num_hidden_layers"], t["vocab_size"]
     heads = t["num_attention_heads"]
-    groups = [ModuleGroup("embed_tokens", "model.embed_tokens", vocab * h, linear=False)]
-    if not t.get("tie_word_embeddings", config.get("tie_word_embeddings", False)):
-        groups.append(ModuleGroup("lm_head", "lm_head", vocab * h))
     if "kv_lora_rank" in t:  # MLA (DeepSeek-V3, Kimi-K2.5)
         q_dim = t["qk_nope_head_dim"] + t["qk_rope_head_dim"]
         q = (
@@ -101,50 +98,36 @@ def module_groups(config: dict[str, Any]) -> list[ModuleGroup]:
         head_dim = t.get("head_dim") or h // heads
         kv_heads = t.get("num_key_value_heads") or heads
         attention = 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim
-    groups.append(ModuleGroup("attention", "model.layers.1.self_attn.q_proj", layers * attention))
     experts = t.get("n_routed_experts") or t.get("num_experts") or 0
     dense_layers = min(t.get("first_k_dense_replace", 0 if experts else layers), layers)
     moe_layers = layers - dense_layers if experts else 0
-    if dense_layers:
-        groups.append(
-            ModuleGroup(
-                "dense_mlp",
-                "model.layers.0.mlp.gate_proj",
-                dense_layers * 3 * h * t["intermediate_size"],
-            )
-        )
-    if moe_layers:
-        moe = t.get("moe_intermediate_size") or t["intermediate_size"]
-        shared = t.get("n_shared_experts") or 0
-        groups += [
-            ModuleGroup(
-                "router", "model.layers.1.mlp.gate", moe_layers * experts * h, linear=False
-            ),
-            ModuleGroup(
-                "routed_experts",
-                "model.layers.1.mlp.experts.0.gate_proj",
-                moe_layers * experts * 3 * h * moe,
-            ),
-        ]
-        if shared:
-            groups.append(
-                ModuleGroup(
-                    "shared_experts",
-                    "model.layers.1.mlp.shared_experts.gate_proj",
-                    moe_layers * shared * 3 * h * moe,
-                )
-            )
-    return groups
+    dense = 3 * h * t["intermediate_size"] if dense_layers else 0
+    moe = 3 * h * (t.get("moe_intermediate_size") or t["intermediate_size"]) if moe_layers else 0
+    shared = t.get("n_shared_experts") or 0
+    tied = t.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    groups = [
+        ModuleGroup("embed_tokens", "model.embed_tokens", vocab * h, linear=False),
+        ModuleGroup("lm_head", "lm_head", 0 if tied else vocab * h),
+        ModuleGroup("attention", "model.layers.1.self_attn.q_proj", layers * attention),
+        ModuleGroup("dense_mlp", "model.layers.0.mlp.gate_proj", dense_layers * dense),
+        ModuleGroup("router", "model.layers.1.mlp.gate", moe_layers * experts * h, linear=False),
+        ModuleGroup(
+            "routed_experts", "model.layers.1.mlp.experts.0.gate_proj", moe_layers * experts * moe
+        ),
+        ModuleGroup(
+            "shared_experts",
+            "model.layers.1.mlp.shared_experts.gate_proj",
+            moe_layers * shared * moe,
+        ),
+    ]
+    return [g for g in groups if g.params]  # the kinds this model has
 
 
 def _ignored(name: str, patterns: list[str]) -> bool:
-    for pattern in patterns:
-        if pattern.startswith("re:"):
-            if re.match(pattern[3:], name):
-                return True
-        elif name == pattern or name.endswith("." + pattern):
-            return True
-    return False
+    return any(
+        re.match(p[3:], name) if p.startswith("re:") else name == p or name.endswith("." + p)
+        for p in patterns
+    )
 
 
 def _quantization(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -6,7 +6,7 @@ meta-check fails when a schema declares a check missing here, or the reverse.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from eagle3_schemas.hidden_states import (
     resolve_shard_path,
     row_checksum,
 )
-from eagle3_schemas.safetensors_format import nonfinite_count
+from eagle3_schemas.safetensors_format import SafetensorsFile, nonfinite_count
 
 Check = Callable[[Artifact], list[Violation]]
 MAX_REPORTED = 5  # per check, so a fully corrupt file does not print millions of lines
@@ -46,35 +46,37 @@ def symbols_from_header(art: Artifact) -> dict[str, int]:
         if "transformer_layer_config" not in config:
             return mla_draft_symbols(config)
         layer = config["transformer_layer_config"]
-        hidden = layer["hidden_size"]
-        head_dim = layer.get("head_dim") or hidden // layer["num_attention_heads"]
-        target_hidden = config.get("target_hidden_size") or hidden
+        head_dim = layer.get("head_dim") or layer["hidden_size"] // layer["num_attention_heads"]
         return {
-            "H": hidden,
-            "two_H": 2 * hidden,
-            "V_draft": config["draft_vocab_size"],
-            "V_target": layer["vocab_size"],
-            "n_aux_H": len(config["eagle_aux_hidden_state_layer_ids"]) * target_hidden,
+            **_draft_symbols(config, layer),
             "q_dim": layer["num_attention_heads"] * head_dim,
             "kv_dim": layer["num_key_value_heads"] * head_dim,
             "o_dim": layer["num_attention_heads"] * head_dim,
-            "I": layer["intermediate_size"],
         }
     return {}
 
 
-def mla_draft_symbols(config: dict[str, Any]) -> dict[str, int]:
-    """Shape symbols of an MLA draft's native config.json (draft_checkpoint v2, variant mla)."""
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    nope, rope, v = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+def _draft_symbols(config: dict[str, Any], layer: dict[str, Any]) -> dict[str, int]:
+    """The symbols both draft variants share; ``layer`` holds the decoder layer's sizes (the
+    Llama layout's transformer_layer_config, the MLA layout's top level)."""
+    hidden = layer["hidden_size"]
     return {
         "H": hidden,
         "two_H": 2 * hidden,
         "V_draft": config["draft_vocab_size"],
-        "V_target": config["vocab_size"],
+        "V_target": layer["vocab_size"],
         "n_aux_H": len(config["eagle_aux_hidden_state_layer_ids"])
         * (config.get("target_hidden_size") or hidden),
-        "I": config["intermediate_size"],
+        "I": layer["intermediate_size"],
+    }
+
+
+def mla_draft_symbols(config: dict[str, Any]) -> dict[str, int]:
+    """Shape symbols of an MLA draft's native config.json (draft_checkpoint v2, variant mla)."""
+    heads = config["num_attention_heads"]
+    nope, rope, v = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    return {
+        **_draft_symbols(config, config),
         "q_lora": config["q_lora_rank"],
         "q_b_dim": heads * (nope + rope),
         "kv_lora": config["kv_lora_rank"],
@@ -103,24 +105,30 @@ def _where(art: Artifact, role: str) -> str:
 # ---- shared by several kinds -------------------------------------------------------------
 
 
-def _unique_ids(art: Artifact, role: str, column: str) -> list[Violation]:
+def _duplicates(
+    where: str, rows: Iterable[tuple[int, str]], column: str, noun: str
+) -> list[Violation]:
+    """A violation per (row, value) whose value an earlier row already holds."""
     seen: dict[str, int] = {}
     out = []
-    for first, batch in art.batches(art.path(role), [column]):
-        for offset, sample_id in enumerate(batch.column(column).to_pylist()):
-            if sample_id in seen:
-                out.append(
-                    Violation(
-                        _where(art, role),
-                        f"row {first + offset}, column {column}",
-                        f"duplicate id {sample_id!r} (first at row {seen[sample_id]})",
-                    )
-                )
-            seen.setdefault(sample_id, first + offset)
+    for row, value in rows:
+        if value in seen:
+            message = f"duplicate {noun} {value!r} (first at row {seen[value]})"
+            out.append(Violation(where, f"row {row}, column {column}", message))
+        seen.setdefault(value, row)
     return _capped(out)
 
 
-def _d2t_offsets(where: str, d2t: np.ndarray, v_target: int) -> list[Violation]:
+def _unique_ids(art: Artifact, role: str) -> list[Violation]:
+    batches = art.batches(art.path(role), ["id"])
+    rows = (
+        (first + i, v) for first, b in batches for i, v in enumerate(b.column("id").to_pylist())
+    )
+    return _duplicates(_where(art, role), rows, "id", "id")
+
+
+def _d2t_offsets(where: str, st: SafetensorsFile) -> list[Violation]:
+    d2t, v_target = st.array("d2t"), st.tensors["t2d"].shape[0]
     target_ids = np.arange(len(d2t), dtype=np.int64) + d2t
     out = []
     bad = np.flatnonzero((target_ids < 0) | (target_ids >= v_target))
@@ -141,10 +149,11 @@ def _d2t_offsets(where: str, d2t: np.ndarray, v_target: int) -> list[Violation]:
                 f"target id {target_ids[i + 1]} does not exceed draft id {i}'s {target_ids[i]} (draft ids must be sorted ascending by target id, no repeats)",
             )
         )
-    return out
+    return _capped(out)
 
 
-def _t2d_matches(where: str, d2t: np.ndarray, t2d: np.ndarray) -> list[Violation]:
+def _t2d_matches(where: str, st: SafetensorsFile) -> list[Violation]:
+    d2t, t2d = st.array("d2t"), st.array("t2d")
     target_ids = np.arange(len(d2t), dtype=np.int64) + d2t
     expected = np.zeros(len(t2d), dtype=bool)
     expected[target_ids[(target_ids >= 0) & (target_ids < len(t2d))]] = True
@@ -165,7 +174,7 @@ def _t2d_matches(where: str, d2t: np.ndarray, t2d: np.ndarray) -> list[Violation
 
 
 def conversations_unique_ids(art: Artifact) -> list[Violation]:
-    return _unique_ids(art, "conversations", "id")
+    return _unique_ids(art, "conversations")
 
 
 def conversations_roles_alternate(art: Artifact) -> list[Violation]:
@@ -188,7 +197,7 @@ def conversations_roles_alternate(art: Artifact) -> list[Violation]:
 
 
 def tokenized_unique_ids(art: Artifact) -> list[Violation]:
-    return _unique_ids(art, "tokenized", "id")
+    return _unique_ids(art, "tokenized")
 
 
 def tokenized_row_lengths(art: Artifact) -> list[Violation]:
@@ -269,13 +278,11 @@ def tokenized_token_ids_in_vocab(art: Artifact) -> list[Violation]:
 
 
 def vocab_map_d2t_offsets(art: Artifact) -> list[Violation]:
-    st = art.safetensors(art.path("vocab_map"))
-    return _capped(_d2t_offsets(str(art.root), st.array("d2t"), st.tensors["t2d"].shape[0]))
+    return _d2t_offsets(str(art.root), art.safetensors(art.path("vocab_map")))
 
 
 def vocab_map_t2d_matches_d2t(art: Artifact) -> list[Violation]:
-    st = art.safetensors(art.path("vocab_map"))
-    return _t2d_matches(str(art.root), st.array("d2t"), st.array("t2d"))
+    return _t2d_matches(str(art.root), art.safetensors(art.path("vocab_map")))
 
 
 def vocab_map_counts_nonnegative(art: Artifact) -> list[Violation]:
@@ -424,20 +431,8 @@ def hidden_states_manifest_rows(art: Artifact) -> list[Violation]:
 
 
 def hidden_states_unique_sample_ids(art: Artifact) -> list[Violation]:
-    ids = _manifest(art)["sample_id"]
-    seen: dict[str, int] = {}
-    out = []
-    for row, sample_id in enumerate(ids):
-        if sample_id in seen:
-            out.append(
-                Violation(
-                    _where(art, "manifest"),
-                    f"row {row}, column sample_id",
-                    f"duplicate sample {sample_id!r} (first at row {seen[sample_id]})",
-                )
-            )
-        seen.setdefault(sample_id, row)
-    return _capped(out)
+    rows = enumerate(_manifest(art)["sample_id"])
+    return _duplicates(_where(art, "manifest"), rows, "sample_id", "sample")
 
 
 def hidden_states_totals(art: Artifact) -> list[Violation]:
@@ -561,15 +556,11 @@ def draft_checkpoint_layer_ids(art: Artifact) -> list[Violation]:
 
 
 def draft_checkpoint_d2t_offsets(art: Artifact) -> list[Violation]:
-    st = art.safetensors(art.path("weights"))
-    return _capped(
-        _d2t_offsets(art.rel(art.path("weights")), st.array("d2t"), st.tensors["t2d"].shape[0])
-    )
+    return _d2t_offsets(_where(art, "weights"), art.safetensors(art.path("weights")))
 
 
 def draft_checkpoint_t2d_matches_d2t(art: Artifact) -> list[Violation]:
-    st = art.safetensors(art.path("weights"))
-    return _t2d_matches(art.rel(art.path("weights")), st.array("d2t"), st.array("t2d"))
+    return _t2d_matches(_where(art, "weights"), art.safetensors(art.path("weights")))
 
 
 def draft_checkpoint_vocab_map_fingerprint(art: Artifact) -> list[Violation]:
