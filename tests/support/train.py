@@ -1,4 +1,4 @@
-"""eagle3-train's test inputs: synthetic inputs (the hidden states from eagle3_train.synthetic,
+"""eagle3-train's test inputs: synthetic inputs (the hidden states from support.synthetic_states,
 vocab maps, target configs and models), config files, CLI runs, small drafts."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from eagle3_schemas.header import make_header, write_safetensors
 from eagle3_train.arch import DraftArch
-from eagle3_train.synthetic import fake_fingerprint, write_dataset
+
+from support.synthetic_states import fake_fingerprint, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 

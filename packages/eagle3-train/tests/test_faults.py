@@ -27,10 +27,10 @@ from eagle3_train.data import CorruptSample, HiddenStateDataset
 from eagle3_train.loader import ShardReader
 from eagle3_train.metrics import read_metrics
 from eagle3_train.nonfinite import NonFiniteSkip, fused_found_inf
-from eagle3_train.synthetic import write_dataset
 
 from support.edits import rewrite_checksums
 from support.smallfs import leave_free, small_tmpfs
+from support.synthetic_states import write_dataset
 from support.train import (
     REPO,
     Inputs,

@@ -41,9 +41,9 @@ from eagle3_schemas.lineage import (
 )
 from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens
 from eagle3_schemas.validate import validate
-from eagle3_train.synthetic import write_samples
 
 from support import tiny_corpus, tiny_target
+from support.synthetic_states import write_samples
 from support.train import REPO, Inputs, run_cli, write_config, write_vocab_map_from_counts
 
 pytestmark = pytest.mark.vllm
