@@ -25,7 +25,6 @@ from eagle3_schemas.header import write_safetensors
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_train.data import CorruptSample, HiddenStateDataset
 from eagle3_train.loader import ShardReader
-from eagle3_train.metrics import read_metrics
 from eagle3_train.nonfinite import NonFiniteSkip, fused_found_inf
 
 from support.edits import rewrite_checksums
@@ -36,6 +35,7 @@ from support.train import (
     Inputs,
     env_for_subprocess,
     make_inputs,
+    read_metrics,
     run_cli,
     write_config,
 )
