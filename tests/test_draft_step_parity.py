@@ -53,8 +53,8 @@ from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
 from eagle3_train.layers import RMSNorm
 from eagle3_train.loader import ShardReader
-from eagle3_train.synthetic import fake_fingerprint, write_samples
 
+from support.synthetic_states import fake_fingerprint, write_samples
 from support.train import Inputs, write_config, write_target_config, write_vocab_map
 
 STEPS = 4  # k = 0..3

@@ -49,9 +49,9 @@ from eagle3_data.cli import main as data_main
 from eagle3_eval.cli import main as eval_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import read_header
-from eagle3_schemas.failures import failure_report
 
 from support import kimi_standin, recipes
+from support.failures import failure_report
 from support.recipes import recipe_targets
 from support.stage_cli import run_cli, run_train_cli
 

@@ -40,10 +40,10 @@ from safetensors.numpy import load_file
 
 from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import read_header
-from eagle3_schemas.failures import failure_report
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
 
 from support.edits import map_hidden_state_rows
+from support.failures import failure_report
 from support.mt_bench import MT_BENCH_SOURCES, write_mt_bench
 from support.stage_cli import Outcome, run_cli
 

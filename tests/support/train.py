@@ -1,13 +1,15 @@
-"""eagle3-train's test inputs: synthetic inputs (the hidden states from eagle3_train.synthetic,
+"""eagle3-train's test inputs: synthetic inputs (the hidden states from support.synthetic_states,
 vocab maps, target configs and models), config files, CLI runs, small drafts."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,8 +17,10 @@ import yaml
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from eagle3_schemas.header import make_header, write_safetensors
+from eagle3_schemas.jsonl import complete_lines
 from eagle3_train.arch import DraftArch
-from eagle3_train.synthetic import fake_fingerprint, write_dataset
+
+from support.synthetic_states import fake_fingerprint, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -189,6 +193,12 @@ def run_cli(args: list[str], timeout: float = 300, cwd: Path = REPO) -> subproce
         text=True,
         timeout=timeout,
     )
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The events of a metrics file, complete lines only (one still being written, or torn
+    by a kill or a full disk, is left out)."""
+    return [json.loads(line) for line in complete_lines(path)]
 
 
 # Kimi-K2.5's / DeepSeek-V3's RoPE block as their config.json writes it (legacy "type" key).

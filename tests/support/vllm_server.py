@@ -18,8 +18,9 @@ from pathlib import Path
 
 import httpx
 
-from eagle3_schemas.failures import failure_report
 from eagle3_schemas.target_config import cpu_kv_cache_bytes, cpu_kv_cache_tokens, read_text_config
+
+from support.failures import failure_report
 
 TINY_TARGET = Path(__file__).resolve().parents[2] / "recipes" / "tiny" / "target"
 SERVED_NAME = "tiny"

@@ -481,7 +481,10 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
 
     from eagle3_train.data import HiddenStateDataset, plan_epoch
     from eagle3_train.loader import make_loader
-    from eagle3_train.synthetic import write_dataset
+
+    # The trainer's synthetic hidden states are shared with the tests (tests/support).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from support.synthetic_states import write_dataset
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -340,12 +340,6 @@ def code_fingerprint(recipe: Recipe) -> str:
     return digest.hexdigest()[:16]
 
 
-def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
-    tmp.rename(path)
-
-
 def run_arm(
     args,
     recipe: Recipe,
@@ -361,6 +355,8 @@ def run_arm(
     the reference loop measures). Each is reused when already done alike: a draft trained alike
     is measured at another k or by the other evaluator without training again. ``steps``:
     args.steps unless given (the equal-wall-clock arm)."""
+    from eagle3_schemas.atomic import write_json_atomic
+
     steps = steps or args.steps
     where = out / arm / f"seed-{seed}"
     trained = where / "trained.json"
@@ -378,7 +374,7 @@ def run_arm(
             seconds = train_speculators(recipe, run, where, steps, args.lr, seed, arm)
         else:
             seconds = train_ours(recipe, run, where / "train", steps, args.lr, seed, overrides)
-        _write_json(trained, {"key": train_key, "run_seconds": seconds})
+        write_json_atomic(trained, {"key": train_key, "run_seconds": seconds})
     seconds = json.loads(trained.read_text())["run_seconds"]
     in_vllm = args.evaluator == "auto" and recipe.vllm_serves(draft)
     evaluator = "vllm" if in_vllm else "reference"
@@ -401,7 +397,7 @@ def run_arm(
         "per_position": report["per_position_acceptance"],
         "run_seconds": seconds,
     }
-    _write_json(done, result)
+    write_json_atomic(done, result)
     return result
 
 

@@ -27,8 +27,8 @@ from eagle3_data.journal import read_journal
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.atomic import TEMP_MARKER
-from eagle3_schemas.failures import failure_report
 
+from support.failures import failure_report
 from support.smallfs import leave_free, small_tmpfs
 
 

@@ -18,9 +18,9 @@ from eagle3_data.config import RegenerateConfig, SamplingConfig
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.conversations import conversation_id
-from eagle3_schemas.failures import failure_report
 
 from support import vllm_server
+from support.failures import failure_report
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[3]

@@ -39,9 +39,9 @@ from eagle3_eval.cli import main
 from eagle3_eval.groups import group_label
 from eagle3_eval.report import Report, read_report
 from eagle3_eval.vllm_engine import EXPAND_BUG
-from eagle3_schemas.failures import failure_report
 from eagle3_schemas.validate import validate
 
+from support.failures import failure_report
 from support.mt_bench import write_mt_bench
 
 pytestmark = pytest.mark.vllm

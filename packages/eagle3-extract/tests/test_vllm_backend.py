@@ -34,9 +34,9 @@ from eagle3_extract.samples import Sample
 from eagle3_extract.verify import VerifyReport, default_tolerance, verify
 from eagle3_extract.writer import CapturedSample
 from eagle3_schemas import read_header, validate
-from eagle3_schemas.failures import failure_report
 
 from support import random_targets
+from support.failures import failure_report
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"

@@ -27,9 +27,9 @@ import pytest
 from eagle3_extract.workdir import WorkDir
 from eagle3_schemas import validate
 from eagle3_schemas.atomic import TEMP_MARKER
-from eagle3_schemas.failures import failure_report
 from eagle3_schemas.stream import Fragment
 
+from support.failures import failure_report
 from support.smallfs import leave_free, small_tmpfs
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -16,7 +16,8 @@ from eagle3_train.data import (
     split_indices,
 )
 from eagle3_train.loader import RingSlotBusy, ShardReader, make_loader, to_device
-from eagle3_train.synthetic import write_dataset
+
+from support.synthetic_states import write_dataset
 
 
 def test_plan_is_deterministic_bounded_and_reshuffled_per_epoch():

@@ -25,17 +25,17 @@ from eagle3_schemas.header import write_safetensors
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_train.data import CorruptSample, HiddenStateDataset
 from eagle3_train.loader import ShardReader
-from eagle3_train.metrics import read_metrics
 from eagle3_train.nonfinite import NonFiniteSkip, fused_found_inf
-from eagle3_train.synthetic import write_dataset
 
 from support.edits import rewrite_checksums
 from support.smallfs import leave_free, small_tmpfs
+from support.synthetic_states import write_dataset
 from support.train import (
     REPO,
     Inputs,
     env_for_subprocess,
     make_inputs,
+    read_metrics,
     run_cli,
     write_config,
 )

@@ -16,8 +16,8 @@ from eagle3_train.checkpoint import Checkpoints
 from eagle3_train.config import load_config
 from eagle3_train.inputs import load_inputs, resolve_arch
 from eagle3_train.preflight import run_preflight
-from eagle3_train.synthetic import fake_fingerprint
 
+from support.synthetic_states import fake_fingerprint
 from support.train import make_inputs, run_cli, write_config, write_vocab_map_from_counts
 
 

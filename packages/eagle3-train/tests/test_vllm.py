@@ -33,7 +33,6 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3_schemas.failures import failure_report
 from eagle3_schemas.lineage import (
     fingerprint_json,
     fingerprint_model_dir,
@@ -41,9 +40,10 @@ from eagle3_schemas.lineage import (
 )
 from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens
 from eagle3_schemas.validate import validate
-from eagle3_train.synthetic import write_samples
 
 from support import tiny_corpus, tiny_target
+from support.failures import failure_report
+from support.synthetic_states import write_samples
 from support.train import REPO, Inputs, run_cli, write_config, write_vocab_map_from_counts
 
 pytestmark = pytest.mark.vllm

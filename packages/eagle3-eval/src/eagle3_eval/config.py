@@ -42,7 +42,7 @@ class ConfigError(ValueError):
     """A setting is invalid; the message names it."""
 
 
-def _check_common(k: int, temperatures: tuple[float, ...], seed: int) -> None:
+def _check_common(k: int, temperatures: tuple[float, ...], seed: int, threads: int | None) -> None:
     if k < 1:
         raise ConfigError(f"--k (num_speculative_tokens) must be >= 1, got {k}")
     if not temperatures:
@@ -54,6 +54,8 @@ def _check_common(k: int, temperatures: tuple[float, ...], seed: int) -> None:
         raise ConfigError(f"--temperature values repeat: {list(temperatures)}")
     if seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {seed}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,9 @@ class OfflineConfig:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        _check_common(self.k, self.temperatures, self.seed)
+        _check_common(self.k, self.temperatures, self.seed, self.threads)
         if self.max_samples is not None and self.max_samples < 1:
             raise ConfigError(f"--max-samples must be >= 1, got {self.max_samples}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
 
     def check_paths(self) -> None:
         """Refuse bad paths before the draft, the dataset or a model is read."""
@@ -127,7 +127,7 @@ class OnlineConfig:
     engine_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_common(self.k, self.temperatures, self.seed)
+        _check_common(self.k, self.temperatures, self.seed, self.threads)
         names = [d.name for d in self.drafts]
         if not names:
             raise ConfigError("give at least one --draft")
@@ -141,8 +141,6 @@ class OnlineConfig:
             )
         if self.concurrency < 1:
             raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
 
     def check_paths(self) -> None:
         """Refuse bad paths before the target is loaded or an engine started."""

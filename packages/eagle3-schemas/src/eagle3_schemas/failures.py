@@ -23,10 +23,3 @@ def exception_lines(log: str) -> list[str]:
         if EXCEPTION_LINE.search(line):
             seen.setdefault(line.strip(), None)
     return list(seen)[-MAX_LINES:]
-
-
-def failure_report(log: str, tail_chars: int = 3000) -> str:
-    """What to show of a failed process: its exception lines, then the tail of its log."""
-    causes = exception_lines(log)
-    head = "root cause (exception lines of the log):\n" + "\n".join(causes) if causes else ""
-    return f"{head}\n--- last {tail_chars} characters of the log ---\n{log[-tail_chars:]}"

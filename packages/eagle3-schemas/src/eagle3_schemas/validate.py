@@ -215,49 +215,34 @@ def _check_safetensors(
         st = art.safetensors(path)
     except (SafetensorsFormatError, OSError) as e:
         return [Violation(where, "(file)", str(e))]
-    out = []
+    out: list[Violation] = []
+
+    def bad(name: str, message: str) -> None:
+        out.append(Violation(where, f"tensor {name}", message))
+
     for name, tspec in spec["tensors"].items():
         info = st.tensors.get(name)
         if info is None:
             if tspec["required"]:
-                out.append(
-                    Violation(
-                        where,
-                        f"tensor {name}",
-                        f"missing (expected {'|'.join(tspec['dtype'])} {tspec['shape']})",
-                    )
-                )
+                bad(name, f"missing (expected {'|'.join(tspec['dtype'])} {tspec['shape']})")
             continue
         if info.dtype not in tspec["dtype"]:
-            out.append(
-                Violation(
-                    where, f"tensor {name}", f"dtype {info.dtype}, expected one of {tspec['dtype']}"
-                )
-            )
+            bad(name, f"dtype {info.dtype}, expected one of {tspec['dtype']}")
         shape = tspec["shape"]
         if len(info.shape) != len(shape):
-            out.append(
-                Violation(
-                    where,
-                    f"tensor {name}",
-                    f"shape {list(info.shape)} has {len(info.shape)} dims, expected {shape}",
-                )
-            )
+            bad(name, f"shape {list(info.shape)} has {len(info.shape)} dims, expected {shape}")
             continue
         for axis, (dim, size) in enumerate(zip(shape, info.shape, strict=True)):
             want = dim if isinstance(dim, int) else bindings.setdefault(dim, size)
             if size != want:
                 label = f"{dim}={want}" if isinstance(dim, str) else str(want)
-                out.append(
-                    Violation(
-                        where,
-                        f"tensor {name}",
-                        f"shape {list(info.shape)}: dim {axis} is {size}, expected {label} (schema shape {shape})",
-                    )
+                bad(
+                    name,
+                    f"shape {list(info.shape)}: dim {axis} is {size}, expected {label} (schema shape {shape})",
                 )
     if spec.get("extra_tensors") == "forbidden":
         for name in sorted(set(st.tensors) - set(spec["tensors"])):
-            out.append(Violation(where, f"tensor {name}", "not allowed by the schema"))
+            bad(name, "not allowed by the schema")
     return out
 
 

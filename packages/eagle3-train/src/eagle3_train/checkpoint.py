@@ -122,23 +122,18 @@ class Checkpoints:
                 tmp.mkdir(parents=True)
             accelerator.wait_for_everyone()
             accelerator.save_state(str(tmp))
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                state.scheduler = scheduler.state_dict()
+                # (without trainer_state.json the directory is no checkpoint)
+                write_json_atomic(tmp / STATE_FILE, state.to_json())
         except Exception as e:  # OSError, or safetensors' SafetensorError
             if not is_disk_full(e):
                 raise
             state.last_checkpoint = previous
             shutil.rmtree(tmp, ignore_errors=True)
             raise disk_full(tmp, f"checkpoint {name}", needed or None, e) from e
-        accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            state.scheduler = scheduler.state_dict()
-            try:
-                write_json_atomic(tmp / STATE_FILE, state.to_json())
-            except OSError as e:  # (without trainer_state.json the directory is no checkpoint)
-                if not is_disk_full(e):
-                    raise
-                state.last_checkpoint = previous
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise disk_full(tmp, f"checkpoint {name}", needed or None, e) from e
             if final.exists():  # the same step saved twice (epoch end == save step)
                 shutil.rmtree(final)
             os.rename(tmp, final)

@@ -242,40 +242,45 @@ def load_config(
 
 def check_config(config: Config) -> list[str]:
     """Values that are well-typed but cannot make a run."""
-    p = []
     t, d, data = config.train, config.draft, config.data
+    o, m = t.objective, t.muon
+    # Counts with a least value: "train.epochs: 0 < 1".
+    least = {
+        "train.ttt_steps": (t.ttt_steps, 1),
+        "train.objective.topk": (o.topk, 1),
+        "train.gradient_accumulation_steps": (t.gradient_accumulation_steps, 1),
+        "train.muon.ns_steps": (m.ns_steps, 1),
+        "train.epochs": (t.epochs, 1),
+        "train.max_skips_in_row": (t.max_skips_in_row, 1),
+        "train.log_every": (t.log_every, 1),
+        "train.save_every": (t.save_every, 0),
+        "data.max_tokens_per_batch": (data.max_tokens_per_batch, 2),
+        "data.num_workers": (data.num_workers, 0),
+        "data.window_shards": (data.window_shards, 1),
+        "data.window_passes": (data.window_passes, 1),
+        "draft.num_layers": (d.num_layers, 1),
+    }
+    p = [f"{key}: {value} < {n}" for key, (value, n) in least.items() if value < n]
     if not data.hidden_states:
         p.append("data.hidden_states: required (the hidden-state dataset directory)")
     if not data.vocab_map:
         p.append("data.vocab_map: required (the vocab_map .safetensors of eagle3-data)")
-    if t.ttt_steps < 1:
-        p.append(f"train.ttt_steps: {t.ttt_steps} < 1")
     if not 0 < t.ttt_step_loss_decay <= 1:
         p.append(f"train.ttt_step_loss_decay: {t.ttt_step_loss_decay} not in (0, 1]")
-    o = t.objective
-    if o.topk < 1:
-        p.append(f"train.objective.topk: {o.topk} < 1")
     if o.lk_eta < 0:
         p.append(f"train.objective.lk_eta: {o.lk_eta} must be >= 0")
     if o.topk_weight < 0:
         p.append(f"train.objective.topk_weight: {o.topk_weight} must be >= 0")
-    if t.gradient_accumulation_steps < 1:
-        p.append(f"train.gradient_accumulation_steps: {t.gradient_accumulation_steps} < 1")
     if t.lr <= 0:
         p.append(f"train.lr: {t.lr} must be > 0")
     if not 0 <= t.min_lr_ratio <= 1:
         p.append(f"train.min_lr_ratio: {t.min_lr_ratio} not in [0, 1]")
-    m = t.muon
     if m.lr is not None and m.lr <= 0:
         p.append(f"train.muon.lr: {m.lr} must be > 0")
     if m.momentum < 0 or m.weight_decay < 0 or m.adamw_weight_decay < 0:
         p.append("train.muon.momentum, weight_decay and adamw_weight_decay must be >= 0")
-    if m.ns_steps < 1:
-        p.append(f"train.muon.ns_steps: {m.ns_steps} < 1")
     if len(t.betas) != 2:
         p.append(f"train.betas: expected two numbers, found {t.betas}")
-    if t.epochs < 1:
-        p.append(f"train.epochs: {t.epochs} < 1")
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps: {t.max_steps} < 1")
     try:
@@ -284,23 +289,11 @@ def check_config(config: Config) -> list[str]:
         p.append(str(e))
     if t.collective_timeout_s <= 0:
         p.append(f"train.collective_timeout_s: {t.collective_timeout_s} must be > 0")
-    if t.max_skips_in_row < 1:
-        p.append(f"train.max_skips_in_row: {t.max_skips_in_row} < 1")
-    if t.log_every < 1:
-        p.append(f"train.log_every: {t.log_every} < 1")
-    if t.save_every < 0:
-        p.append(f"train.save_every: {t.save_every} < 0")
     for tracker in t.trackers:
         if tracker not in ("tensorboard", "wandb", "none"):
             p.append(f"train.trackers: {tracker!r} is not one of tensorboard, wandb, none")
     if not 0 <= data.validation_fraction < 1:
         p.append(f"data.validation_fraction: {data.validation_fraction} not in [0, 1)")
-    if data.max_tokens_per_batch < 2:
-        p.append(f"data.max_tokens_per_batch: {data.max_tokens_per_batch} < 2")
-    if data.num_workers < 0:
-        p.append(f"data.num_workers: {data.num_workers} < 0")
-    if data.window_shards < 1:
-        p.append(f"data.window_shards: {data.window_shards} < 1")
     if data.stream and data.order != "shard_window":
         p.append(
             "data.stream: a stream is read window by window; set data.order: shard_window "
@@ -308,8 +301,6 @@ def check_config(config: Config) -> list[str]:
         )
     if data.reclaim and not data.stream:
         p.append("data.reclaim: deletes shards of a stream only; set data.stream: true")
-    if data.window_passes < 1:
-        p.append(f"data.window_passes: {data.window_passes} < 1")
     if data.window_passes > 1 and data.order != "shard_window":
         p.append("data.window_passes: passes over a window need data.order: shard_window")
     if data.stream_timeout_s <= 0:
@@ -319,8 +310,6 @@ def check_config(config: Config) -> list[str]:
             f"export.speculative_tokens: {config.export.speculative_tokens} < 1 (the number of "
             "tokens vLLM proposes per step, e.g. 3)"
         )
-    if d.num_layers < 1:
-        p.append(f"draft.num_layers: {d.num_layers} < 1")
     if d.architecture not in ("llama", "mla"):
         p.append(f"draft.architecture {d.architecture!r}: expected 'llama' or 'mla'")
     if d.architecture == "mla" and d.norm_before_fc:

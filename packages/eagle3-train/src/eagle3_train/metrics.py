@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from eagle3_schemas.jsonl import append_to, complete_lines
+from eagle3_schemas.jsonl import append_to
 from eagle3_train.loss import NUM_STATS, summarize, unpack_stats
 from eagle3_train.stream import StreamWindows
 
@@ -61,12 +61,6 @@ def write_metrics(path: Path, record: dict[str, Any]) -> None:
     line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
     what = f"the {record.get('event')!r} line of step {record.get('step')}"
     append_to(path, line, what)
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The events of a metrics file, complete lines only (one still being written, or torn
-    by a kill or a full disk, is left out)."""
-    return [json.loads(line) for line in complete_lines(path)]
 
 
 def note_corrupt(batch: dict[str, Any], step: int, rank: int, metrics_path: Path | None) -> int:

@@ -55,15 +55,7 @@ class NonFiniteWatch:
         bad = (~torch.isfinite(value.detach().float())).float().reshape(1)
         if self.accelerator.num_processes > 1:
             bad = self.accelerator.reduce(bad, reduction="sum")
-        event = None
-        if bad.is_cuda:
-            host = torch.empty(1, dtype=bad.dtype, pin_memory=True)
-            host.copy_(bad, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-        else:
-            host = bad
-        self.pending.append((host, event, where))
+        self.pending.append((*host_copy(bad), where))
         self.drain(metrics_path, last, keep=self.lag)
 
     def drain(self, metrics_path: Path, last_checkpoint: str | None, keep: int = 0) -> None:

@@ -11,7 +11,7 @@ from eagle3_train.arch import DraftArch
 from eagle3_train.checkpoint import read_run_config, read_state, run_config_path
 from eagle3_train.init_from import InitFromError, compatibility_problems, read_init_draft
 from eagle3_train.inputs import RunInputs, checkpoint_lineage
-from eagle3_train.preflight.report import Finding, ok
+from eagle3_train.preflight.report import Finding, error, ok, warning
 
 # ---------------------------------------------------------------------------------------
 # Inputs against their schemas
@@ -35,9 +35,9 @@ def check_schemas(inputs: RunInputs) -> list[Finding]:
     for role, path in roles:
         problems = validate(path)
         for p in problems[:20]:
-            out.append(Finding("error", "schema", f"{role}: {p}"))
+            out += error("schema", f"{role}: {p}")
         if len(problems) > 20:
-            out.append(Finding("error", "schema", f"{role}: ... {len(problems) - 20} more"))
+            out += error("schema", f"{role}: ... {len(problems) - 20} more")
         if not problems:
             out += ok("schema", f"{role} {path} validates")
     return out
@@ -113,15 +113,12 @@ def check_lineage(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
                 )
         out += _check_target_files(inputs)
     elif cfg.target.name_or_path is None:
-        out.append(
-            Finding(
-                "warning",
-                "target",
-                "neither target.path nor target.name_or_path is set: the export's "
-                "speculators_config.verifier.name_or_path will be null, so `vllm serve <draft>` "
-                "cannot find the target (serving the target with --speculative-config still "
-                "works); set target.name_or_path to the target's hub id or path",
-            )
+        out += warning(
+            "target",
+            "neither target.path nor target.name_or_path is set: the export's "
+            "speculators_config.verifier.name_or_path will be null, so `vllm serve <draft>` "
+            "cannot find the target (serving the target with --speculative-config still "
+            "works); set target.name_or_path to the target's hub id or path",
         )
     if not any(f.level == "error" for f in out):
         out += ok(
@@ -147,25 +144,19 @@ def _check_target_files(inputs: RunInputs) -> list[Finding]:
     if list(root.glob("*.safetensors")):
         mine = fingerprint_model_dir(root)
         if mine != ds_lineage.get("target_fingerprint"):
-            out.append(
-                Finding(
-                    "error",
-                    "target",
-                    f"target_fingerprint: target.path {root} is {mine} but dataset "
-                    f"{inputs.dataset.header_file} lineage has "
-                    f"{ds_lineage.get('target_fingerprint')!r} (states of another target)",
-                )
+            out += error(
+                "target",
+                f"target_fingerprint: target.path {root} is {mine} but dataset "
+                f"{inputs.dataset.header_file} lineage has "
+                f"{ds_lineage.get('target_fingerprint')!r} (states of another target)",
             )
     if any((root / n).is_file() for n in TOKENIZER_FILES):
         mine = fingerprint_tokenizer_dir(root)
         if mine != ds_lineage.get("tokenizer_fingerprint"):
-            out.append(
-                Finding(
-                    "error",
-                    "target",
-                    f"tokenizer_fingerprint: target.path {root} tokenizer is {mine} but dataset "
-                    f"lineage has {ds_lineage.get('tokenizer_fingerprint')!r}",
-                )
+            out += error(
+                "target",
+                f"tokenizer_fingerprint: target.path {root} tokenizer is {mine} but dataset "
+                f"lineage has {ds_lineage.get('tokenizer_fingerprint')!r}",
             )
     return out
 
@@ -184,25 +175,19 @@ def check_stream(inputs: RunInputs) -> list[Finding]:
         return []
     info, budget = stream.info, stream.info.disk_budget_bytes
     if info.epochs > 1 and info.epochs != epochs:
-        return [
-            Finding(
-                "error",
-                "stream",
-                f"the stream is extracted once for each of {info.epochs} epochs "
-                f"(eagle3-extract --epochs) but train.epochs is {epochs}",
-            )
-        ]
+        return error(
+            "stream",
+            f"the stream is extracted once for each of {info.epochs} epochs "
+            f"(eagle3-extract --epochs) but train.epochs is {epochs}",
+        )
     if d.reclaim and epochs > 1 and info.epochs == 1:
-        return [
-            Finding(
-                "error",
-                "stream",
-                f"data.reclaim with train.epochs={epochs}: epoch 2 needs shards epoch 1 "
-                "reclaimed. Extract once per epoch (eagle3-extract run --stream --epochs "
-                f"{epochs}), or pass over each window several times (data.window_passes) "
-                "with train.epochs 1, or keep every shard (no --reclaim)",
-            )
-        ]
+        return error(
+            "stream",
+            f"data.reclaim with train.epochs={epochs}: epoch 2 needs shards epoch 1 "
+            "reclaimed. Extract once per epoch (eagle3-extract run --stream --epochs "
+            f"{epochs}), or pass over each window several times (data.window_passes) "
+            "with train.epochs 1, or keep every shard (no --reclaim)",
+        )
     if budget is None:
         return []
     sizes = [stream.planned_bytes(k) for k in stream.windows(0)]
@@ -214,35 +199,26 @@ def check_stream(inputs: RunInputs) -> list[Finding]:
     if not d.reclaim:
         total = sum(info.planned_bytes(s) for s in info.plan)  # every pass stays on disk
         if total > budget:
-            return [
-                Finding(
-                    "error",
-                    "stream",
-                    f"{where} is smaller than the whole stream ({total} bytes planned) and "
-                    "data.reclaim is off: the producer would pause forever. Pass --reclaim",
-                )
-            ]
+            return error(
+                "stream",
+                f"{where} is smaller than the whole stream ({total} bytes planned) and "
+                "data.reclaim is off: the producer would pause forever. Pass --reclaim",
+            )
         return ok("stream", f"{where} holds the whole stream ({total} bytes planned)")
     if kept + largest > budget:
-        return [
-            Finding(
-                "error",
-                "stream",
-                f"{where} cannot hold window 0 (kept for validation, {kept} bytes) and the "
-                f"largest window ({largest} bytes, data.window_shards={d.window_shards}) at "
-                "once: producer and trainer would wait for each other. Lower window_shards or "
-                "raise the budget",
-            )
-        ]
+        return error(
+            "stream",
+            f"{where} cannot hold window 0 (kept for validation, {kept} bytes) and the "
+            f"largest window ({largest} bytes, data.window_shards={d.window_shards}) at "
+            "once: producer and trainer would wait for each other. Lower window_shards or "
+            "raise the budget",
+        )
     if kept + 2 * largest > budget:
-        return [
-            Finding(
-                "warning",
-                "stream",
-                f"{where} holds window 0 and one window ({kept + largest} bytes) but not the "
-                "next one as well: the trainer waits for the producer at every window",
-            )
-        ]
+        return warning(
+            "stream",
+            f"{where} holds window 0 and one window ({kept + largest} bytes) but not the "
+            "next one as well: the trainer waits for the producer at every window",
+        )
     return ok("stream", f"{where} holds window 0, the window in training and the next one")
 
 
@@ -286,13 +262,10 @@ def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -
     out = []
     for key in ("hidden_states_fingerprint", "vocab_map_fingerprint", "aux_layer_ids"):
         if key in saved and saved[key] != now[key]:
-            out.append(
-                Finding(
-                    "error",
-                    "resume",
-                    f"{key}: checkpoint {resume_from} was trained with {saved[key]!r} but this "
-                    f"run's inputs give {now[key]!r} (set train.resume=never to start afresh)",
-                )
+            out += error(
+                "resume",
+                f"{key}: checkpoint {resume_from} was trained with {saved[key]!r} but this "
+                f"run's inputs give {now[key]!r} (set train.resume=never to start afresh)",
             )
     run_yaml, run_config = run_config_path(resume_from), read_run_config(resume_from)
     if run_config is not None:
@@ -305,13 +278,10 @@ def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -
             "norm_output",
         ):
             if key in old and old[key] != getattr(inputs.config.draft, key):
-                out.append(
-                    Finding(
-                        "error",
-                        "resume",
-                        f"draft.{key}: {run_yaml} has {old[key]!r} but this config has "
-                        f"{getattr(inputs.config.draft, key)!r}",
-                    )
+                out += error(
+                    "resume",
+                    f"draft.{key}: {run_yaml} has {old[key]!r} but this config has "
+                    f"{getattr(inputs.config.draft, key)!r}",
                 )
     return out or ok("resume", f"checkpoint {resume_from} matches the inputs")
 
@@ -325,7 +295,7 @@ def check_init_from(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     try:
         init = read_init_draft(d.init_from)
     except (InitFromError, OSError, KeyError, ValueError) as e:
-        return [Finding("error", "init_from", str(e))]
+        return error("init_from", str(e))
     where = str(inputs.dataset.header_file)
     problems = compatibility_problems(
         init, arch, inputs.aux_layer_ids, inputs.vocab.d2t, d.remap_vocab, where

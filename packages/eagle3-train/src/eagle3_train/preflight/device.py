@@ -16,7 +16,7 @@ from eagle3_train.flash_attention import flash_self_check, resolve_attention
 from eagle3_train.inputs import RunInputs
 from eagle3_train.loader import ShardReader, to_device
 from eagle3_train.model import Eagle3Draft
-from eagle3_train.preflight.report import Finding, ok
+from eagle3_train.preflight.report import Finding, error, ok, warning
 
 # ---------------------------------------------------------------------------------------
 # One real batch, forward and backward
@@ -39,13 +39,10 @@ def check_dry_run(
         inputs.dataset.num_tokens, train_idx, cfg.data.max_tokens_per_batch, cfg.train.seed, 0
     )
     if not plan:
-        return [
-            Finding(
-                "error",
-                "dry_run",
-                f"{inputs.dataset.root}: no trainable sample (all shorter than 2 tokens or held out)",
-            )
-        ], {}
+        return error(
+            "dry_run",
+            f"{inputs.dataset.root}: no trainable sample (all shorter than 2 tokens or held out)",
+        ), {}
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -78,23 +75,16 @@ def check_dry_run(
     info = {"seconds": seconds, "peak_mib": peak, "tokens": float(batch["input_ids"].shape[0])}
     out = []
     if not torch.isfinite(loss):
-        out.append(
-            Finding(
-                "error",
-                "dry_run",
-                f"loss is {float(loss.detach())} on the first batch (samples {plan[0][:3]}...)",
-            )
+        out += error(
+            "dry_run",
+            f"loss is {float(loss.detach())} on the first batch (samples {plan[0][:3]}...)",
         )
     if any(g is None for g in grads):
-        out.append(Finding("error", "dry_run", "some trainable parameters received no gradient"))
+        out += error("dry_run", "some trainable parameters received no gradient")
     elif not all(bool(torch.isfinite(g).all()) for g in grads):
-        out.append(Finding("error", "dry_run", "non-finite gradients on the first batch"))
+        out += error("dry_run", "non-finite gradients on the first batch")
     if int(stats[0, 2]) == 0:
-        out.append(
-            Finding(
-                "warning", "dry_run", "the first batch has no scored token (loss_mask all zero?)"
-            )
-        )
+        out += warning("dry_run", "the first batch has no scored token (loss_mask all zero?)")
     if not out:
         out += ok(
             "dry_run",
@@ -144,9 +134,9 @@ def check_memory(
     )
     procs_here = world if device.type != "cuda" else 1
     if need * procs_here > free:
-        out.append(Finding("error", "memory", msg + f" × {procs_here} processes: does not fit"))
+        out += error("memory", msg + f" × {procs_here} processes: does not fit")
     elif need * procs_here > 0.8 * free:
-        out.append(Finding("warning", "memory", msg + " (tight)"))
+        out += warning("memory", msg + " (tight)")
     else:
         out += ok("memory", msg)
     ckpt = trainable * 12 * inputs.config.train.keep_checkpoints + trainable * 4 * 3
@@ -155,12 +145,9 @@ def check_memory(
         parent = parent.parent
     disk_free = shutil.disk_usage(parent).free
     if ckpt > disk_free:
-        out.append(
-            Finding(
-                "error",
-                "disk",
-                f"checkpoints need ~{ckpt / gib:.2f} GiB, {disk_free / gib:.2f} GiB free under {parent}",
-            )
+        out += error(
+            "disk",
+            f"checkpoints need ~{ckpt / gib:.2f} GiB, {disk_free / gib:.2f} GiB free under {parent}",
         )
     return out
 

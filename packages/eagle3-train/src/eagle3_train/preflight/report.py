@@ -42,3 +42,11 @@ class PreflightReport:
 
 def ok(check: str, message: str) -> list[Finding]:
     return [Finding("ok", check, message)]
+
+
+def warning(check: str, message: str) -> list[Finding]:
+    return [Finding("warning", check, message)]
+
+
+def error(check: str, message: str) -> list[Finding]:
+    return [Finding("error", check, message)]
