@@ -300,7 +300,7 @@ def _same_draft(a: Path, b: Path) -> None:
 
 def test_sigterm_checkpoints_at_the_step_and_the_rerun_resumes_bit_equal(tmp_path):
     inputs = make_inputs(tmp_path / "inputs", num_samples=48)
-    train = {"max_steps": 24, "epochs": 10, "save_every": 0, "log_every": 1}
+    train = {"max_steps": 40, "epochs": 10, "save_every": 0, "log_every": 1}
     straight, preempted = tmp_path / "straight", tmp_path / "preempted"
     result = run_cli(["--config", str(write_config(inputs, straight, train=train))])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -321,7 +321,7 @@ def test_sigterm_checkpoints_at_the_step_and_the_rerun_resumes_bit_equal(tmp_pat
         finally:
             proc.kill()
     (stop,) = [r for r in _records(preempted) if r["event"] == "preempted"]
-    assert 3 <= stop["step"] < 24 and "SIGTERM" in stop["message"]
+    assert 3 <= stop["step"] < 40 and "SIGTERM" in stop["message"]
     assert _series(preempted)[-1][0] == stop["step"]  # the step in flight was finished
     latest = json.loads((preempted / "checkpoints" / "latest.json").read_text())
     assert latest["step"] == stop["step"]
@@ -365,7 +365,7 @@ def test_a_signal_to_one_rank_of_two_stops_both_at_one_step_and_resumes_bit_equa
     the signal goes to rank 1 only."""
     accelerate = str(Path(sys.executable).parent / "accelerate")
     inputs = make_inputs(tmp_path / "inputs", num_samples=64, min_len=24, max_len=96)
-    train = {"max_steps": 24, "epochs": 10, "save_every": 0, "log_every": 1}
+    train = {"max_steps": 40, "epochs": 10, "save_every": 0, "log_every": 1}
     train["preempt_signals"] = ["SIGUSR1"]
 
     def launch(run: Path, log: Path) -> subprocess.Popen:
@@ -537,9 +537,7 @@ def test_a_full_disk_while_logging_metrics_stops_by_name_and_the_rerun_drops_the
 # A dead rank: 2-process ZeRO-2 on two "machines" (one launcher each, as MULTINODE.md)
 
 
-# Rank 1 is stopped after step 5: 25 steps after it leave room for a slow machine to land the
-# fault before the run could end.
-ZERO2_TRAIN = {"max_steps": 30, "epochs": 20, "save_every": 2, "log_every": 1}
+ZERO2_TRAIN = {"max_steps": 60, "epochs": 20, "save_every": 2, "log_every": 1}
 ZERO2_TRAIN["collective_timeout_s"] = 5
 
 
