@@ -48,11 +48,11 @@ from safetensors.torch import load_file, save_file
 from eagle3_eval.draft import Eagle3Draft as EvalDraft
 from eagle3_eval.draft import chain_logits
 from eagle3_eval.offline import read_samples
-from eagle3_train.build import build_model
-from eagle3_train.config import load_config
-from eagle3_train.inputs import load_inputs, resolve_arch
-from eagle3_train.layers import RMSNorm
-from eagle3_train.loader import ShardReader
+from eagle3_train.components.build import build_model
+from eagle3_train.config.run_config import load_config
+from eagle3_train.data.inputs import load_inputs, resolve_arch
+from eagle3_train.data.loader import ShardReader
+from eagle3_train.model.layers import RMSNorm
 
 from support.synthetic_states import fake_fingerprint, write_samples
 from support.train import Inputs, write_config, write_target_config, write_vocab_map
@@ -306,7 +306,7 @@ def compare(train_logits, cu, sample_ids, eval_logits) -> list[float]:
 
 def _three_documents(run: Path) -> list[int]:
     """Three documents of different lengths (first, shortest, longest), packed in that order."""
-    from eagle3_train.data import HiddenStateDataset
+    from eagle3_train.data.dataset import HiddenStateDataset
 
     ds = HiddenStateDataset(load_config(run / "run.yaml").data.hidden_states)
     lengths = [int(n) for n in ds.num_tokens]

@@ -85,7 +85,7 @@ def _train_config(argv: list[str]):
     --set overrides and --output-dir, as eagle3_train.cli does (an unknown field or a
     malformed value fails here, not on the cluster)."""
     from eagle3_train.cli import parse_override
-    from eagle3_train.config import load_config
+    from eagle3_train.config.run_config import load_config
 
     args = train_parser().parse_args(argv)
     overrides = [parse_override(o) for o in args.overrides]
@@ -110,7 +110,7 @@ def test_the_multinode_config_is_zero2_plus_the_machine_fields() -> None:
 
 def test_the_streaming_commands_parse_and_their_config_loads() -> None:
     from eagle3_train.cli import parse_override
-    from eagle3_train.config import load_config
+    from eagle3_train.config.run_config import load_config
 
     commands = _commands(STREAMING)
     assert sorted((w[0], w[1]) for w in commands) == [

@@ -434,8 +434,8 @@ PAST_CHECKPOINT = 3  # steps the trainer has logged past its last checkpoint whe
 def _window_ends(inputs: dict[str, Any]) -> list[int]:
     """The steps at which the trainer checkpoints a window (one process, epoch 0), from the
     finished dataset in the test config's packing: where a kill would land on a checkpoint."""
-    from eagle3_train.data import HiddenStateDataset
-    from eagle3_train.order import FinishedWindows, Packing, WindowOrder
+    from eagle3_train.data.dataset import HiddenStateDataset
+    from eagle3_train.data.order import FinishedWindows, Packing, WindowOrder
 
     data = yaml.safe_load(_config(inputs, inputs["root"] / "probe", inputs["offline"]).read_text())
     d = data["data"]

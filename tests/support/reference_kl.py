@@ -16,7 +16,7 @@ def reference_linear_kl(
     divergence: str = "kl",
     lk_eta: float = 3.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Plain-autograd twin of ``eagle3_train.loss.fused_linear_kl`` (tests compare the two; the
+    """Plain-autograd twin of ``eagle3_train.model.loss.fused_linear_kl`` (tests compare the two; the
     top-k term and the divergences from their definitions, without ``TargetTopK`` or hand-made
     gradients). float32, float64 for float64 inputs."""
     dtype = torch.float64 if h.dtype == torch.float64 else torch.float32

@@ -18,7 +18,7 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from eagle3_schemas.header import make_header, write_safetensors
 from eagle3_schemas.jsonl import complete_lines
-from eagle3_train.arch import DraftArch
+from eagle3_train.model.arch import DraftArch
 
 from support.synthetic_states import fake_fingerprint, write_dataset
 

@@ -88,8 +88,8 @@ def _heads(args) -> tuple[int, int, int]:
 def run_ours(args) -> dict[str, float]:
     import torch
 
-    from eagle3_train.arch import DraftArch
-    from eagle3_train.model import Eagle3Draft
+    from eagle3_train.model.arch import DraftArch
+    from eagle3_train.model.draft import Eagle3Draft
 
     heads, kv, head_dim = _heads(args)
     arch = DraftArch(
@@ -107,8 +107,8 @@ def run_ours(args) -> dict[str, float]:
         rope_theta=10000.0,
         attention=args.attention,
     )
-    from eagle3_train.loss import compile_kl_chunk
-    from eagle3_train.shift import align
+    from eagle3_train.model.loss import compile_kl_chunk
+    from eagle3_train.model.shift import align
 
     phases = {"imports": time.perf_counter() - STARTED}
     built = time.perf_counter()
@@ -124,7 +124,7 @@ def run_ours(args) -> dict[str, float]:
     model.load_target_head(embed, torch.ones(args.hidden), head[t2d.to(args.device)])
     del head, embed
     model.lm_head.weight.requires_grad_(False)
-    # as eagle3-train sets a run up (eagle3_train.build: speed_up, make_optimizer)
+    # as eagle3-train sets a run up (eagle3_train.components.build: speed_up, make_optimizer)
     if args.dtype == "bfloat16":
         model.store_frozen_as(torch.bfloat16)
     if args.compile:
@@ -450,8 +450,8 @@ def _objective(name: str):
     speculators trains — plain TTT KL (no top-k term), no step decay, gradients clipped as its
     trainer clips them — so the two sides' rows compare the same work. ``defaults``: eagle3-
     train's own train: defaults (the HASS top-k term, step decay, its clipping)."""
-    from eagle3_train.model import PLAIN_TTT
-    from eagle3_train.train_config import TrainLoopConfig
+    from eagle3_train.config.train_config import TrainLoopConfig
+    from eagle3_train.model.draft import PLAIN_TTT
 
     if name == "plain":
         return PLAIN_TTT, 1.0, SPECULATORS_MAX_GRAD_NORM
@@ -479,8 +479,8 @@ def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from eagle3_train.data import HiddenStateDataset, plan_epoch
-    from eagle3_train.loader import make_loader
+    from eagle3_train.data.dataset import HiddenStateDataset, plan_epoch
+    from eagle3_train.data.loader import make_loader
 
     # The trainer's synthetic hidden states are shared with the tests (tests/support).
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))

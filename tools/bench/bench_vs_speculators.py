@@ -131,7 +131,7 @@ class Recipe:
 def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[int, int]]]:
     """The first ``steps`` batches of eagle3-train's plan for ``seed`` (epochs repeat with new
     shuffles)."""
-    from eagle3_train.data import HiddenStateDataset, plan_epoch, split_indices
+    from eagle3_train.data.dataset import HiddenStateDataset, plan_epoch, split_indices
 
     dataset = HiddenStateDataset(dataset_dir)
     train, _ = split_indices(dataset, VALIDATION_FRACTION)
@@ -212,8 +212,8 @@ def speculators_child(
     from speculators.train.trainer import _resolve_scheduler_steps
     from transformers import get_linear_schedule_with_warmup
 
-    from eagle3_train.data import HiddenStateDataset
-    from eagle3_train.loader import make_loader, to_device
+    from eagle3_train.data.dataset import HiddenStateDataset
+    from eagle3_train.data.loader import make_loader, to_device
 
     # speculators' own `speculators train` argument parsing and default resolution
     argv = ["--verifier-name-or-path", str(recipe.target), "--speculator-type", "eagle3"]

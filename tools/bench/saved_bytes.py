@@ -22,8 +22,8 @@ import contextlib
 import torch
 from torch import nn
 
-from eagle3_train.arch import DraftArch
-from eagle3_train.model import Eagle3Draft
+from eagle3_train.model.arch import DraftArch
+from eagle3_train.model.draft import Eagle3Draft
 
 TTT_STEPS = 3
 

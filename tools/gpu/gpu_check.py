@@ -158,8 +158,8 @@ def attention_check(device_name: str, tokens: int) -> dict[str, object]:
     sys.path[:0] = [str(p) for p in SOURCES if str(p) not in sys.path]  # run from source
     import torch
 
-    from eagle3_train.attention import chunked_ttt_attention
-    from eagle3_train.flash_attention import flash_self_check, flash_ttt_attention
+    from eagle3_train.model.attention import chunked_ttt_attention
+    from eagle3_train.model.flash_attention import flash_self_check, flash_ttt_attention
 
     device = torch.device(device_name)
     row: dict[str, object] = {"problems": flash_self_check(device), "tokens": tokens}

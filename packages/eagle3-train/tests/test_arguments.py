@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_train import trainer
 from eagle3_train.cli import main
+from eagle3_train.run import trainer
 
 from support import fixtures
 from support.refusal import assert_refused_before_work, work_started

@@ -12,7 +12,7 @@ from huggingface_hub import ModelCard
 
 from eagle3_schemas.model_card import put_acceptance
 from eagle3_schemas.validate import validate
-from eagle3_train.card import parameter_counts
+from eagle3_train.export.card import parameter_counts
 
 from support.card import read_acceptance
 from support.train import make_inputs, write_config

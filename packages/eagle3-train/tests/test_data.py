@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_train.data import (
+from eagle3_train.data.dataset import (
     HiddenStateDataset,
     is_validation,
     plan_epoch,
     rank_batches,
     split_indices,
 )
-from eagle3_train.loader import RingSlotBusy, ShardReader, make_loader, to_device
+from eagle3_train.data.loader import RingSlotBusy, ShardReader, make_loader, to_device
 
 from support.synthetic_states import write_dataset
 

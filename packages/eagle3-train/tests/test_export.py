@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from eagle3_schemas.validate import validate
-from eagle3_train.build import build_model
-from eagle3_train.config import load_config
-from eagle3_train.export import draft_config, export_weights, write_checkpoint
-from eagle3_train.inputs import checkpoint_lineage, load_inputs, resolve_arch
-from eagle3_train.layers import Rotary
+from eagle3_train.components.build import build_model
+from eagle3_train.config.run_config import load_config
+from eagle3_train.data.inputs import checkpoint_lineage, load_inputs, resolve_arch
+from eagle3_train.export.write import draft_config, export_weights, write_checkpoint
+from eagle3_train.model.layers import Rotary
 
 from support.train import YARN, write_config, write_target_model, yarn_arch
 

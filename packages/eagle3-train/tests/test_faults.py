@@ -23,9 +23,9 @@ from safetensors.torch import load_file
 
 from eagle3_schemas.header import write_safetensors
 from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_train.data import CorruptSample, HiddenStateDataset
-from eagle3_train.loader import ShardReader
-from eagle3_train.nonfinite import NonFiniteSkip, fused_found_inf
+from eagle3_train.data.dataset import CorruptSample, HiddenStateDataset
+from eagle3_train.data.loader import ShardReader
+from eagle3_train.run.nonfinite import NonFiniteSkip, fused_found_inf
 
 from support.edits import rewrite_checksums
 from support.smallfs import leave_free, small_tmpfs
@@ -139,7 +139,7 @@ def test_the_fused_adamw_takes_the_verdict_on_the_device(tmp_path):
     assert not fused_found_inf(torch.optim.AdamW([param], lr=0.1))
     skip = NonFiniteSkip(_OneProcess(), lag=2, max_in_row=5)
     metrics = tmp_path / "metrics.jsonl"
-    from eagle3_train.nonfinite import BadStep
+    from eagle3_train.run.nonfinite import BadStep
 
     for step, value in enumerate([1.0, float("nan"), 2.0], start=1):
         param.grad = torch.full((8,), value)
@@ -678,7 +678,7 @@ def test_the_watchdog_ends_a_process_stuck_past_the_timeout_and_not_a_paused_one
     with the watchdog's status and message; time spent paused (a checkpoint) does not count."""
     script = (
         "import logging, time\n"
-        "from eagle3_train.watchdog import StepWatchdog\n"
+        "from eagle3_train.components.watchdog import StepWatchdog\n"
         "logging.basicConfig()\n"
         "dog = StepWatchdog(1.0, lambda idle: (8, f'stuck for {idle:.1f} s'))\n"
         "dog.start()\n"

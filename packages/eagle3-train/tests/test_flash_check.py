@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle3_train import flash_attention
-from eagle3_train.flash_attention import flash_self_check, flash_ttt_attention
+from eagle3_train.model import flash_attention
+from eagle3_train.model.flash_attention import flash_self_check, flash_ttt_attention
 
 CPU = torch.device("cpu")
 

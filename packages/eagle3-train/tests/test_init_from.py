@@ -14,13 +14,13 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_train.accelerator import make_accelerator
-from eagle3_train.build import build_model
-from eagle3_train.config import load_config
-from eagle3_train.init_from import fingerprint_init_draft
-from eagle3_train.inputs import load_inputs, resolve_arch
-from eagle3_train.run import make_order
-from eagle3_train.validation import evaluate
+from eagle3_train.components.accelerator import make_accelerator
+from eagle3_train.components.build import build_model
+from eagle3_train.config.run_config import load_config
+from eagle3_train.data.inputs import load_inputs, resolve_arch
+from eagle3_train.export.init_from import fingerprint_init_draft
+from eagle3_train.run.setup import make_order
+from eagle3_train.run.validation import evaluate
 
 from support.train import make_inputs, write_config, write_vocab_map
 
@@ -143,9 +143,9 @@ def test_the_mla_layout_reads_loads_and_is_told_from_a_llama_run(tmp_path):
     """vLLM-native MLA drafts (Kimi-K2.5's published layout) read and load as exported."""
     from eagle3_schemas.atomic import write_json_atomic
     from eagle3_schemas.header import write_safetensors
-    from eagle3_train.export import draft_config, export_weights
-    from eagle3_train.init_from import compatibility_problems, load_into, read_init_draft
-    from eagle3_train.model import Eagle3Draft
+    from eagle3_train.export.init_from import compatibility_problems, load_into, read_init_draft
+    from eagle3_train.export.write import draft_config, export_weights
+    from eagle3_train.model.draft import Eagle3Draft
 
     from support.train import vocab_arrays, yarn_arch
 

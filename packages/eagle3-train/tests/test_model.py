@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from eagle3_schemas.registry import load_schema
-from eagle3_train.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
-from eagle3_train.flash_attention import flash_ttt_attention
-from eagle3_train.loss import NUM_STATS, fused_linear_kl
-from eagle3_train.model import Eagle3Draft
-from eagle3_train.shift import document_bounds
+from eagle3_train.model.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.flash_attention import flash_ttt_attention
+from eagle3_train.model.loss import NUM_STATS, fused_linear_kl
+from eagle3_train.model.shift import document_bounds
 
 from support.reference_kl import reference_linear_kl
 from support.train import small_arch
@@ -445,7 +445,7 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
     """What preflight runs on a CUDA host before training with the flash path, run here on
     the CPU kernel; a kernel whose log-sum-exp comes back in another row order (what a torch
     with another layout would give) is caught."""
-    from eagle3_train import flash_attention as attention
+    from eagle3_train.model import flash_attention as attention
     from eagle3_train.preflight.device import check_attention_kernel
 
     cpu = torch.device("cpu")
@@ -476,8 +476,8 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
 
-    from eagle3_train.loss import compile_kl_chunk
-    from eagle3_train.train_config import ObjectiveConfig
+    from eagle3_train.config.train_config import ObjectiveConfig
+    from eagle3_train.model.loss import compile_kl_chunk
 
     batch = _batch()
     try:
@@ -522,7 +522,7 @@ def test_under_bf16_autocast_every_ttt_step_reaches_the_flash_kernel_in_bf16(mon
     """After step 0 the fed-back state comes through a float32 residual: without care q and k
     of steps 1.. are float32, and `auto` would quietly fall back to the float32 reference path
     for them. Every kernel call must see bf16."""
-    from eagle3_train import flash_attention as attention
+    from eagle3_train.model import flash_attention as attention
 
     seen = []
     real = attention._kernel_forward

@@ -33,7 +33,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3_train.build import VOCABULARY_ROWS
+from eagle3_train.components.build import VOCABULARY_ROWS
 
 from support.train import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 
@@ -164,7 +164,7 @@ def test_keller_scale_left_in_place_is_caught(setup, tmp_path):
     script = tmp_path / "keller_only.py"
     script.write_text(
         "import sys\n"
-        "import eagle3_train.build as build\n"
+        "import eagle3_train.components.build as build\n"
         "build.deepspeed_muon_lr_ratio = lambda adjust_lr_fn, rows, cols: 1.0\n"
         "from eagle3_train.cli import main\n"
         "sys.exit(main())\n"

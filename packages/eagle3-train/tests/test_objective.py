@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_train.config import ConfigError, load_config, parse_override
-from eagle3_train.loss import TargetTopK, fused_linear_kl, unpack_stats
-from eagle3_train.model import Eagle3Draft
-from eagle3_train.train_config import ObjectiveConfig
+from eagle3_train.config.run_config import ConfigError, load_config, parse_override
+from eagle3_train.config.train_config import ObjectiveConfig
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.loss import TargetTopK, fused_linear_kl, unpack_stats
 
 from support.reference_kl import reference_linear_kl
 from support.train import small_arch

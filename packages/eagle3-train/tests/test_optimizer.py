@@ -13,10 +13,10 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_train import build
-from eagle3_train.build import MuonWithAdamW, make_deepspeed_muon, make_muon, muon_split
-from eagle3_train.config import Config
-from eagle3_train.model import Eagle3Draft
+from eagle3_train.components import build
+from eagle3_train.components.build import MuonWithAdamW, make_deepspeed_muon, make_muon, muon_split
+from eagle3_train.config.run_config import Config
+from eagle3_train.model.draft import Eagle3Draft
 
 from support.train import make_inputs, write_config, yarn_arch
 

@@ -1,4 +1,4 @@
-"""The data order (eagle3_train.order) on its own.
+"""The data order (eagle3_train.data.order) on its own.
 
 Streamed and offline runs share this code, so a bug in it passes every streamed-vs-offline
 bit-equality: both sides would train the same wrong batches. Here the order is checked
@@ -21,8 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3_train.data import HiddenStateDataset, is_validation
-from eagle3_train.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
+from eagle3_train.data.dataset import HiddenStateDataset, is_validation
+from eagle3_train.data.order import FinishedWindows, GlobalOrder, Packing, WindowOrder
 
 from support.train import make_inputs, write_config
 

@@ -22,9 +22,9 @@ import warnings
 import pytest
 import torch
 
-from eagle3_train.arch import DraftArch
-from eagle3_train.loss import unpack_stats
-from eagle3_train.model import Eagle3Draft
+from eagle3_train.model.arch import DraftArch
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.loss import unpack_stats
 
 H, N_AUX, V_T, V_D, HEADS, KV, HEAD_DIM, INTER = 16, 3, 40, 20, 4, 2, 8, 32
 TTT = 3
@@ -245,7 +245,7 @@ def test_acceptance_losses_match_speculators(ours_name: str, their_name: str):
     """train.objective.divergence tv / lk (fused chunk, hand-made gradients) against
     speculators' eager tv / lk_hybrid (autograd; its lk_hybrid's eta 3.0 is our lk_eta's
     default), losses and gradients."""
-    from eagle3_train.train_config import ObjectiveConfig
+    from eagle3_train.config.train_config import ObjectiveConfig
 
     ours, theirs = build_pair(seed=7, fc_norm=True, norm_output=True)
     batch = make_batch([31, 22, 27], seed=8)

@@ -11,10 +11,10 @@ import yaml
 
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.validate import validate
-from eagle3_train.accelerator import DEEPSPEED_REFUSED, ZeroLaunch
-from eagle3_train.checkpoint import Checkpoints
-from eagle3_train.config import load_config
-from eagle3_train.inputs import load_inputs, resolve_arch
+from eagle3_train.components.accelerator import DEEPSPEED_REFUSED, ZeroLaunch
+from eagle3_train.components.checkpoint import Checkpoints
+from eagle3_train.config.run_config import load_config
+from eagle3_train.data.inputs import load_inputs, resolve_arch
 from eagle3_train.preflight import run_preflight
 
 from support.synthetic_states import fake_fingerprint
@@ -112,7 +112,7 @@ def test_cli_preflight_stops_in_seconds_with_both_sides(tmp_path):
     ],
 )
 def test_config_errors_name_the_key(inputs, tmp_path, override, message):
-    from eagle3_train.config import ConfigError
+    from eagle3_train.config.run_config import ConfigError
 
     with pytest.raises(ConfigError) as e:
         load_config(write_config(inputs, tmp_path / "run", **override))
@@ -120,7 +120,7 @@ def test_config_errors_name_the_key(inputs, tmp_path, override, message):
 
 
 def test_cli_overrides_win_over_the_file(inputs, tmp_path):
-    from eagle3_train.config import parse_override
+    from eagle3_train.config.run_config import parse_override
 
     path = write_config(inputs, tmp_path / "run", train={"lr": 0.1})
     config = load_config(
@@ -132,7 +132,7 @@ def test_cli_overrides_win_over_the_file(inputs, tmp_path):
 
 def test_mixed_precision_no_is_the_word_no_in_yaml_and_in_set(inputs, tmp_path):
     """YAML 1.1 (PyYAML) reads a bare `no` as False; a choice the user typed is meant."""
-    from eagle3_train.config import ConfigError, dump_config, parse_override
+    from eagle3_train.config.run_config import ConfigError, dump_config, parse_override
 
     path = write_config(inputs, tmp_path / "run")
     text = path.read_text()
@@ -218,7 +218,7 @@ def test_a_run_without_target_path_or_aux_ids_trains_and_exports_the_datasets_id
 
 
 def test_without_target_path_the_missing_draft_shape_is_named(inputs, tmp_path):
-    from eagle3_train.inputs import InputError
+    from eagle3_train.data.inputs import InputError
 
     config = load_config(_without(write_config(inputs, tmp_path / "run"), "target"))
     with pytest.raises(InputError) as e:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_train.model import Eagle3Draft
-from eagle3_train.train_config import ObjectiveConfig
+from eagle3_train.config.train_config import ObjectiveConfig
+from eagle3_train.model.draft import Eagle3Draft
 
 from support.train import small_arch
 
@@ -129,8 +129,8 @@ def test_train_recompute_reaches_every_decoder_layer():
     """The trainer applies train.recompute with the other layer settings (build.speed_up)."""
     from types import SimpleNamespace
 
-    from eagle3_train.build import speed_up
-    from eagle3_train.config import Config
+    from eagle3_train.components.build import speed_up
+    from eagle3_train.config.run_config import Config
 
     for setting in (False, True):
         model, config = _model(), Config()

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_train.layers import RMSNorm, apply_rope
-from eagle3_train.model import Eagle3Draft
-from eagle3_train.shift import align
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.layers import RMSNorm, apply_rope
+from eagle3_train.model.shift import align
 
 from support.train import small_arch
 

@@ -108,7 +108,7 @@ def test_the_cuda_configuration_rehearsed_on_cpu_trains_resumes_and_exports(tmp_
     attention, compiled layers and loss — here on CPU's kernels: preflight's flash check,
     checkpoints, a launch resumed from the middle checkpoint that continues the same loss
     series, the export."""
-    from eagle3_train.loss import compile_kl_chunk
+    from eagle3_train.model.loss import compile_kl_chunk
 
     inputs = make_inputs(tmp_path / "inputs", num_samples=40)
     draft = {"attention": "flash"}

@@ -22,8 +22,8 @@ import torch
 from accelerate.state import AcceleratorState
 
 from eagle3_train.cli import main
-from eagle3_train.export import draft_config
-from eagle3_train.layers import Rotary
+from eagle3_train.export.write import draft_config
+from eagle3_train.model.layers import Rotary
 
 from support.train import env_for_subprocess, make_inputs, write_config, yarn_arch
 

@@ -36,7 +36,7 @@ from eagle3_schemas.paths import (
     check_output,
     refuse,
 )
-from eagle3_train.config import Config, ConfigError, load_config, parse_override
+from eagle3_train.config.run_config import Config, ConfigError, load_config, parse_override
 
 CONFIG_EXPECTED = "a YAML config file (e.g. recipes/tiny/train.yaml)"
 OUTPUT_EXPECTED = "a directory of its own for the run (new, or an earlier run to resume)"
@@ -134,16 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eagle3-train: config error: {e}", file=sys.stderr)
         return 2
     if args.card_only:
-        from eagle3_train.card import write_model_card
-        from eagle3_train.export import served_as
+        from eagle3_train.export.card import write_model_card
+        from eagle3_train.export.write import served_as
 
         draft = Path(args.card_only)
         card = draft / "README.md"
         print(f"wrote {write_model_card(draft, config, served_as(config, draft), card)}")
         return 0
     # (imported here: a config error is reported without loading torch)
-    from eagle3_train.faults import exit_status
-    from eagle3_train.trainer import train
+    from eagle3_train.components.faults import exit_status
+    from eagle3_train.run.trainer import train
 
     try:
         return train(config, preflight_only=args.preflight)

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from eagle3_train.arch import DraftArch
-from eagle3_train.inputs import RunInputs
+from eagle3_train.data.inputs import RunInputs
+from eagle3_train.model.arch import DraftArch
 from eagle3_train.preflight.artifacts import (
     check_draft_shape,
     check_init_from,

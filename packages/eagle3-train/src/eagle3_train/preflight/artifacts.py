@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle3_train.arch import DraftArch
-from eagle3_train.checkpoint import read_run_config, read_state, run_config_path
-from eagle3_train.init_from import InitFromError, compatibility_problems, read_init_draft
-from eagle3_train.inputs import RunInputs, checkpoint_lineage
+from eagle3_train.components.checkpoint import read_run_config, read_state, run_config_path
+from eagle3_train.data.inputs import RunInputs, checkpoint_lineage
+from eagle3_train.export.init_from import InitFromError, compatibility_problems, read_init_draft
+from eagle3_train.model.arch import DraftArch
 from eagle3_train.preflight.report import Finding, error, ok, warning
 
 # ---------------------------------------------------------------------------------------

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
-from eagle3_train.arch import DraftArch
-from eagle3_train.build import build_model
-from eagle3_train.data import plan_epoch, split_indices
-from eagle3_train.flash_attention import flash_self_check, resolve_attention
-from eagle3_train.inputs import RunInputs
-from eagle3_train.loader import ShardReader, to_device
-from eagle3_train.model import Eagle3Draft
+from eagle3_train.components.build import build_model
+from eagle3_train.data.dataset import plan_epoch, split_indices
+from eagle3_train.data.inputs import RunInputs
+from eagle3_train.data.loader import ShardReader, to_device
+from eagle3_train.model.arch import DraftArch
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.flash_attention import flash_self_check, resolve_attention
 from eagle3_train.preflight.report import Finding, error, ok, warning
 
 # ---------------------------------------------------------------------------------------

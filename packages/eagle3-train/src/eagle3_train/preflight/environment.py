@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from eagle3_train.arch import DraftArch
+from eagle3_train.model.arch import DraftArch
 from eagle3_train.preflight.report import Finding, ok
 
 # ---------------------------------------------------------------------------------------

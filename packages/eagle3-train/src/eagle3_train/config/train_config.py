@@ -1,0 +1,130 @@
+"""The config's ``train:`` section: the loop, the optimizer and what the loss rewards.
+
+Part of the typed train config (``run_config.py`` loads, checks and saves the whole of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class ObjectiveConfig:
+    """What the TTT loss rewards beyond plain EAGLE-3 (each measured by vLLM on the tiny recipe,
+    k = 3, 3 seeds per arm: tools/bench/bench_vs_speculators.py; numbers in the README)."""
+
+    # Harmonized objective distillation (HASS): add topk_weight * the cross-entropy of the
+    # draft against the target's top-k tokens (-sum_{i in top-k(p)} p_i log q_i) to each
+    # slot's KL, focusing the draft on the tokens the target would actually choose. Measured:
+    # acceptance length 3.222 (3.210..3.230) with weight 1, k 10; 3.151 (3.130..3.174)
+    # without. 0 = off (plain EAGLE-3, what speculators trains).
+    topk: int = 10
+    topk_weight: float = 1.0
+    # The per-slot divergence from the target that the draft minimises (the top-k term adds
+    # to any). "kl": KL(p || q), EAGLE-3's. "tv": total variation 1 - sum_i min(p_i, q_i);
+    # 1 - TV is the probability that speculative sampling accepts the draft's token. "lk":
+    # the LK hybrid (Samarin et al., arXiv 2602.23881; speculators' lk_hybrid)
+    # λ·KL + (1 - λ)·TV with λ = exp(-lk_eta·(1 - TV)) held constant: KL's gradient while the
+    # draft is far from the target, the acceptance rate's once it is close.
+    divergence: Literal["kl", "tv", "lk"] = "kl"
+    lk_eta: float = 3.0
+
+
+@dataclass
+class MuonConfig:
+    """train.optimizer: muon. Defaults are speculators 0.9.0's (``speculators/train/config/
+    schema.py`` OptimizerArgs; split and construction in ``speculators/train/optimizers.py``)."""
+
+    # null = train.lr (speculators: --muon-lr defaults to --lr); the schedule scales both.
+    lr: float | None = None
+    momentum: float = 0.95
+    weight_decay: float = 0.1
+    ns_steps: int = 5  # Newton–Schulz iterations orthogonalising each update
+    # match_rms_adamw: the update's RMS made AdamW's (lr x 0.2·sqrt(max(rows, cols))), so one
+    # lr suits both groups; original: Keller Jordan's sqrt(max(1, rows/cols)).
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+    # Weight decay of the AdamW group (norms and the LM head) under muon; train.weight_decay
+    # is AdamW's under train.optimizer: adamw.
+    adamw_weight_decay: float = 0.01
+
+
+@dataclass
+class TrainLoopConfig:
+    ttt_steps: int = 3
+    # TTT step k's loss weighs decay^k. Measured by vLLM on the tiny recipe (3 seeds): 0.8 with
+    # the top-k term 3.241 (3.235..3.247), 1.0 with it 3.222 (3.210..3.230).
+    ttt_step_loss_decay: float = 0.8
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; stops early when reached
+    lr: float = 1e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    # "adamw": AdamW on every trained tensor. "muon": torch.optim.Muon on the hidden 2-D
+    # matrices (fc, attention, MLP) and AdamW on the rest (norms and the LM head: embedding-like
+    # rows never go to Muon), with train.muon's settings. Under DeepSpeed: ZeRO-2 only, through
+    # DeepSpeed's Muon set up to step as torch's (build.make_deepspeed_muon), and only with
+    # max_grad_norm: 0, as DeepSpeed clips the orthogonalised update (accelerator.py says why).
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon: MuonConfig = field(default_factory=MuonConfig)
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adam_eps: float = 1e-8
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float = 0.5  # 0 = no clip
+    # auto = bf16 autocast on CUDA, fp32 on CPU.
+    mixed_precision: Literal["auto", "no", "bf16"] = "auto"
+    # On CUDA, float32 matmuls (the exact-softmax attention and the KL over the vocabulary,
+    # kept in float32 under bf16 autocast) run on TF32 tensor cores: measured on an H200 they
+    # were ~75% of a step at fp32's 1/15 of bf16's rate. False = IEEE float32. No effect on CPU.
+    tf32: bool = True
+    # torch.compile each decoder layer (attention stays opaque: its own kernels) and the
+    # loss's chunk body. auto = on CUDA only (CPU: compilation costs more than it saves on
+    # short runs).
+    compile: Literal["auto", "always", "never"] = "auto"
+    # Activation checkpointing: each decoder layer recomputed in backward, per TTT step
+    # (recompute.py; also under train.compile): the same loss and gradients, bit for bit. Trades
+    # one more forward of the layer for its activations: at the Kimi draft shape 1.74 -> ~1.22 MB
+    # per token (bf16, 3 TTT steps: a ~67K -> ~96K-token sample per H200); on CPU at a tiny shape
+    # step time +19 % (32K tokens) to +68 % (4K). For samples longer than fit without it;
+    # recipes/kimi-k2.5/RESOURCES.md "Long samples".
+    recompute: bool = False
+    seed: int = 0
+    # A non-finite loss or gradient norm. "stop" (exit 3): nothing of the bad step is kept, the
+    # last checkpoint stands. "skip": that optimizer step leaves weights and optimizer state
+    # untouched (the batch is consumed, the LR schedule advances), a "skip" event with the
+    # batch's sample ids goes to metrics.jsonl, and the run stops (exit 3) only after
+    # `max_skips_in_row` skipped steps in a row. On CUDA the verdict reaches the fused AdamW
+    # on the device (its found_inf, as GradScaler uses it): no host sync; elsewhere it is read
+    # on the host before the step (free on CPU). Not under DeepSpeed, whose engine steps inside
+    # backward (refused at start).
+    on_non_finite: Literal["stop", "skip"] = "stop"
+    max_skips_in_row: int = 10
+    # Signals that ask the run to stop at the next optimizer step with a checkpoint (exit 5;
+    # rerun to resume exactly): SIGTERM is what Slurm and Kubernetes send before killing; add
+    # e.g. SIGUSR1 for Slurm's `--signal=USR1@120`. Under several processes the signal
+    # reaching any one rank stops all of them at the same step. [] = the default actions.
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM"])
+    # Several processes: a collective that waits longer than this for another rank fails, and
+    # the run stops (exit 8) naming it and the last checkpoint, instead of hanging (a dead or
+    # frozen rank, a lost node). Must exceed the longest time one rank works alone while the
+    # others wait (rank 0 writing an export or checkpoint). A rank killed outright is usually
+    # noticed at once (its connections close).
+    collective_timeout_s: float = 600.0
+    log_every: int = 10
+    save_every: int = 500  # optimizer steps between resumable checkpoints; 0 = epoch ends only
+    keep_checkpoints: int = 2
+    eval_every: int | None = None  # optimizer steps; validation also runs after every epoch
+    best_metric: str = "val/loss"
+    best_mode: Literal["min", "max"] = "min"
+    resume: str = "auto"  # auto (latest checkpoint under output_dir) | never | PATH
+    preflight: bool = True
+    # Full eagle3-schemas validation of every input (checksums of every row); turn off only
+    # for datasets too large to re-hash before each run.
+    validate_inputs: bool = True
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project_name: str = "eagle3-train"
+    torch_threads: int | None = None
+    progress_bar: bool = True

@@ -1,0 +1,196 @@
+"""Start from a published draft (``draft.init_from``): read it, check it fits this run, load it.
+
+Reads both layouts the export writes, which are the layouts public EAGLE-3 drafts use: the
+speculators ``eagle3`` config (Llama-style layer) and vLLM's native MLA config
+(``Eagle3DeepseekV2ForCausalLM``), weights in ``model.safetensors`` under vLLM's names (ours).
+Before any step the draft's architecture, hidden size, aux layer ids, target vocabulary and
+layer shapes are compared with this run's, and a mismatch is refused naming both sides.
+
+The draft vocabulary: when the draft's ``d2t`` differs from this run's vocabulary map the start
+is refused unless ``draft.remap_vocab``; then the LM-head rows of target tokens both
+vocabularies hold are carried over, the others keep the target's rows (the usual start), and
+the count is reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from eagle3_schemas.lineage import fingerprint_file, fingerprint_json
+from eagle3_train.model.arch import DraftArch
+
+MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+
+
+class InitFromError(ValueError):
+    """The starting draft cannot start this run."""
+
+
+@dataclass
+class InitDraft:
+    path: Path
+    architecture: str  # llama | mla
+    hidden_size: int
+    aux_layer_ids: list[int] | None
+    target_vocab_size: int
+    draft_vocab_size: int
+    num_layers: int
+    d2t: np.ndarray
+    # the norms of fc's input: each adds weights of its own (model/draft.py)
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+
+    @property
+    def target_ids(self) -> np.ndarray:
+        return np.arange(len(self.d2t), dtype=np.int64) + self.d2t
+
+
+def read_init_draft(path: str | Path) -> InitDraft:
+    """The starting draft's config and vocabulary (weights are read later, by ``load_into``)."""
+    path = Path(path)
+    config_file, weights = path / "config.json", path / "model.safetensors"
+    for f in (config_file, weights):
+        if not f.is_file():
+            raise InitFromError(
+                f"draft.init_from {path}: no {f.name}; expected a draft directory in the "
+                "speculators eagle3 or vLLM-native MLA layout (config.json + model.safetensors)"
+            )
+    cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    if cfg.get("speculators_model_type") == "eagle3":
+        layer = cfg.get("transformer_layer_config", {})
+        architecture = "llama"
+        aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+    elif MLA_ARCHITECTURE in (cfg.get("architectures") or []):
+        layer = cfg
+        architecture = "mla"
+        aux = cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get(
+            "eagle_aux_hidden_state_layer_ids"
+        )
+    else:
+        raise InitFromError(
+            f"draft.init_from {config_file}: neither speculators_model_type 'eagle3' nor "
+            f"architectures [{MLA_ARCHITECTURE!r}] (found {cfg.get('speculators_model_type')!r}, "
+            f"{cfg.get('architectures')!r})"
+        )
+    with safe_open(str(weights), "pt") as f:
+        if "d2t" not in f.keys():  # noqa: SIM118
+            raise InitFromError(
+                f"draft.init_from {weights}: no d2t tensor (vLLM would map draft ids onto the "
+                "first target ids); cannot tell which tokens its LM-head rows belong to"
+            )
+        d2t = f.get_tensor("d2t").numpy().astype(np.int64)
+    return InitDraft(
+        path=path,
+        architecture=architecture,
+        hidden_size=int(cfg.get("target_hidden_size") or layer["hidden_size"]),
+        aux_layer_ids=list(aux) if aux else None,
+        target_vocab_size=int(layer["vocab_size"]),
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or len(d2t)),
+        num_layers=int(layer.get("num_hidden_layers", 1)),
+        d2t=d2t,
+        norm_before_fc=bool(cfg.get("norm_before_fc", False)),
+        fc_norm=bool(cfg.get("fc_norm", False)),
+    )
+
+
+@functools.lru_cache(maxsize=4)  # every export records it: hash a large draft once per run
+def fingerprint_init_draft(path: str | Path) -> str:
+    """The starting draft's identity in the new draft's lineage: config and weight bytes."""
+    path = Path(path)
+    return fingerprint_json(
+        {
+            "config.json": fingerprint_file(path / "config.json"),
+            "model.safetensors": fingerprint_file(path / "model.safetensors"),
+        }
+    )
+
+
+def compatibility_problems(
+    init: InitDraft,
+    arch: DraftArch,
+    aux_layer_ids: list[int],
+    d2t: np.ndarray,
+    remap_vocab: bool,
+    where: str,
+) -> list[str]:
+    """Why ``init`` cannot start a run of ``arch`` on a dataset of ``aux_layer_ids`` with the
+    vocabulary map ``d2t`` (empty: it can). Each names both sides."""
+    src = f"draft.init_from {init.path}"
+    out = []
+    for what, theirs, ours in (
+        ("architecture", init.architecture, arch.architecture),
+        ("hidden size", init.hidden_size, arch.hidden_size),
+        ("target vocabulary size", init.target_vocab_size, arch.target_vocab_size),
+        ("decoder layers", init.num_layers, arch.num_layers),
+        ("norm_before_fc", init.norm_before_fc, arch.norm_before_fc),
+        ("fc_norm", init.fc_norm, arch.fc_norm),
+    ):
+        if theirs != ours:
+            out.append(f"{what}: {src} has {theirs}, this run ({where}) has {ours}")
+    if init.aux_layer_ids is not None and init.aux_layer_ids != list(aux_layer_ids):
+        out.append(
+            f"aux layer ids: {src} was fed layers {init.aux_layer_ids}, the hidden-state "
+            f"dataset ({where}) holds {list(aux_layer_ids)}"
+        )
+    same_vocab = len(init.d2t) == len(d2t) and np.array_equal(init.d2t, d2t)
+    if not same_vocab and not remap_vocab:
+        out.append(
+            f"draft vocabulary: {src} has {len(init.d2t)} tokens with another d2t than this "
+            f"run's vocabulary map ({len(d2t)} tokens, {where}); set draft.remap_vocab: true to "
+            "carry over the LM-head rows of the tokens both hold"
+        )
+    return out
+
+
+def load_into(model: torch.nn.Module, init: InitDraft, d2t: np.ndarray) -> dict[str, Any]:
+    """Copy the starting draft's weights into ``model`` (shapes checked name by name); the LM
+    head row by row through target ids when the vocabularies differ. Returns counts."""
+    own = dict(model.named_parameters())
+    weights = init.path / "model.safetensors"
+    carried = 0
+    loaded = []
+    with safe_open(str(weights), "pt") as f, torch.no_grad():
+        names = [n for n in f.keys() if n not in ("d2t", "t2d", "embed_tokens.weight")]  # noqa: SIM118
+        missing = sorted(n for n in own if n not in names and n != "lm_head.weight")
+        missing = [n for n in missing if own[n].requires_grad]
+        if missing:
+            raise InitFromError(f"draft.init_from {weights}: no tensor for {missing[:8]}")
+        for name in names:
+            if name not in own:
+                raise InitFromError(
+                    f"draft.init_from {weights}: tensor {name!r} has no place in this draft"
+                )
+            tensor = f.get_tensor(name)
+            if name == "lm_head.weight":
+                continue
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise InitFromError(
+                    f"draft.init_from {weights}: {name} is {list(tensor.shape)}, this draft's "
+                    f"is {list(own[name].shape)}"
+                )
+            own[name].copy_(tensor.to(own[name].dtype))
+            loaded.append(name)
+        head = f.get_tensor("lm_head.weight") if "lm_head.weight" in names else None
+    if head is not None:
+        ours = np.arange(len(d2t), dtype=np.int64) + d2t
+        row_of = {int(t): i for i, t in enumerate(init.target_ids)}
+        lm = own["lm_head.weight"]
+        with torch.no_grad():
+            for i, target_id in enumerate(ours.tolist()):
+                j = row_of.get(target_id)
+                if j is not None:
+                    lm[i].copy_(head[j].to(lm.dtype))
+                    carried += 1
+    return {
+        "tensors": len(loaded) + (head is not None),
+        "lm_head_rows_carried": carried,
+        "lm_head_rows_from_target": len(d2t) - carried,
+    }
