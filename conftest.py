@@ -16,11 +16,19 @@ tier they belonged to cannot be told, and a tier could otherwise lose tests unse
 test runs, a tier whose known prerequisite is missing (vllm: ``EAGLE3_VLLM_PYTHON``; tmpfs: a trial mount of
 a small tmpfs, which the full-disk tests need) stops the session as a usage error, so CI goes
 red in seconds rather than after the other tiers.
+
+The quick tier (``uv run pytest -m quick``, the inner loop) is every test outside the markers of
+``OUTSIDE_QUICK``: this file marks them ``quick`` at collection. A quick test that starts another
+process (a CLI run in its own interpreter, a vLLM engine, a launch, a DataLoader worker, a
+compiler) fails, naming the call, so the tier stays quick: such a test carries ``process`` (or
+its end-to-end marker) instead.
 """
 
 from __future__ import annotations
 
+import _posixsubprocess
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +47,73 @@ REQUIRE_ENV = "EAGLE3_REQUIRE_TIERS"
 # eval's single-draft run ask for it.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 MAX_REASONS = 5  # skip reasons shown per tier; the rest are counted
+
+# Tests of these markers start engines, launches, pipelines or other processes: not quick.
+OUTSIDE_QUICK = ("vllm", "distributed", "slow", "tmpfs", "process", "cuda_dry_run")
+# Every way this interpreter starts a process: subprocess (fork_exec or posix_spawn),
+# multiprocessing (fork, or fork_exec for spawn/forkserver), os.fork.
+PROCESS_STARTERS = (
+    (subprocess, "_fork_exec"),
+    (_posixsubprocess, "fork_exec"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+    (os, "fork"),
+)
+
+
+class QuickTestStartedAProcess(RuntimeError):
+    pass
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marker added here
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in OUTSIDE_QUICK):
+            item.add_marker("quick")
+
+
+def _refuse_processes(nodeid: str) -> Callable[[], None]:
+    """Make every process starter raise for the quick test ``nodeid``; returns the undo."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name in PROCESS_STARTERS]
+
+    def refuse(*_args, **_kwargs):
+        raise QuickTestStartedAProcess(
+            f"{nodeid} is in the quick tier but starts another process: mark it "
+            f"'process' (or its end-to-end marker: {', '.join(OUTSIDE_QUICK[:4])})"
+        )
+
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse)
+
+    def undo() -> None:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+    return undo
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    yield from _guarded(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    yield from _guarded(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    yield from _guarded(item)
+
+
+def _guarded(item: pytest.Item) -> Iterator[None]:
+    undo = _refuse_processes(item.nodeid) if item.get_closest_marker("quick") else None
+    try:
+        yield
+    finally:
+        if undo is not None:
+            undo()
 
 
 def vllm_python_problem() -> str | None:

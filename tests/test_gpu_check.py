@@ -27,6 +27,7 @@ def _gpu_check():
     return module
 
 
+@pytest.mark.process
 def test_the_plan_lists_the_parts_by_value_with_their_budgets_and_runs_nothing():
     gpu_check = _gpu_check()
     keys = [p.key for p in gpu_check.PARTS]
@@ -61,6 +62,7 @@ def test_the_plan_lists_the_parts_by_value_with_their_budgets_and_runs_nothing()
         ("attention", "timed out: the budget left (4 s) ran out"),
     ],
 )
+@pytest.mark.process
 def test_a_part_past_the_budget_left_is_killed_with_what_it_started(part, reason, monkeypatch):
     """A part given 4 s: its row says it timed out, and no process it started (pipeline
     stages, bench sides — orphans included, found by a mark in their environment) is left."""

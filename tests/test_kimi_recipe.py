@@ -357,6 +357,7 @@ def test_without_trust_transformers_would_tokenize_otherwise(standin: Path) -> N
 # ---- every stage of the recipe ----------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_each_stage_refuses_the_custom_code_without_the_flag(run: Run, tmp_path: Path) -> None:
     conversations = run.work / "train.c.parquet"
     out = tmp_path / "t.parquet"
@@ -416,6 +417,7 @@ def test_each_stage_refuses_the_custom_code_without_the_flag(run: Run, tmp_path:
     assert not out.exists() and not (tmp_path / "hs").exists() and not (tmp_path / "ev").exists()
 
 
+@pytest.mark.process
 def test_tokenize_and_vocab_at_kimis_vocabulary(run: Run) -> None:
     tokenized = passed(run, "tokenize train").summary()
     assert tokenized["written"] == len(TRAIN) and tokenized["rejected"] == {}
@@ -440,6 +442,7 @@ def test_tokenize_and_vocab_at_kimis_vocabulary(run: Run) -> None:
     assert tokenizer.decode(trained) == answer + "<|im_end|>"
 
 
+@pytest.mark.process
 def test_extract_with_the_recipes_flags_on_the_wrapper(run: Run) -> None:
     report = passed(run, "extract preflight").stdout
     assert "[error" not in report and "hooks see the pre-norm residual stream" in report
@@ -452,6 +455,7 @@ def test_extract_with_the_recipes_flags_on_the_wrapper(run: Run) -> None:
     assert header["lineage"]["trust_remote_code"] is True
 
 
+@pytest.mark.process
 def test_the_transformers_backend_refuses_int4_experts_before_loading(
     run: Run, tmp_path: Path
 ) -> None:
@@ -485,6 +489,7 @@ def test_the_transformers_backend_refuses_int4_experts_before_loading(
     assert "--backend vllm" in outcome.log and not (tmp_path / "hs").exists()
 
 
+@pytest.mark.process
 def test_train_and_export_at_kimis_vocabulary(run: Run) -> None:
     passed(run, "train")
     draft = run.work / "train" / "draft"
@@ -498,6 +503,7 @@ def test_train_and_export_at_kimis_vocabulary(run: Run) -> None:
         assert f.get_slice("lm_head.weight").get_shape()[0] == DRAFT_VOCAB
 
 
+@pytest.mark.process
 def test_a_stream_at_kimis_shape_trains_the_offline_draft(run: Run) -> None:
     """recipes/STREAMING.md at Kimi's shape (fp8 states and scales, the remote-code tokenizer
     in the lineage, the 163,840-token target head), here one command after the other: the
@@ -527,6 +533,7 @@ def test_a_stream_at_kimis_shape_trains_the_offline_draft(run: Run) -> None:
         assert torch.equal(value, drafts["offline"][key]), key
 
 
+@pytest.mark.process
 def test_eval_reference_and_offline_run_the_trained_draft(run: Run) -> None:
     """The recipe's evaluation of the trained draft runs, losslessly (whether it accepts
     anything is the predictable pair's question, below)."""
@@ -688,6 +695,7 @@ def _all_accepted(report: dict) -> None:
     assert report["per_position_acceptance"] == [1.0, 1.0, 1.0], report
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("arch", ["llama", "mla"])
 def test_the_reference_accepts_a_predictable_draft_through_its_draft_vocabulary(
     predictable: Predictable, arch: str
@@ -703,6 +711,7 @@ def test_the_reference_accepts_a_predictable_draft_through_its_draft_vocabulary(
     assert outputs and all(ids and set(ids) == {predictable.token} for ids in outputs)
 
 
+@pytest.mark.process
 def test_offline_accepts_a_predictable_draft_through_its_draft_vocabulary(
     predictable: Predictable,
 ) -> None:
@@ -745,6 +754,7 @@ def _int4_weight_bytes(config: dict) -> float:
     return 2 * bf16_params + int4_params * (4 / 8 + 2 / 32)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("gpu_gib", "level"), [("141", "ok"), ("80", "warning")])
 def test_plan_on_the_real_config(tmp_path: Path, gpu_gib: str, level: str) -> None:
     """The recipe's sizes on Kimi-K2.5's config.json: 100k conversations x 2,000 tokens are
@@ -842,6 +852,7 @@ def test_plan_refuses_a_layout_the_model_does_not_divide_into(tmp_path: Path) ->
     assert "64 attention heads do not split over tensor_parallel_size 6" in outcome.stdout
 
 
+@pytest.mark.process
 def test_the_recipe_files_agree(tmp_path: Path) -> None:
     f = flags()
     assert recipe_targets.recipe_aux_layer_ids(RECIPE) == [2, 30, 58]

@@ -42,6 +42,9 @@ from support import recipe_standins, recipes
 from support.recipes import recipe_targets
 from support.stage_cli import Outcome, run_cli, run_train_cli
 
+# Most tests here run the stages' CLIs in their own interpreters.
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ["llama-3.1-8b", "qwen3-8b"]
 # Knobs of flags.sh that size the run for this machine; every flag stays the recipe's.

@@ -126,6 +126,7 @@ def test_full_disk(tmp_path):
 """
 
 
+@pytest.mark.process
 def test_a_machine_that_cannot_mount_a_tmpfs_fails_the_tmpfs_tier_before_any_test(
     tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # each test runs uv or a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["eagle3-data", "eagle3-extract", "eagle3-train", "eagle3-eval"]
 

@@ -231,6 +231,7 @@ def test_persistent_failure_is_not_published_and_a_rerun_resumes(
     assert pq.read_table(tmp_path / "regen.parquet").num_rows == 5
 
 
+@pytest.mark.process
 def test_kill_9_mid_run_then_rerun_completes_without_duplicates(
     endpoint, tmp_path: Path, write_conversations
 ) -> None:
@@ -318,6 +319,7 @@ def test_a_conversation_longer_than_the_served_context_is_rejected_not_retried_f
     assert [r["reason"].split(":")[0] for r in rejected] == ["too_long"]
 
 
+@pytest.mark.process
 def test_sigterm_keeps_every_answer_received_and_the_rerun_asks_nothing_twice(
     endpoint, tmp_path: Path, write_conversations
 ) -> None:

@@ -158,6 +158,7 @@ def test_run_truncates_keeping_the_prefix_and_rejects_samples_left_without_answe
     }
 
 
+@pytest.mark.process
 def test_parallel_workers_write_the_same_rows_in_the_same_order(
     qwen3_tokenizer_dir: Path, tmp_path: Path, write_conversations
 ) -> None:

@@ -109,6 +109,7 @@ def test_untrained_draft_scores_about_one(tmp_path: Path, tiny_target: Path) -> 
 # ---- the trained draft -----------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_asset_cache_key_is_the_content_of_what_builds_the_assets(tiny_target: Path) -> None:
     """No hand-bumped version: the key hashes the target, the builder, the eval and schemas
     modules it imports (followed through their sources), the schema files, and the settings;

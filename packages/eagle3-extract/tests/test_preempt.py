@@ -26,6 +26,7 @@ from support import fixtures
 LENGTHS = tuple(3 + (7 * i) % 23 for i in range(40))
 
 
+@pytest.mark.process
 def test_sigterm_seals_the_shard_in_flight_and_the_rerun_resumes(
     llama_target: Path, tmp_path: Path
 ) -> None:

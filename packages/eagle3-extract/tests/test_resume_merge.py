@@ -48,6 +48,7 @@ def _assert_complete(out: Path, tokenized: Path) -> None:
     assert read_header(out).fields["answers"] == read_header(tokenized).fields["answers"]
 
 
+@pytest.mark.process
 def test_kill_9_at_a_random_point_then_rerun_completes(llama_target: Path, tmp_path: Path) -> None:
     tokenized = fixtures.tokenized(tmp_path / "t.parquet", lengths=LENGTHS)
     out = tmp_path / "ds"

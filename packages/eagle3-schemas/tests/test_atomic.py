@@ -58,6 +58,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_kill_9_during_a_write_leaves_no_file_that_validates(tmp_path: Path) -> None:
     final = tmp_path / "vocab_map.safetensors"
     command = [sys.executable, "-c", WRITER, str(final)]

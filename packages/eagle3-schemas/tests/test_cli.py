@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from eagle3_schemas.cli import main
 
 from support.edits import rewrite_tensors
@@ -24,6 +26,7 @@ def test_validate_clean_and_corrupt(tmp_path: Path, capsys) -> None:
     assert f"{bad}: tensor t2d: missing (expected BOOL ['V_target'])" in out
 
 
+@pytest.mark.process
 def test_console_script_runs_as_a_module(tmp_path: Path) -> None:
     path = build("draft_checkpoint", tmp_path)
     done = subprocess.run(

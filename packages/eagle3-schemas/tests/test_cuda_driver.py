@@ -61,6 +61,7 @@ def test_nothing_to_compare_without_a_driver_or_with_a_cpu_torch():
     assert driver_verdict((13, 0), None) is None
 
 
+@pytest.mark.process
 def test_this_machine_is_read_without_importing_torch():
     """What the stages see here: the installed torch's CUDA release read from its files (equal
     to what torch says once imported), the driver from libcuda (None on a machine without)."""

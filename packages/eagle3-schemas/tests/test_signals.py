@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from eagle3_schemas.signals import StopSignals
 
 
@@ -44,6 +46,7 @@ def test_install_records_the_signal_and_uninstall_restores_the_previous_handler(
         signal.signal(signal.SIGUSR1, previous)
 
 
+@pytest.mark.process
 def test_a_second_signal_of_the_same_kind_stops_now():
     script = (
         "import os, signal\n"

@@ -298,6 +298,7 @@ def _same_draft(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.process
 def test_sigterm_checkpoints_at_the_step_and_the_rerun_resumes_bit_equal(tmp_path):
     inputs = make_inputs(tmp_path / "inputs", num_samples=48)
     train = {"max_steps": 40, "epochs": 10, "save_every": 0, "log_every": 1}
@@ -673,6 +674,7 @@ def test_a_corrupt_sample_on_one_rank_stops_every_rank_with_its_status_naming_th
     assert "an earlier attempt" not in texts[peer]
 
 
+@pytest.mark.process
 def test_the_watchdog_ends_a_process_stuck_past_the_timeout_and_not_a_paused_one():
     """A process whose main thread is stuck (here: sleeping) after its first micro-batch ends
     with the watchdog's status and message; time spent paused (a checkpoint) does not count."""

@@ -134,6 +134,7 @@ def _one_step(opt: torch.optim.Optimizer, model: Eagle3Draft, grads: dict[str, t
     opt.step()
 
 
+@pytest.mark.process
 def test_deepspeed_muon_steps_as_torch_muon_and_the_lr_ratio_is_what_makes_it(monkeypatch):
     """make_deepspeed_muon's groups (DeepSpeed's MuonWithAuxAdam; outside ZeRO it orthogonalises
     each whole matrix itself, the same muon_update ZeRO calls) against make_muon, one step on the

@@ -90,6 +90,7 @@ def test_mismatched_hidden_size_is_refused(tmp_path):
     ), errors
 
 
+@pytest.mark.process
 def test_cli_preflight_stops_in_seconds_with_both_sides(tmp_path):
     wrong = make_inputs(tmp_path / "wrong", aux_layer_ids=(0, 2, 4))
     config = write_config(wrong, tmp_path / "run")

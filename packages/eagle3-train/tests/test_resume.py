@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from support.train import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 
 STEPS, SAVE, KILL_AFTER = 12, 4, 4
@@ -24,6 +26,7 @@ def _losses(run_dir) -> dict[int, float]:
     return out
 
 
+@pytest.mark.process
 def test_kill_9_then_resume_reproduces_the_uninterrupted_losses(tmp_path):
     inputs = make_inputs(tmp_path / "inputs", num_samples=48, min_len=48, max_len=160, hidden=32)
     sections = dict(
