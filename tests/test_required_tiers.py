@@ -159,3 +159,46 @@ def test_the_tmpfs_tier_runs_where_a_tmpfs_mounts(
     result = tree.runpytest("test_disk.py")
     assert result.ret == 0
     result.assert_outcomes(passed=1)
+
+
+QUICK_TESTS = """
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import pytest
+
+def test_plain(): pass
+
+def test_runs_a_cli(): subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+def test_spawns_a_worker():
+    worker = multiprocessing.get_context("spawn").Process(target=print)
+    worker.start()
+    worker.join()
+
+def test_forks():
+    if os.fork() == 0:
+        os._exit(0)
+
+@pytest.mark.process
+def test_marked(): pass
+
+@pytest.mark.vllm
+def test_engine(): pass
+"""
+
+
+def test_the_quick_tier_selects_unmarked_tests_and_fails_one_that_starts_a_process(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makeini(INI + "    process: starts a process\n    quick: the quick tier\n")
+    pytester.makepyfile(test_quick=QUICK_TESTS)
+    result = pytester.runpytest("-m", "quick")
+    result.assert_outcomes(passed=1, failed=3, deselected=2)
+    for name in ("test_runs_a_cli", "test_spawns_a_worker", "test_forks"):
+        result.stdout.fnmatch_lines(
+            [f"*test_quick.py::{name} is in the quick tier but starts another process*"]
+        )
