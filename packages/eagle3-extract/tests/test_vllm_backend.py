@@ -210,3 +210,40 @@ def test_mla_moe_target_matches_transformers_at_every_position(mla_capture: MlaC
     tolerance = default_tolerance("float32", "float32")
     assert m.report.ok, m.report.render()
     assert float(rest.max()) <= tolerance, rest.amax(0).tolist()
+
+
+STEPPER_PROBE = """
+import json
+from vllm.v1.engine import core_client, llm_engine
+from eagle3_extract.backends.vllm_backend import _stepper_findings
+
+def messages():
+    return [f.message for f in _stepper_findings()]
+
+found = {"installed": messages()}
+step = llm_engine.LLMEngine.step
+llm_engine.LLMEngine.step = lambda self, timeout: step(self)  # a step that now wants an argument
+found["step_changed"] = messages()
+llm_engine.LLMEngine.step = step
+del core_client.InprocClient  # the in-process client renamed away
+found["client_gone"] = messages()
+print(json.dumps(found))
+"""
+
+
+def test_preflight_names_a_change_of_the_engine_api_the_in_process_stepper_uses() -> None:
+    """introspect() pins what the driver's in-process stepper calls: the installed vLLM passes,
+    and a renamed client or a changed ``step`` is an error naming it (not a 600 s timeout)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, SRC_PATHS))}
+    result = subprocess.run(
+        [str(VLLM_PYTHON), "-c", STEPPER_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["installed"] == []
+    assert found["step_changed"] == ["LLMEngine.step['self', 'timeout'], expected ['self']"]
+    assert found["client_gone"] == ["vllm.v1.engine.core_client has no class InprocClient"]

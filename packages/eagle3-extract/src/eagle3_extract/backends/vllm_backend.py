@@ -444,6 +444,7 @@ def introspect() -> list[Finding]:
             findings.append(
                 Finding("error", "vllm connector API", f"{cls.__name__} no longer sets {attribute}")
             )
+    findings += _stepper_findings()
     if "kv_connector_module_path" not in getattr(KVTransferConfig, "__dataclass_fields__", {}):
         findings.append(
             Finding("error", "vllm", "KVTransferConfig has no kv_connector_module_path")
@@ -453,6 +454,25 @@ def introspect() -> list[Finding]:
             Finding("ok", "vllm connector API", "hidden-states connector interface as expected")
         )
     return findings
+
+
+def _stepper_findings() -> list[Finding]:
+    """What ``_engine_stepper`` relies on: an in-process core is an ``InprocClient`` held as
+    ``LLMEngine.engine_core``, and ``LLMEngine.step()`` takes no argument. Were either renamed,
+    an in-process run would time out waiting for its first shard instead of failing here."""
+    from vllm.v1.engine import core_client, llm_engine
+
+    problems = []
+    if not isinstance(getattr(core_client, "InprocClient", None), type):
+        problems.append("vllm.v1.engine.core_client has no class InprocClient")
+    engine = llm_engine.LLMEngine
+    step = getattr(engine, "step", None)
+    params = list(inspect.signature(step).parameters) if step else None
+    if params != ["self"]:
+        problems.append(f"LLMEngine.step{params}, expected ['self']")
+    if "self.engine_core" not in inspect.getsource(engine.__init__):
+        problems.append("LLMEngine.__init__ no longer sets self.engine_core")
+    return [Finding("error", "vllm engine API", p) for p in problems]
 
 
 # vLLM's DeepseekV2/V3 model (DeepSeek-V3, Kimi-K2.x) adds ``hidden_states + residual`` for an
