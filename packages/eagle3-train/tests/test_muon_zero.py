@@ -3,9 +3,14 @@ DeepSpeed's own Muon, set up by build.make_deepspeed_muon, steps as torch.optim.
 process with gradient accumulation 2 (rank r of 2 reads batches r, r+2, ...; the single process
 accumulates the same pairs), and a ZeRO-2 run saved and resumed continues exactly.
 
-Neither side clips: DeepSpeed's clip covers the orthogonalised update, torch's the gradient
-(refused under DeepSpeed, accelerator.py), so the single process runs with a max_grad_norm its
-gradients never reach (asserted) and ZeRO-2 with 0 (DeepSpeed's clip off).
+Twice: unclipped (the single process runs with a max_grad_norm its gradients never reach,
+asserted; ZeRO-2 with 0), and with train.max_grad_norm CLIP active, where the single process
+clips the gradient before torch's Muon and ZeRO-2 clips it before DeepSpeed's Newton–Schulz
+(components/zero_clip.py). Negative control: the clip left out under ZeRO-2 fails the momentum
+comparison below. Planted once each and caught: zero_clip clipping after Newton–Schulz (momentum
+13-28 % off, 5 matrices' weights beyond tolerance), and DeepSpeed's own gradient_clipping in
+its place (which clips the orthogonalised update: here never, as its norm stays below CLIP, so
+it fails as the control does).
 
 The tolerance. The one difference left in the rule is Newton–Schulz's rounding: both run the
 same quintic iteration in bf16, but torch fuses ``b·A + c·A·A`` and ``a·X + B·X`` into addmm
@@ -19,6 +24,13 @@ feed back into later gradients: tolerance = 2·STEPS·lr·0.2·sqrt(max side)·�
 AdamW's tensors (norms, LM head) step by torch's AdamW on both sides and differ only through that
 feedback from the Muon matrices: none may differ by more than the largest Muon tolerance (a
 stated bound, not a derived one).
+
+The clip shows in the weights only as far as its factor changes from step to step (Newton–Schulz
+and AdamW undo a constant one), well inside that tolerance here, but it shows whole in Muon's
+momentum, the sum of the clipped gradients: with the clip, each Muon matrix's momentum after
+STEPS steps is the single process's within MOMENTUM_BOUND (relative, Frobenius; measured
+0.2-1.0 %), and without it 12-18 % off (the single process's own clipped against unclipped
+momentum: 12-18 %). MOMENTUM_BOUND is a stated bound between the two.
 """
 
 from __future__ import annotations
@@ -44,6 +56,11 @@ LR = 5e-3
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 RESCALE = (0.97, 1.01, 1.03)
 NEVER_REACHED = 1e6  # a max_grad_norm no gradient here comes near: torch's side never clips
+# Below most of these steps' gradient norms (measured unclipped: 333, 333, 311, 276, 244, 243),
+# so that the clip's factor changes from step to step: a constant factor would barely show
+# (Muon's Newton–Schulz and AdamW both undo a constant scale of the gradient)
+CLIP = 250.0
+MOMENTUM_BOUND = 0.03
 
 
 def _train(settings: dict) -> dict:
@@ -77,8 +94,28 @@ def _records(run: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r.get("event") == "train"]
 
 
-def _launch(inputs, run: Path, max_steps: int = STEPS, script: Path | None = None) -> None:
-    config = write_config(inputs, run, train=_train({"max_steps": max_steps, "max_grad_norm": 0}))
+@pytest.fixture(scope="module")
+def clipped(setup):
+    """The single process with the clip active (torch's clip_grad_norm_, then torch's Muon)."""
+    inputs, root = setup
+    single = root / "single_clipped"
+    train = _train({"gradient_accumulation_steps": 2, "max_grad_norm": CLIP})
+    result = run_cli(["--config", str(write_config(inputs, single, train=train))])
+    assert result.returncode == 0, result.stderr[-3000:]
+    norms = [r["grad_norm"] for r in _records(single)]
+    assert sum(n > CLIP for n in norms) >= STEPS // 2, norms  # the clip really acts
+    return single
+
+
+def _launch(
+    inputs,
+    run: Path,
+    max_steps: int = STEPS,
+    script: Path | None = None,
+    max_grad_norm: float = 0,
+) -> None:
+    train = _train({"max_steps": max_steps, "max_grad_norm": max_grad_norm})
+    config = write_config(inputs, run, train=train)
     env = env_for_subprocess()
     env["DS_ACCELERATOR"] = "cpu"
     program = [str(script)] if script else ["-m", "eagle3_train"]
@@ -155,6 +192,92 @@ def test_zero2_muon_steps_as_torch_muon_in_one_process(setup):
     first = [_records(r)[0]["loss"] for r in (run, single)]
     assert first[0] == pytest.approx(first[1], rel=1e-6)
     _assert_steps_as_torch(run, single)
+    _assert_momentum_as_torch(run, single)
+
+
+def test_zero2_muon_clips_before_newton_schulz_as_torch_muon_in_one_process(setup, clipped):
+    """train.max_grad_norm under ZeRO-2 with Muon: the global norm over both ranks'
+    partitions, the gradient clipped before Newton–Schulz, as the single process does."""
+    inputs, root = setup
+    run = root / "zero2_clipped"
+    _launch(inputs, run, max_grad_norm=CLIP)
+    ours, theirs = _records(run), _records(clipped)
+    # the same weights and data before the first step: the same gradient norm reported
+    # (the norm before the clip, not DeepSpeed's norm of the orthogonalised update)
+    assert ours[0]["grad_norm"] == pytest.approx(theirs[0]["grad_norm"], rel=1e-5)
+    _assert_steps_as_torch(run, clipped)
+    _assert_momentum_as_torch(run, clipped)
+
+
+def _momentum_pairs(run: Path, single: Path) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(matrix, ZeRO-2's momentum, the single process's) for every Muon matrix in a ZeRO-2
+    rank's partition after STEPS steps. ZeRO-2 keeps one flat buffer per Muon group (one group
+    per shape, in muon_split's order: build.make_deepspeed_muon) of the whole matrices in the
+    rank's partition: rank 0's are the first of the group, rank 1's the last."""
+    saved = torch.load(single / "checkpoints" / f"step-{STEPS:08d}" / "optimizer.bin")
+    theirs = [saved["state"][i]["momentum_buffer"] for i in saved["param_groups"][0]["params"]]
+    by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for m in theirs:
+        by_shape.setdefault(tuple(m.shape), []).append(m)
+    files = sorted((run / "checkpoints" / f"step-{STEPS:08d}").rglob("*optim_states.pt"))
+    assert len(files) == 2, files
+    pairs = []
+    for rank, f in enumerate(files):
+        ours = _momentum(torch.load(f, weights_only=False))
+        assert len(ours) == len(by_shape), (f, len(ours), list(by_shape))
+        for flat, (shape, matrices) in zip(ours, by_shape.items(), strict=True):
+            chunks = flat.view(-1, *shape)
+            first = 0 if rank == 0 else len(matrices) - len(chunks)
+            for j, chunk in enumerate(chunks):
+                pairs.append((f"{shape}#{first + j}", chunk, matrices[first + j]))
+    return pairs
+
+
+def _momentum_differences(run: Path, single: Path) -> list[tuple[str, float]]:
+    return [
+        (name, float((ours.float() - theirs.float()).norm() / theirs.float().norm()))
+        for name, ours, theirs in _momentum_pairs(run, single)
+    ]
+
+
+def _assert_momentum_as_torch(run: Path, single: Path) -> None:
+    report, beyond = [], []
+    for name, rel in _momentum_differences(run, single):
+        report.append(f"{name}: {rel:.4f}")
+        if rel > MOMENTUM_BOUND:
+            beyond.append(report[-1])
+    print(f"{run.name} vs torch Muon, momentum relative difference:", *report, sep="\n  ")
+    assert not beyond, f"{run.name}: Muon momentum differs beyond {MOMENTUM_BOUND}: {beyond}"
+
+
+def _planted(tmp_path: Path, install: str) -> Path:
+    """A trainer whose zero_clip.install is replaced by ``install`` (a lambda's source)."""
+    script = tmp_path / "planted.py"
+    script.write_text(
+        "import sys\n"
+        "from eagle3_train.components import zero_clip\n"
+        f"zero_clip.install = {install}\n"
+        "from eagle3_train.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    return script
+
+
+def test_zero2_muon_without_the_clip_is_caught(setup, clipped, tmp_path):
+    """Negative control: the clip left out under ZeRO-2 (train.max_grad_norm set, nothing
+    installed): the comparison with the clipped single process fails."""
+    inputs, root = setup
+    run = root / "zero2_unclipped_control"
+    _launch(
+        inputs,
+        run,
+        script=_planted(tmp_path, "lambda zero, max_norm: None"),
+        max_grad_norm=CLIP,
+    )
+    with pytest.raises(AssertionError) as failure:
+        _assert_momentum_as_torch(run, clipped)
+    print(failure.value)
+    assert all(rel > MOMENTUM_BOUND for _, rel in _momentum_differences(run, clipped))
 
 
 def test_keller_scale_left_in_place_is_caught(setup, tmp_path):

@@ -176,7 +176,7 @@ def test_deepspeed_muon_steps_as_torch_muon_and_the_lr_ratio_is_what_makes_it(mo
 
 
 def test_max_grad_norm_0_is_no_clip(tmp_path, in_process):
-    """train.max_grad_norm: 0 (what Muon under DeepSpeed asks for) trains as a clip never reached
+    """train.max_grad_norm: 0 (no clip) trains as a clip never reached
     does, bit for bit; torch's clip_grad_norm_ with 0 would have zeroed every gradient."""
     inputs = make_inputs(tmp_path / "inputs", num_samples=12)
     weights = {}

@@ -11,14 +11,22 @@ import yaml
 
 from eagle3_schemas.safetensors_format import read_safetensors
 from eagle3_schemas.validate import validate
+from eagle3_train.components import zero_clip
 from eagle3_train.components.accelerator import DEEPSPEED_REFUSED, ZeroLaunch
 from eagle3_train.components.checkpoint import Checkpoints
 from eagle3_train.config.run_config import load_config
 from eagle3_train.data.inputs import load_inputs, resolve_arch
 from eagle3_train.preflight import run_preflight
+from eagle3_train.preflight.environment import check_interfaces
 
 from support.synthetic_states import fake_fingerprint
-from support.train import make_inputs, run_cli, write_config, write_vocab_map_from_counts
+from support.train import (
+    make_inputs,
+    run_cli,
+    small_arch,
+    write_config,
+    write_vocab_map_from_counts,
+)
 
 
 def _errors(inputs, tmp_path, **sections):
@@ -287,7 +295,6 @@ DEEPSPEED_REFUSED_CASES = {
         MUON,
         {"ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"},
     ),
-    "train.optimizer: muon with train.max_grad_norm > 0": ({"optimizer": "muon"}, {}),
     "train.optimizer: muon with train.muon.ns_steps other than 5": (
         {**MUON, "muon": {"ns_steps": 6}},
         {},
@@ -317,6 +324,41 @@ def test_a_setting_deepspeed_cannot_run_is_refused_at_start(
     assert f"{setting} is not available under DeepSpeed ({why})" in caplog.text
     assert caplog.text.count("is not available under DeepSpeed") == 1, caplog.text
     assert not (tmp_path / "run").exists()
+
+
+def test_muon_clip_under_zero2_pins_the_deepspeed_internals_it_relies_on(monkeypatch):
+    """train.optimizer: muon with train.max_grad_norm under DeepSpeed clips before Newton–Schulz
+    through DeepSpeed internals (components/zero_clip.py): with the DeepSpeed installed here
+    nothing is missing; a DeepSpeed that renamed or moved one is a preflight error naming it,
+    and install() refuses it (a run with preflight off). Planted: each of three changes."""
+    from deepspeed.runtime.zero import stage_1_and_2
+    from deepspeed.runtime.zero.muon import original_muon
+
+    arch = small_arch()
+    assert zero_clip.contract_problems() == []
+    assert not [f for f in check_interfaces(arch, True, False, True) if f.level == "error"]
+
+    def no_longer_imports(self, *args, **kwargs):  # a get_flat_partition of another version
+        return None
+
+    plants = {
+        "muon_update is missing": lambda m: m.delattr(original_muon, "muon_update"),
+        "binds muon_update at import time": lambda m: m.setattr(
+            stage_1_and_2, "muon_update", original_muon.muon_update, raising=False
+        ),
+        "DeepSpeedZeroOptimizer.get_flat_partition no longer runs": lambda m: m.setattr(
+            stage_1_and_2.DeepSpeedZeroOptimizer, "get_flat_partition", no_longer_imports
+        ),
+    }
+    for expected, plant in plants.items():
+        with monkeypatch.context() as m:
+            plant(m)
+            (problem,) = zero_clip.contract_problems()
+            assert expected in problem and "deepspeed " in problem, problem
+            errors = [str(f) for f in check_interfaces(arch, True, False, True)]
+            assert any(expected in e and "train.max_grad_norm" in e for e in errors), errors
+            with pytest.raises(zero_clip.ZeroClipError, match=expected):
+                zero_clip.install(object(), 0.5)
 
 
 def test_the_zero_stage_and_offload_are_read_from_a_deepspeed_config_file(tmp_path, monkeypatch):

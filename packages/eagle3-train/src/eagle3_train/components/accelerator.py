@@ -69,15 +69,6 @@ DEEPSPEED_REFUSED: list[tuple[str, Callable[[TrainLoopConfig, ZeroLaunch], bool]
         "(stage_1_and_2.py _apply_muon_updates_cpu_offload), not compared; use zero2.yaml",
     ),
     (
-        "train.optimizer: muon with train.max_grad_norm > 0",
-        lambda t, z: t.optimizer == "muon" and t.max_grad_norm > 0,
-        "DeepSpeed clips after Newton–Schulz: its norm covers the orthogonalised updates "
-        "(stage_1_and_2.py step()), not the gradients that torch's Muon path clips, so any clip "
-        "is another rule, and one of 0.5 shortens every Muon step (an orthogonalised matrix's "
-        "norm is about the square root of its smaller side); set train.max_grad_norm: 0 (no "
-        "clip) or launch without DeepSpeed",
-    ),
-    (
         "train.optimizer: muon with train.muon.ns_steps other than 5",
         lambda t, z: t.optimizer == "muon" and t.muon.ns_steps != 5,
         "ZeRO calls DeepSpeed's muon_update without ns_steps, which then runs 5",
@@ -153,7 +144,9 @@ def make_accelerator(config: Config, with_trackers: bool = True):
         ds = plugin.deepspeed_config
         ds["train_micro_batch_size_per_gpu"] = 1  # one packed sequence per micro-batch
         ds["gradient_accumulation_steps"] = t.gradient_accumulation_steps
-        ds["gradient_clipping"] = t.max_grad_norm
+        # Muon clips before Newton–Schulz (components/zero_clip.py, installed by run/setup.py):
+        # DeepSpeed's own clip would clip the orthogonalised update, after it
+        ds["gradient_clipping"] = 0.0 if t.optimizer == "muon" else t.max_grad_norm
         ds.setdefault("zero_optimization", {})
         # exports gather the full weights on rank 0
         ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True

@@ -65,8 +65,8 @@ class TrainLoopConfig:
     # "adamw": AdamW on every trained tensor. "muon": torch.optim.Muon on the hidden 2-D
     # matrices (fc, attention, MLP) and AdamW on the rest (norms and the LM head: embedding-like
     # rows never go to Muon), with train.muon's settings. Under DeepSpeed: ZeRO-2 only, through
-    # DeepSpeed's Muon set up to step as torch's (build.make_deepspeed_muon), and only with
-    # max_grad_norm: 0, as DeepSpeed clips the orthogonalised update (accelerator.py says why).
+    # DeepSpeed's Muon set up to step as torch's (build.make_deepspeed_muon), max_grad_norm
+    # clipping the gradient before Newton–Schulz as here (components/zero_clip.py).
     optimizer: Literal["adamw", "muon"] = "adamw"
     muon: MuonConfig = field(default_factory=MuonConfig)
     weight_decay: float = 0.0

@@ -61,7 +61,8 @@ def run_preflight(
     report.findings += check_resume(inputs, arch, resume_from)
     report.findings += check_init_from(inputs, arch)
     report.findings += check_cuda_driver()
-    report.findings += check_interfaces(arch, plugin is not None, offload)
+    muon_clip = cfg.train.optimizer == "muon" and cfg.train.max_grad_norm > 0
+    report.findings += check_interfaces(arch, plugin is not None, offload, muon_clip)
     if full and not report.errors:
         device = accelerator.device if accelerator is not None else torch.device("cpu")
         mixed = getattr(accelerator, "mixed_precision", "no") if accelerator else "no"

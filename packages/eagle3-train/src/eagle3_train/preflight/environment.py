@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.components import zero_clip
 from eagle3_train.model.arch import DraftArch
 from eagle3_train.preflight.report import Finding, ok
 
@@ -20,7 +21,13 @@ def _params(fn: Callable[..., Any]) -> set[str]:
     return set(inspect.signature(fn).parameters)
 
 
-def check_interfaces(arch: DraftArch, deepspeed: bool, offload: bool) -> list[Finding]:
+def check_interfaces(
+    arch: DraftArch, deepspeed: bool, offload: bool, muon_clip: bool = False
+) -> list[Finding]:
+    """The APIs this run calls, present. ``muon_clip``: Muon with train.max_grad_norm under
+    DeepSpeed, whose clip before Newton–Schulz relies on DeepSpeed internals
+    (components/zero_clip.py contract_problems): a DeepSpeed that renamed them is an error here,
+    before the run."""
     import accelerate
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
@@ -101,6 +108,9 @@ def check_interfaces(arch: DraftArch, deepspeed: bool, offload: bool) -> list[Fi
                     "adamw_mode" in _params(DeepSpeedCPUAdam.__init__),
                     "DeepSpeedCPUAdam lacks adamw_mode",
                 )
+            if muon_clip:
+                for problem in zero_clip.contract_problems():
+                    need(False, f"train.optimizer: muon with train.max_grad_norm: {problem}")
         except ImportError as e:
             need(
                 False,

@@ -13,6 +13,7 @@ import torch
 
 from eagle3_schemas.jsonl import truncate_torn_tail
 from eagle3_schemas.stream import CONSUMER_STOPPED
+from eagle3_train.components import zero_clip
 from eagle3_train.components.accelerator import agree_on_failure
 from eagle3_train.components.build import build_model, lr_lambda, make_optimizer, speed_up
 from eagle3_train.components.checkpoint import RUN_CONFIG_FILE, Checkpoints, TrainerState
@@ -150,6 +151,9 @@ def set_up_run(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config, total_steps))
     # The scheduler stays outside prepare(): Accelerate would step it once per process.
     model, optimizer = accelerator.prepare(model, optimizer)
+    if t.optimizer == "muon" and t.max_grad_norm > 0 and accelerator.state.deepspeed_plugin:
+        # the clip before Newton–Schulz, on this run's ZeRO-2 optimizer only (zero_clip.py)
+        zero_clip.install(optimizer.optimizer, t.max_grad_norm)
 
     checkpoints = Checkpoints.of(config)
     state = TrainerState(world_size=world, lineage=checkpoint_lineage(inputs) if main else {})
