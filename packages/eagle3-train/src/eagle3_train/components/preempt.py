@@ -40,9 +40,8 @@ class Preemption:
         world = self.accelerator.num_processes
         if world == 1:
             return self.signals.requested
-        flag = torch.tensor(
-            [1.0 if self.signals.requested else 0.0], device=self.accelerator.device
-        )
+        # made on the device: torch.tensor([...], device=cuda) is a blocking host-to-device copy
+        flag = torch.full((1,), float(self.signals.requested), device=self.accelerator.device)
         flag = self.accelerator.reduce(flag, reduction="sum")
         if flag.is_cuda:
             host = torch.empty(1, pin_memory=True)

@@ -81,7 +81,10 @@ def mm_f32(a: Tensor, b: Tensor, accumulate: Tensor | None = None) -> Tensor:
             f32 = torch.float32
             if accumulate is None:
                 return (torch.bmm if batched else torch.mm)(a, b, out_dtype=f32)
-            return (torch.baddbmm if batched else torch.addmm)(accumulate, a, b, out_dtype=f32)
+            if batched:  # not baddbmm: its out_dtype overload's decomposition multiplies by the
+                # dtype (torch 2.14), failing under torch.compile and fake tensors alike
+                return torch.bmm(a, b, out_dtype=f32).add_(accumulate)
+            return torch.addmm(accumulate, a, b, out_dtype=f32)
         with torch.profiler.record_function(MM_F32_EMULATION):  # named in profiles
             a, b = a.float(), b.float()
     if accumulate is None:

@@ -1,0 +1,459 @@
+"""The trainer's CUDA path on a machine without a GPU: fake ``cuda:0`` tensors (the cuda_dry_run tier).
+
+``torch._subclasses.fake_tensor.FakeTensorMode`` runs the ops of a training step on tensors that
+carry a device, a dtype and a shape but no storage: ``cuda:0`` tensors need no GPU, the meta
+kernels (bf16 GEMMs with ``out_dtype``, FlashAttention-2's forward and backward) check sizes,
+and reading a value on the host (``.item()``, ``.tolist()``, ``bool()``) raises, as does an op
+whose output shape depends on values (``nonzero``, boolean indexing). That makes it a checker
+of exactly what the GPU step must not do (host syncs, dynamic shapes) and of what it must get
+right (devices, dtypes, shapes), on every CI run. What it adds to the plain mode:
+
+- ``StrictFakeCuda``: the real CUDA kernels' dtype rules the meta kernels lack (a GEMM's inputs
+  of one dtype, ``out_dtype`` float32 or the inputs' own for fp16/bf16, FlashAttention's
+  fp16/bf16 q/k/v and int32 ``cu_seqlens``), and, inside ``step()``, no blocking copy between
+  host and device and no non-blocking one from pageable host memory. The checks sit in the
+  fake mode's own dispatch (another TorchDispatchMode on top would make Dynamo skip compiling).
+- ``backward``: the C++ autograd engine wants a CUDA context for any ``cuda`` tensor; this
+  Python engine calls the graph's nodes in topological order instead (test_cuda_dry_run
+  checks it against the C++ engine on real CPU tensors).
+- ``fake_cuda()``: the answers torch asks a GPU for (autocast's availability, bf16 support,
+  an sm_90 device's properties, events, streams, memory counters), so the code takes its CUDA
+  branches. ``torch.cuda.is_available`` stays False: patched, ``.to("cuda")`` would try a real
+  copy.
+
+What this tier can never show: numerics (there are no values), speed, memory use, the real
+device's kernel limits (shared memory, registers, launch bounds), compiled *backward* graphs,
+and NCCL collectives or ZeRO partitioning across ranks. Those need the lent GPU
+(tools/gpu/gpu_check.py).
+
+Pinned to the torch of uv.lock: the patches name private torch internals, so a different
+torch fails ``check_torch_version`` (and a patched name that is gone fails naming the patch)
+until this file is re-checked against it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.utils.weak import WeakIdKeyDictionary
+
+REPO = Path(__file__).resolve().parents[2]
+aten = torch.ops.aten
+DEVICE = torch.device("cuda:0")
+HALF = (torch.float16, torch.bfloat16)
+
+
+class FakeCudaViolation(AssertionError):
+    """Something the real GPU step would refuse or stall on."""
+
+
+class PatchBroken(RuntimeError):
+    """A patched torch internal is gone or changed: the torch upgrade broke this patch."""
+
+
+def locked_torch_version() -> str:
+    """torch's version in uv.lock (the CUDA wheel the trainer runs with)."""
+    text = (REPO / "uv.lock").read_text()
+    found = re.search(r'\[\[package\]\]\nname = "torch"\nversion = "([^"]+)"', text)
+    if found is None:
+        raise PatchBroken("uv.lock names no torch package: support/fake_cuda.py cannot pin it")
+    return found.group(1)
+
+
+def check_torch_version() -> None:
+    locked, installed = locked_torch_version(), torch.__version__
+    if installed.split("+")[0] != locked.split("+")[0]:
+        raise PatchBroken(
+            f"support/fake_cuda.py is pinned to torch {locked} (uv.lock) and runs torch "
+            f"{installed}: re-check each patch of fake_cuda() against it, then the tier"
+        )
+
+
+# --- the strict fake mode -------------------------------------------------------------------
+
+_GEMMS = {
+    aten.mm.default: (0, 1, None),
+    aten.bmm.default: (0, 1, None),
+    aten.addmm.default: (1, 2, 0),
+    aten.baddbmm.default: (1, 2, 0),
+}
+_GEMMS_OUT_DTYPE = {
+    aten.mm.dtype: (0, 1, None),
+    aten.bmm.dtype: (0, 1, None),
+    aten.addmm.dtype: (1, 2, 0),
+    aten.baddbmm.dtype: (1, 2, 0),
+}
+_PIN = {aten._pin_memory.default}
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+@dataclass
+class Transfer:
+    op: str
+    source: str
+    target: str
+    non_blocking: bool
+    pinned: bool
+
+
+@dataclass
+class StepRecord:
+    transfers: list[Transfer] = field(default_factory=list)
+    ops: Counter = field(default_factory=Counter)  # aten op name -> calls
+
+
+class StrictFakeCuda(FakeTensorMode):
+    """FakeTensorMode plus the real CUDA kernels' dtype rules and the step's transfer rules."""
+
+    def __init__(self) -> None:
+        super().__init__(allow_non_fake_inputs=False)
+        self.pinned: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.record: StepRecord | None = None  # set inside step()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[StepRecord]:
+        """The region of one training step: host syncs and host↔device stalls fail here."""
+        self.record = StepRecord()
+        try:
+            yield self.record
+        except DataDependentOutputException as e:
+            raise FakeCudaViolation(
+                f"host sync inside the step: {e} (a value read on the host)"
+            ) from e
+        except DynamicOutputShapeException as e:
+            raise FakeCudaViolation(f"data-dependent shape inside the step: {e}") from e
+        finally:
+            self.record = None
+
+    def dispatch(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        self._check(func, args, kwargs)
+        if func is aten.is_pinned.default:
+            return args[0] in self.pinned
+        if func in _PIN:  # page-locked host memory: a copy of the host tensor (no fake kernel)
+            out = super().dispatch(aten.clone.default, types, (args[0],), {})
+            self.pinned[out] = True
+            return out
+        out = super().dispatch(func, types, args, kwargs)
+        if func in (aten.empty.memory_format, aten.empty_strided.default) and kwargs.get(
+            "pin_memory"
+        ):
+            self.pinned[out] = True
+        return out
+
+    def _check(self, func, args: tuple, kwargs: dict) -> None:
+        if self.record is not None:
+            self.record.ops[str(func)] += 1
+        if func in _GEMMS:
+            a_i, b_i, self_i = _GEMMS[func]
+            a, b = args[a_i], args[b_i]
+            dtypes = {a.dtype, b.dtype} | ({args[self_i].dtype} if self_i is not None else set())
+            if len(dtypes) > 1:
+                raise FakeCudaViolation(
+                    f"{func}: operands of dtypes {sorted(map(str, dtypes))}; the CUDA kernel "
+                    "expects one dtype (mat1 and mat2 must have the same dtype)"
+                )
+        elif func in _GEMMS_OUT_DTYPE:
+            a_i, b_i, self_i = _GEMMS_OUT_DTYPE[func]
+            a, b = args[a_i], args[b_i]
+            out_dtype = _arg(args, kwargs, b_i + 1, "out_dtype")
+            if a.dtype != b.dtype:
+                raise FakeCudaViolation(f"{func}: mat1 {a.dtype} and mat2 {b.dtype} differ")
+            if not (out_dtype == a.dtype or (out_dtype == torch.float32 and a.dtype in HALF)):
+                raise FakeCudaViolation(
+                    f"{func}: out_dtype {out_dtype} for {a.dtype} inputs; CUDA takes the "
+                    "inputs' dtype, or float32 for float16/bfloat16 inputs"
+                )
+            if self_i is not None and args[self_i].dtype not in (out_dtype, a.dtype):
+                raise FakeCudaViolation(
+                    f"{func}: self {args[self_i].dtype} is neither out_dtype {out_dtype} "
+                    f"nor the inputs' {a.dtype}"
+                )
+        elif func is aten._flash_attention_forward.default:
+            self._check_flash(func, dict(zip(("q", "k", "v"), args[:3], strict=True)), args[3:5])
+        elif func is aten._flash_attention_backward.default:
+            tensors = dict(zip(("grad_out", "q", "k", "v", "out"), args[:5], strict=True))
+            if args[5].dtype != torch.float32:
+                raise FakeCudaViolation(f"{func}: logsumexp {args[5].dtype}, expected float32")
+            self._check_flash(func, tensors, args[6:8])
+        elif func in (aten._to_copy.default, aten.copy_.default):
+            self._check_transfer(func, args, kwargs)
+
+    def _check_flash(self, func, tensors: dict[str, Any], cu_seqlens: tuple) -> None:
+        dtypes = {n: t.dtype for n, t in tensors.items()}
+        if len(set(dtypes.values())) > 1 or next(iter(dtypes.values())) not in HALF:
+            raise FakeCudaViolation(
+                f"{func}: {dtypes}; FlashAttention takes float16 or bfloat16, all alike"
+            )
+        for name, t in zip(("cum_seq_q", "cum_seq_k"), cu_seqlens, strict=True):
+            if t is not None and t.dtype != torch.int32:
+                raise FakeCudaViolation(f"{func}: {name} is {t.dtype}; the CUDA kernel takes int32")
+        for name, t in tensors.items():
+            if t.device.type != "cuda":
+                raise FakeCudaViolation(f"{func}: {name} on {t.device}")
+
+    def _check_transfer(self, func, args: tuple, kwargs: dict) -> None:
+        if func is aten._to_copy.default:
+            src, dst = args[0], kwargs.get("device") or args[0].device
+            host = src
+        else:
+            dst_t, src = args[0], args[1]
+            dst = dst_t.device
+            host = dst_t if dst_t.device.type == "cpu" else src
+        source, target = src.device.type, torch.device(dst).type
+        if source == target:
+            return
+        non_blocking = bool(_arg(args, kwargs, 2, "non_blocking", False))
+        if func is aten._to_copy.default:
+            non_blocking = bool(kwargs.get("non_blocking", False))
+        pinned = host in self.pinned
+        if self.record is None:
+            return
+        self.record.transfers.append(Transfer(str(func), source, target, non_blocking, pinned))
+        if not non_blocking:
+            raise FakeCudaViolation(
+                f"{func}: a blocking {source} -> {target} copy inside the step (a host sync; "
+                "a tensor made on the host and moved, or a value read back)"
+            )
+        if not pinned:
+            raise FakeCudaViolation(
+                f"{func}: a non-blocking {source} -> {target} copy from pageable host memory "
+                "inside the step (the host waits for it anyway)"
+            )
+
+
+# --- the Python autograd engine ---------------------------------------------------------------
+
+
+def _topological(root: Any) -> list[Any]:
+    order, seen = [], set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for child, _ in node.next_functions:
+            if child is not None and child not in seen:
+                stack.append((child, False))
+    return order[::-1]  # every node before the nodes it feeds gradients to
+
+
+def backward(loss: torch.Tensor) -> int:
+    """``loss.backward()`` without the C++ engine (which needs a CUDA context for cuda
+    tensors): each node of ``loss``'s graph called once, in topological order, with the sum of
+    its incoming gradients; leaves' ``.grad`` accumulated. Returns the number of nodes run."""
+    if loss.grad_fn is None:
+        raise ValueError("backward: the loss has no graph")
+    grads: dict[Any, list[torch.Tensor | None]] = {loss.grad_fn: [torch.ones_like(loss)]}
+    ran = 0
+    for node in _topological(loss.grad_fn):
+        incoming = grads.pop(node, None)
+        if incoming is None or all(g is None for g in incoming):
+            continue
+        ran += 1
+        if hasattr(node, "variable"):  # AccumulateGrad: a leaf
+            (g,) = incoming
+            var = node.variable
+            var.grad = g.detach() if var.grad is None else var.grad + g
+            continue
+        if hasattr(node, "apply"):  # a Python autograd.Function: its gradients materialised
+            incoming = [  # (None -> zeros), as the C++ engine does by default
+                torch.zeros(m.shape, dtype=m.dtype, device=m.device) if g is None else g
+                for g, m in zip(incoming, node._input_metadata, strict=True)
+            ]
+            outputs = node.apply(*incoming)
+            if not isinstance(outputs, tuple):
+                outputs = (outputs,)
+            # one result per forward argument; next_functions has one per tensor argument
+            # (None for those without a gradient): pair the ones that need a gradient
+            outputs = [g for g, need in zip(outputs, node.needs_input_grad, strict=False) if need]
+            edges = [edge for edge in node.next_functions if edge[0] is not None]
+        else:
+            outputs = node(*incoming)
+            if not isinstance(outputs, tuple):
+                outputs = (outputs,)
+            edges = list(node.next_functions)
+        for (child, slot), g in zip(edges, outputs, strict=True):
+            if child is None or g is None:
+                continue
+            meta = child._input_metadata[slot]
+            # the C++ engine's validate_outputs: broadcast gradients summed to the input's
+            # shape, cast to its dtype (a float32 gradient of a bf16 input arrives as bf16)
+            if tuple(g.shape) != tuple(meta.shape):
+                g = g.sum_to_size(meta.shape)
+            if g.dtype != meta.dtype:
+                g = g.to(meta.dtype)
+            if g.device != meta.device:
+                raise FakeCudaViolation(
+                    f"backward: {node.name()} gives a gradient on {g.device} for an input on "
+                    f"{meta.device}"
+                )
+            slots = grads.setdefault(child, [None] * max(1, len(child._input_metadata)))
+            slots[slot] = g if slots[slot] is None else slots[slot] + g
+    return ran
+
+
+# --- the answers torch asks a GPU for --------------------------------------------------------
+
+H200 = SimpleNamespace(
+    name="NVIDIA H200 (fake)",
+    major=9,
+    minor=0,
+    multi_processor_count=132,
+    total_memory=141 * 2**30,
+    warp_size=32,
+    max_threads_per_multi_processor=2048,
+    max_threads_per_block=1024,
+    regs_per_multiprocessor=65536,
+    shared_memory_per_block_optin=232448,
+    shared_memory_per_multiprocessor=233472,
+    L2_cache_size=60 * 2**20,
+    gcnArchName="",
+    uuid="fake",
+    is_integrated=False,
+)
+
+
+class FakeEvent:
+    """torch.cuda.Event: record/synchronize/query without a device (there is nothing to wait on)."""
+
+    recorded: ClassVar[list[FakeEvent]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.is_recorded = False
+        self.synchronized = False
+
+    def record(self, stream: Any = None) -> None:
+        self.is_recorded = True
+        FakeEvent.recorded.append(self)
+
+    def synchronize(self) -> None:
+        self.synchronized = True
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class FakeStream:
+    def __init__(self, device: Any = None, *args: Any, **kwargs: Any) -> None:
+        self.device = torch.device(device or DEVICE)
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> FakeEvent:
+        event = event or FakeEvent()
+        event.record(self)
+        return event
+
+
+@dataclass
+class Memory:
+    """What torch.cuda's memory counters answer (tests read ``resets`` and ``queries``)."""
+
+    free: int = 120 * 2**30
+    total: int = 141 * 2**30
+    peak: int = 3 * 2**30
+    resets: int = 0
+    queries: int = 0
+
+
+def _patch(stack: contextlib.ExitStack, owner: Any, name: str, value: Any, label: str) -> None:
+    if not hasattr(owner, name):
+        raise PatchBroken(
+            f"fake_cuda patch {label!r}: {getattr(owner, '__name__', owner)}.{name} is gone in "
+            f"torch {torch.__version__}"
+        )
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    stack.callback(setattr, owner, name, saved)
+
+
+@contextlib.contextmanager
+def fake_cuda(memory: Memory | None = None) -> Iterator[StrictFakeCuda]:
+    """The strict fake mode on, with torch.cuda answering as one H200 (sm_90)."""
+    check_torch_version()
+    memory = memory or Memory()
+    mode = StrictFakeCuda()
+    cuda = torch.cuda
+
+    def reset_peak(device: Any = None) -> None:
+        memory.resets += 1
+
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        memory.queries += 1
+        return memory.free, memory.total
+
+    with contextlib.ExitStack() as stack:
+        patches = [
+            # autocast("cuda") disables itself without these ("CUDA is not available")
+            (cuda.amp.common, "amp_definitely_not_available", lambda: False, "autocast on"),
+            (cuda, "is_bf16_supported", lambda *a, **k: True, "bf16 supported"),
+            (cuda, "get_device_properties", lambda *a, **k: H200, "sm_90 properties"),
+            (cuda, "get_device_capability", lambda *a, **k: (9, 0), "sm_90 capability"),
+            (cuda, "current_device", lambda: 0, "current device"),
+            (cuda, "Event", FakeEvent, "events"),
+            (cuda, "Stream", FakeStream, "streams"),
+            (cuda, "current_stream", lambda *a, **k: FakeStream(), "current stream"),
+            (cuda, "default_stream", lambda *a, **k: FakeStream(), "default stream"),
+            (cuda, "synchronize", lambda *a, **k: None, "synchronize"),
+            (cuda, "set_sync_debug_mode", lambda *a, **k: None, "sync debug mode"),
+            (cuda, "get_sync_debug_mode", lambda *a, **k: 0, "sync debug mode"),
+            (cuda, "mem_get_info", mem_get_info, "memory info"),
+            (cuda, "reset_peak_memory_stats", reset_peak, "peak memory reset"),
+            (cuda, "max_memory_allocated", lambda *a, **k: memory.peak, "peak memory"),
+            (cuda, "memory_allocated", lambda *a, **k: memory.peak // 2, "memory allocated"),
+            (cuda, "empty_cache", lambda: None, "empty cache"),
+        ]
+        for owner, name, value, label in patches:
+            _patch(stack, owner, name, value, label)
+        FakeEvent.recorded = []
+        stack.enter_context(mode)
+        yield mode
+
+
+def fake_host(mode: StrictFakeCuda, tensor: torch.Tensor, pinned: bool = False) -> torch.Tensor:
+    """A real host tensor as a fake one (page-locked with ``pinned``)."""
+    fake = mode.from_tensor(tensor)
+    if pinned:
+        mode.pinned[fake] = True
+    return fake
+
+
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """Real tensors again for a while (host-side work on real values, e.g. shift.align)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
