@@ -196,3 +196,48 @@ def sglang_to_vllm_names(names: Sequence[str], where: str = "") -> dict[str, str
 
 def vllm_to_sglang_name(name: str) -> str:
     return SGLANG_LAYER0 + name[len(VLLM_LAYER0) :] if name.startswith(VLLM_LAYER0) else name
+
+
+# SGLang's one-layer LlamaForCausalLMEagle3 (python/sglang/srt/models/llama_eagle3.py): its
+# parameters, and the checkpoint-name rewrites of its load_weights (stacked q/k/v and
+# gate/up; a name not among its parameters, tried bare and under ``model.``, is skipped
+# silently). ``d2t`` becomes ``hot_token_id``; ``t2d`` is skipped on purpose.
+SGLANG_PARAMETERS = frozenset(
+    {
+        "model.embed_tokens.weight",
+        "model.fc.weight",
+        "model.midlayer.self_attn.qkv_proj.weight",
+        "model.midlayer.self_attn.o_proj.weight",
+        "model.midlayer.mlp.gate_up_proj.weight",
+        "model.midlayer.mlp.down_proj.weight",
+        "model.midlayer.input_layernorm.weight",
+        "model.midlayer.post_attention_layernorm.weight",
+        "model.midlayer.hidden_norm.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    }
+)
+SGLANG_STACKED = (
+    (".qkv_proj", ".q_proj"),
+    (".qkv_proj", ".k_proj"),
+    (".qkv_proj", ".v_proj"),
+    (".gate_up_proj", ".gate_proj"),
+    (".gate_up_proj", ".up_proj"),
+)
+
+
+def sglang_loads(name: str) -> str | None:
+    """The parameter SGLang's ``load_weights`` puts checkpoint tensor ``name`` into (``d2t``:
+    ``hot_token_id``), None where it skips it (``t2d`` included)."""
+    if "d2t" in name:
+        return "hot_token_id"
+    if "t2d" in name:
+        return None
+    for param, shard in SGLANG_STACKED:
+        if shard in name:
+            name = name.replace(shard, param)
+            break
+    for candidate in (name, f"model.{name}"):
+        if candidate in SGLANG_PARAMETERS:
+            return candidate
+    return None
