@@ -60,3 +60,19 @@ def test_histogram_and_positions_are_inverse(accepted: list[int]) -> None:
     assert histogram == [accepted.count(j) for j in range(5)]
     assert positions_from_histogram(histogram) == counts.accepted_per_position
     assert histogram_from_positions(counts.num_drafts, counts.accepted_per_position) == histogram
+
+
+def test_both_acceptance_length_definitions() -> None:
+    """vLLM pools every draft (issue 42508); SpecForge's bench averages per request. A long
+    request accepting little and a short one accepting all give two different figures."""
+    from eagle3_eval.acceptance import SampleCounts, summarize
+
+    long, short = SampleCounts("long", 2), SampleCounts("short", 2)
+    for _ in range(8):
+        long.observe(2, 0)  # AL 1.0 over 8 drafts
+    short.observe(2, 2)  # AL 3.0 over 1 draft
+    idle = SampleCounts("idle", 2)  # no draft at all: no per-request figure to average
+    s = summarize([long, short, idle], 2)
+    assert s.acceptance_length == pytest.approx(1 + 2 / 9)
+    assert s.acceptance_length_per_request == pytest.approx((1.0 + 3.0) / 2)
+    assert s.fields()["acceptance_length_per_request"] == pytest.approx(2.0)

@@ -153,3 +153,41 @@ def test_save_load_round_trip_is_a_valid_artifact(tmp_path: Path) -> None:
     again = Eagle3Draft.load(out, draft.embed_tokens.weight)
     for name, tensor in checkpoint_tensors(draft).items():
         assert torch.equal(checkpoint_tensors(again)[name], tensor), name
+
+
+def test_an_sglang_layout_draft_reads_as_the_same_draft(
+    fixture_draft: Path, tmp_path: Path
+) -> None:
+    """SpecForge's layout of the fixture draft (by hand: tests/support/sglang_layout.py) reads
+    to the same spec, aux ids converted to vLLM's counting, the same weights, the same logits."""
+    from support.sglang_layout import sglang_copy
+
+    sglang = sglang_copy(fixture_draft, tmp_path / "sglang")
+    ours, theirs = read_spec(fixture_draft), read_spec(sglang)
+    assert theirs.aux_layer_ids == ours.aux_layer_ids == (1, 2, 3)
+    assert (theirs.layout, ours.layout) == ("sglang", "speculators")
+    assert "[0, 1, 2] in SGLang" in theirs.layout_note
+    embed = _embed(ours)
+    a, b = Eagle3Draft.load(fixture_draft, embed), Eagle3Draft.load(sglang, embed)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+    aux = torch.randn(5, 3, ours.target_hidden_size, generator=torch.Generator().manual_seed(1))
+    ids = torch.tensor([1, 4, 7, 2, 9])
+    for x, y in zip(chain_logits(a, aux, ids, 2), chain_logits(b, aux, ids, 2), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_sglang_layout_refusals(fixture_draft: Path, tmp_path: Path) -> None:
+    from support.sglang_layout import sglang_copy
+
+    sglang = sglang_copy(fixture_draft, tmp_path / "sglang")
+    config = json.loads((sglang / "config.json").read_text(encoding="utf-8"))
+    mixed = {**config, "transformer_layer_config": {}}
+    with pytest.raises(DraftFormatError, match=r"mixes draft layouts.*transformer_layer_config"):
+        DraftSpec.from_config(mixed)
+    two = {**config, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    with pytest.raises(DraftFormatError, match="cannot be placed"):
+        DraftSpec.from_config(two)
+    deeper = {**config, "num_hidden_layers": 2}
+    with pytest.raises(DraftFormatError, match="drop the residual"):
+        DraftSpec.from_config(deeper)

@@ -8,6 +8,11 @@ to ``num_draft_tokens``, the accepted prefix length a to ``num_accepted_tokens``
     per_position_acceptance[i] = num_accepted_tokens_per_pos[i] / num_drafts
     acceptance_length = 1 + sum(per_position_acceptance)
 
+That is the pooled acceptance length (vLLM's, the headline). SpecForge's bench averages each
+request's own ``1 + accepted / drafts`` instead (``acceptance_length_per_request``); the two
+differ whenever requests differ in length and acceptance, so both are reported, each named
+(eagle3_schemas.model_card.ACCEPTANCE_DEFINITIONS).
+
 The "+1" is the token the target adds at every step (the correction or bonus token). Accepted
 tokens are a prefix, so ``per_position_acceptance`` is non-increasing and the histogram of
 accepted lengths follows from it.
@@ -92,9 +97,11 @@ class Summary:
     per_position_acceptance: list[float]
     conditional_acceptance: list[float | None]
     accepted_histogram: list[int]
+    acceptance_length_per_request: float | None = None
 
     def fields(self) -> dict[str, Any]:
         return {
+            "acceptance_length_per_request": self.acceptance_length_per_request,
             "num_speculative_tokens": self.num_speculative_tokens,
             "num_prompts": self.num_prompts,
             "num_drafts": self.num_drafts,
@@ -116,7 +123,9 @@ def summarize(samples: Sequence[SampleCounts], k: int) -> Summary:
     # P(position i accepted | positions < i accepted): what a draft step "costs" at depth i.
     previous = [drafts, *per_position_counts[:-1]]
     conditional = [c / p if p else None for c, p in zip(per_position_counts, previous, strict=True)]
+    per_request = [s.acceptance_length for s in samples if s.num_drafts]
     return Summary(
+        acceptance_length_per_request=sum(per_request) / len(per_request) if per_request else None,
         num_speculative_tokens=k,
         num_prompts=len(samples),
         num_drafts=drafts,

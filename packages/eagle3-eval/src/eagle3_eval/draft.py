@@ -71,6 +71,7 @@ from eagle3_eval.draft_spec import (
     DraftFormatError,
     DraftSpec,
     MLASpec,
+    checkpoint_names,
     read_spec,
 )
 
@@ -419,7 +420,8 @@ class Eagle3Draft(nn.Module):
     def load(
         cls, directory: str | Path, embed_tokens: Tensor, dtype: torch.dtype = torch.float32
     ) -> Eagle3Draft:
-        """Load ``directory`` (speculators eagle3 or native MLA) with the target's embeddings."""
+        """Load ``directory`` (speculators eagle3, native MLA, or SGLang / SpecForge) with the
+        target's embeddings."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
@@ -428,7 +430,8 @@ class Eagle3Draft(nn.Module):
         if not weights.is_file():
             raise DraftFormatError(f"{directory}: no {WEIGHTS_FILE}")
         model = cls(spec, embed_tokens)
-        model.load_tensors(load_file(str(weights)), str(weights))
+        tensors = checkpoint_names(spec, load_file(str(weights)), str(weights))
+        model.load_tensors(tensors, str(weights))
         return model.to(dtype).eval()
 
     # ---- the forward ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ computation does."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -15,6 +16,16 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from eagle3_schemas.draft_layout import (
+    SGLANG,
+    SPECULATORS,
+    VLLM_MLA,
+    DraftLayoutError,
+    Layout,
+    detect_layout,
+    sglang_to_vllm_names,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -248,6 +259,10 @@ class DraftSpec:
     # Things vLLM 0.32 would do differently from the config's face value; reported, not fatal.
     vllm_notes: tuple[str, ...] = ()
     mla: MLASpec | None = None
+    # The layout config.json is in (eagle3_schemas.draft_layout) and what decided it; the aux
+    # ids above are in vLLM's counting whatever the layout.
+    layout: str = SPECULATORS
+    layout_note: str = ""
 
     @property
     def num_aux(self) -> int:
@@ -260,10 +275,84 @@ class DraftSpec:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = CONFIG_FILE) -> DraftSpec:
-        if "speculators_model_type" not in config and set(config.get("architectures") or ()) & set(
-            MLA_ARCHITECTURES
-        ):
-            return cls.from_mla_config(config, where)
+        try:
+            layout = detect_layout(config, where)
+        except DraftLayoutError as e:
+            raise DraftFormatError(str(e)) from e
+        if layout.name == VLLM_MLA:
+            spec = cls.from_mla_config(config, where)
+        elif layout.name == SGLANG:
+            spec = cls.from_sglang_config(config, layout, where)
+        else:
+            spec = cls.from_speculators_config(config, where)
+        return dataclasses.replace(spec, layout=layout.name, layout_note=layout.describe())
+
+    @classmethod
+    def from_sglang_config(
+        cls, config: dict[str, Any], layout: Layout, where: str = CONFIG_FILE
+    ) -> DraftSpec:
+        """The SpecForge / SGLang layout (SGLang's ``llama_eagle3.py``): a flat Llama config;
+        aux ids converted from SGLang's counting (``layout.aux_layer_ids``). SGLang's layer 0
+        keeps the residual un-normed (``norm_before_residual`` false) and its fc reads three
+        aux states; ``fc_norm`` / ``norm_output`` / ``norm_before_fc`` are read where present
+        (SGLang itself has none of them)."""
+
+        def need(key: str) -> Any:
+            if config.get(key) is None:
+                raise DraftFormatError(f"{where}: missing {key} (SGLang layout)")
+            return config[key]
+
+        if layout.aux_layer_ids is None:
+            raise DraftFormatError(
+                f"{where}: missing eagle_config.eagle_aux_hidden_state_layer_ids (SGLang layout; "
+                "SGLang would capture its default layers, which cannot be placed)"
+            )
+        aux = _checked_aux_ids(where, layout.aux_layer_ids)
+        if int(config.get("num_hidden_layers", 1)) != 1:
+            raise DraftFormatError(
+                f"{where}: num_hidden_layers {config.get('num_hidden_layers')} in an SGLang-layout "
+                "draft: SGLang's additional layers drop the residual where vLLM's keep it; only "
+                "one-layer SGLang drafts are read"
+            )
+        if config.get("mlp_bias") or config.get("attention_bias"):
+            raise DraftFormatError(f"{where}: attention_bias / mlp_bias are not supported")
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        target_vocab = int(need("vocab_size"))
+        notes = []
+        if len(aux) != 3:
+            notes.append(
+                f"SGLang sizes fc for 3 aux states; this draft has {len(aux)} and would fail to "
+                "load there"
+            )
+        return cls(
+            hidden_size=hidden,
+            num_layers=1,
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate_size=int(need("intermediate_size")),
+            rms_norm_eps=float(need("rms_norm_eps")),
+            hidden_act=str(config.get("hidden_act", "silu")),
+            attention_bias=False,
+            target_vocab_size=target_vocab,
+            draft_vocab_size=int(config.get("draft_vocab_size") or target_vocab),
+            target_hidden_size=int(config.get("target_hidden_size") or hidden),
+            aux_layer_ids=tuple(aux),
+            # llama_eagle3.py (both engines): vLLM's native route defaults it to False, and
+            # SGLang's layer 0 always keeps the un-normed residual.
+            norm_before_residual=bool(config.get("norm_before_residual", False)),
+            norm_before_fc=bool(config.get("norm_before_fc", False)),
+            fc_norm=bool(config.get("fc_norm", False)),
+            norm_output=bool(config.get("norm_output", False)),
+            logit_scale=float(config.get("logit_scale", 1.0)),
+            verifier_path="",
+            layer_config=dict(config),
+            vllm_notes=tuple(notes),
+        )
+
+    @classmethod
+    def from_speculators_config(cls, config: dict[str, Any], where: str = CONFIG_FILE) -> DraftSpec:
 
         def need(obj: dict[str, Any], key: str, path: str = "") -> Any:
             if key not in obj:
@@ -504,6 +593,39 @@ class DraftSpec:
     def same_vocab(self) -> bool:
         """vLLM ignores d2t when the draft vocabulary has the target's size."""
         return self.draft_vocab_size == self.target_vocab_size
+
+
+def checkpoint_names(spec: DraftSpec, tensors: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+    """The tensors under vLLM's names (an SGLang-layout draft's ``midlayer.*`` is
+    ``layers.0.*``)."""
+    if spec.layout != SGLANG:
+        return tensors
+    try:
+        names = sglang_to_vllm_names(list(tensors), f"{where}: ")
+    except DraftLayoutError as e:
+        raise DraftFormatError(str(e)) from e
+    return {names[n]: t for n, t in tensors.items()}
+
+
+def vllm_view(directory: str | Path, workdir: str | Path) -> str:
+    """The directory to hand vLLM as the draft. vLLM reads a flat config's aux ids as they are
+    (top level, else ``eagle_config``), in its own counting: an SGLang-layout draft that states
+    them only in SGLang's counting is served from a view under ``workdir`` whose config adds
+    the top-level ids converted (eagle3_schemas.draft_layout); its weights are linked. Other
+    drafts are served as they are."""
+    directory = Path(directory)
+    config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    layout = detect_layout(config, str(directory / CONFIG_FILE))
+    if layout.name != SGLANG or "eagle_aux_hidden_state_layer_ids" in config:
+        return str(directory)
+    view = Path(workdir) / "draft-vllm-view"
+    view.mkdir(parents=True)
+    for item in directory.iterdir():
+        if item.name != CONFIG_FILE:
+            (view / item.name).symlink_to(item.resolve())
+    config["eagle_aux_hidden_state_layer_ids"] = layout.aux_layer_ids
+    (view / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return str(view)
 
 
 def read_spec(directory: str | Path) -> DraftSpec:

@@ -24,6 +24,7 @@ FIGURES = (
     "num_draft_tokens",
     "num_accepted_tokens",
     "acceptance_length",
+    "acceptance_length_per_request",
     "per_position_acceptance",
 )
 

@@ -51,7 +51,8 @@ def inspect_draft(path: str | Path, strict: bool = True) -> DraftInfo:
     spec = read_spec(path)
     if not (path / WEIGHTS_FILE).is_file():
         raise PreflightError(f"{path}: no {WEIGHTS_FILE}")
-    notes = list(spec.vllm_notes)
+    # Every reader names the layout and the aux-id counting it found (eagle3_schemas.draft_layout).
+    notes = [f"{path}: {spec.layout_note}", *spec.vllm_notes]
     lineage = None
     if (path / LINEAGE_FILE).is_file():
         violations = validate(path)

@@ -21,6 +21,7 @@ from eagle3_eval.acceptance import SampleCounts, Summary
 from eagle3_eval.groups import FIGURES, GroupKey, group_figures, group_label
 from eagle3_schemas.atomic import atomic_directory
 from eagle3_schemas.header import make_header, write_json_header, write_parquet
+from eagle3_schemas.model_card import ACCEPTANCE_DEFINITIONS
 from eagle3_schemas.validate import validate
 
 REPORT_FILE = "report.json"
@@ -127,6 +128,8 @@ def header_fields(result: EvalResult) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "mode": result.mode,
         **s.fields(),
+        # what each acceptance-length figure means (report fields and every group alike)
+        "acceptance_length_definitions": dict(ACCEPTANCE_DEFINITIONS),
         "temperature": result.temperature,
         "engine": result.engine,
         "tokens_per_second": result.tokens_per_second,
@@ -184,7 +187,7 @@ class Report:
         """Figures per set and category; a v1 report is one group, its whole prompt set."""
         if "groups" in self.fields:
             return list(self.fields["groups"])
-        whole = {name: self.fields[name] for name in FIGURES}
+        whole = {name: self.fields.get(name) for name in FIGURES}
         speed = ("tokens_per_second", "baseline_tokens_per_second", "speedup")
         return [
             {"prompt_set": "prompts", "category": None, **whole}
@@ -231,7 +234,9 @@ def format_table(report: Report) -> str:
         f"prompts={f['num_prompts']}",
         f"  engine               {_engine(f)}",
         f"  acceptance length    {f['acceptance_length']:.3f}   "
-        f"(1 + {f['num_accepted_tokens']} accepted / {f['num_drafts']} drafts)",
+        f"(1 + {f['num_accepted_tokens']} accepted / {f['num_drafts']} drafts) pooled, vLLM's",
+        f"  per-request mean     {_num(f.get('acceptance_length_per_request'))}   "
+        "(each prompt's 1 + accepted / drafts, averaged; SpecForge's bench)",
         "  per position         " + "  ".join(_num(x) for x in f["per_position_acceptance"]),
         "  conditional          "
         + "  ".join(_num(x) for x in f.get("conditional_acceptance") or []),
@@ -288,6 +293,12 @@ def compare_table(a: Report, b: Report) -> str:
         ("prompts", fa["num_prompts"], fb["num_prompts"], True),
         ("drafts", fa["num_drafts"], fb["num_drafts"], True),
         ("acceptance length", fa["acceptance_length"], fb["acceptance_length"], True),
+        (
+            "  per-request mean",
+            fa.get("acceptance_length_per_request"),
+            fb.get("acceptance_length_per_request"),
+            True,
+        ),
     ]
     k = max(fa["num_speculative_tokens"], fb["num_speculative_tokens"])
     for i in range(k):

@@ -21,7 +21,14 @@ TABLE_MD, TABLE_JSON, TABLE_PNG = "table.md", "table.json", "table.png"
 OVERALL = "all"
 SHARED = ("mode", "num_speculative_tokens")
 SHARED_LINEAGE = ("target_fingerprint", "prompts_fingerprint")
-FIELDS = ("num_prompts", "num_drafts", "acceptance_length", "per_position_acceptance", "speedup")
+FIELDS = (
+    "num_prompts",
+    "num_drafts",
+    "acceptance_length",
+    "acceptance_length_per_request",
+    "per_position_acceptance",
+    "speedup",
+)
 
 
 def cells(report: Report) -> dict[str, dict[str, Any]]:
@@ -77,7 +84,9 @@ def _cell(figures: dict[str, Any] | None) -> str:
     if not figures or figures.get("acceptance_length") is None:
         return "-"
     speedup = figures.get("speedup")
+    per_request = figures.get("acceptance_length_per_request")
     text = f"{figures['acceptance_length']:.2f}"
+    text += f" / {per_request:.2f}" if per_request is not None else " / -"
     return text + (f" ({speedup:.2f}x)" if speedup is not None else "")
 
 
@@ -87,7 +96,9 @@ def markdown(table: dict[str, Any]) -> str:
     lines = []
     for temperature in sorted({r["temperature"] for r in table["rows"]}):
         lines += [
-            f"Acceptance length (speedup) · {table['mode']} ({engine}"
+            "Acceptance length, pooled (vLLM's: 1 + accepted / drafts over all drafts) / "
+            "per-request mean (SpecForge's bench) (speedup) · "
+            f"{table['mode']} ({engine}"
             + (f" {version}" if version else "")
             + f") · k={table['num_speculative_tokens']} · temperature {temperature:g}",
             "",

@@ -28,6 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from eagle3_eval.acceptance import SampleCounts, positions_from_histogram
+from eagle3_eval.draft_spec import vllm_view
 from eagle3_eval.groups import GroupKey
 from eagle3_eval.online import OnlineInputs, assemble
 from eagle3_eval.prompts import Prompt, awaiting_answer, longest_follow_up
@@ -138,7 +139,7 @@ def run_engines(
         this = {
             **job,
             "engine": "baseline" if draft is None else "draft",
-            "draft": draft,
+            "draft": None if draft is None else vllm_view(draft, workdir),
             "workdir": str(workdir),
             # Later engines get every prompt from the start, the first completes them.
             "prompts": [job_prompt(p) for p in turns.prompts],

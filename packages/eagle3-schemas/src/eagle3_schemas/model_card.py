@@ -29,6 +29,18 @@ _END = "<!-- /eagle3-eval acceptance -->"
 _BLOCK = re.compile(re.escape(_BEGIN) + r"(\{.*?\}) -->\n.*?" + re.escape(_END) + r"\n?", re.S)
 
 
+# The two acceptance-length definitions in use (vLLM issue 42508): every report, table and card
+# gives both, each named, so a figure is compared with a published one of the same definition.
+AL_POOLED = "acceptance_length"
+AL_PER_REQUEST = "acceptance_length_per_request"
+ACCEPTANCE_DEFINITIONS = {
+    AL_POOLED: "pooled over all drafts: 1 + accepted tokens / drafts, every request's counts "
+    "summed first (vLLM's spec-decode metrics; the headline figure)",
+    AL_PER_REQUEST: "per-request mean: each request's 1 + accepted / drafts, averaged over the "
+    "requests with at least one draft (SpecForge's bench)",
+}
+
+
 class CardError(ValueError):
     """A model card cannot be read or updated."""
 
@@ -108,11 +120,12 @@ def acceptance_table(report: dict[str, Any]) -> str:
     prompts = report["num_prompts"]
     heading = f"#### {engine}, k = {k}, {decoding}, {prompts} prompts ({report['mode']} mode)"
     per_position = report["per_position_acceptance"]
-    head = ["acceptance length", *[f"position {i + 1}" for i in range(k)]]
-    head += ["drafts", "prompts", "speedup"]
+    head = ["acceptance length (pooled, vLLM)", *[f"position {i + 1}" for i in range(k)]]
+    head += ["drafts", "prompts", "speedup", "acceptance length (per-request mean, SpecForge)"]
     row = [_num(report["acceptance_length"]), *[_num(p) for p in per_position]]
     speedup = report.get("speedup")
     row += [str(report["num_drafts"]), str(prompts), "-" if speedup is None else f"{speedup:.2f}x"]
+    row += [_num(report.get(AL_PER_REQUEST))]
     lines = [
         heading,
         "",
@@ -120,8 +133,9 @@ def acceptance_table(report: dict[str, Any]) -> str:
         "|" + "---|" * len(head),
         "| " + " | ".join(row) + " |",
         "",
-        f"Prompt set `{s['prompts']}`, up to {s['max_new_tokens']} new tokens each; "
-        "acceptance length is vLLM's `1 + accepted / drafts`.",
+        f"Prompt set `{s['prompts']}`, up to {s['max_new_tokens']} new tokens each. "
+        f"Acceptance length, pooled: {ACCEPTANCE_DEFINITIONS[AL_POOLED]}; per-request mean: "
+        f"{ACCEPTANCE_DEFINITIONS[AL_PER_REQUEST]}.",
     ]
     return "\n".join(lines)
 

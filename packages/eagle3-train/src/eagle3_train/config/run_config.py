@@ -172,6 +172,12 @@ class ExportConfig:
     # line: the k vLLM is meant to serve the draft with (its num_speculative_tokens). Not
     # train.ttt_steps: a run may unroll more TTT steps than it serves.
     speculative_tokens: int = 3
+    # The published layout: "speculators" (OUTPUT/draft: the speculators eagle3 config, or
+    # vLLM's native MLA config), "sglang" (OUTPUT/draft-sglang: the SpecForge / SGLang layout
+    # SGLang's LlamaForCausalLMEagle3 loads; Llama-style one-layer drafts trained with
+    # norm_before_residual false and no fc_norm / norm_before_fc / norm_output), or "both".
+    # exports/step-N stay in the speculators layout (validated) whatever this says.
+    format: Literal["speculators", "sglang", "both"] = "speculators"
     card: CardConfig = field(default_factory=CardConfig)
 
 
@@ -309,6 +315,10 @@ def check_config(config: Config) -> list[str]:
         p.append(
             f"export.speculative_tokens: {config.export.speculative_tokens} < 1 (the number of "
             "tokens vLLM proposes per step, e.g. 3)"
+        )
+    if config.export.format not in ("speculators", "sglang", "both"):
+        p.append(
+            f"export.format {config.export.format!r}: expected 'speculators', 'sglang' or 'both'"
         )
     if d.architecture not in ("llama", "mla"):
         p.append(f"draft.architecture {d.architecture!r}: expected 'llama' or 'mla'")

@@ -22,7 +22,7 @@ from eagle3_schemas.target_config import text_config
 from eagle3_train.config.run_config import Config
 from eagle3_train.data.dataset import HiddenStateDataset
 from eagle3_train.data.stream import StreamWindows, wait_for_stream
-from eagle3_train.export.init_from import fingerprint_init_draft
+from eagle3_train.export.init_from import fingerprint_init_draft, read_init_draft
 from eagle3_train.model.arch import DraftArch
 
 
@@ -246,4 +246,9 @@ def init_from_lineage(inputs: RunInputs) -> dict[str, str]:
     """draft.init_from's fingerprint (config and weight bytes), when the run started from one."""
     if not inputs.config.draft.init_from:
         return {}
-    return {"init_from_fingerprint": fingerprint_init_draft(inputs.config.draft.init_from)}
+    path = inputs.config.draft.init_from
+    return {
+        "init_from_fingerprint": fingerprint_init_draft(path),
+        # the layout it was read in (eagle3_schemas.draft_layout): speculators, vllm-mla, sglang
+        "init_from_layout": read_init_draft(path).layout,
+    }

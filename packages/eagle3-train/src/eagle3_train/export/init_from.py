@@ -1,8 +1,12 @@
 """Start from a published draft (``draft.init_from``): read it, check it fits this run, load it.
 
-Reads both layouts the export writes, which are the layouts public EAGLE-3 drafts use: the
-speculators ``eagle3`` config (Llama-style layer) and vLLM's native MLA config
-(``Eagle3DeepseekV2ForCausalLM``), weights in ``model.safetensors`` under vLLM's names (ours).
+Reads the layouts public EAGLE-3 drafts use (eagle3_schemas.draft_layout decides which, and
+refuses a config that matches none or mixes them): the speculators ``eagle3`` config
+(Llama-style layer) and vLLM's native MLA config (``Eagle3DeepseekV2ForCausalLM``), weights
+under vLLM's names (what eagle3-train exports); and the SpecForge / SGLang layout
+(``LlamaForCausalLMEagle3``, e.g. lightseekorg/kimi-k2.5-eagle3), whose aux ids are converted
+from SGLang's counting and whose ``midlayer.*`` tensors are layer 0. The layout found is named
+in the preflight and recorded in the new draft's lineage (``init_from_layout``).
 Before any step the draft's architecture, hidden size, aux layer ids, target vocabulary and
 layer shapes are compared with this run's, and a mismatch is refused naming both sides.
 
@@ -24,6 +28,12 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from eagle3_schemas.draft_layout import (
+    SGLANG,
+    DraftLayoutError,
+    detect_layout,
+    sglang_to_vllm_names,
+)
 from eagle3_schemas.lineage import fingerprint_file, fingerprint_json
 from eagle3_train.model.arch import DraftArch
 
@@ -47,6 +57,19 @@ class InitDraft:
     # the norms of fc's input: each adds weights of its own (model/draft.py)
     norm_before_fc: bool = False
     fc_norm: bool = False
+    layout: str = "speculators"  # eagle3_schemas.draft_layout
+    layout_note: str = ""
+    # Stated by the SGLang layout (its layer 0 never norms the residual); None: not compared.
+    norm_before_residual: bool | None = None
+
+    def vllm_names(self, names: list[str], where: str) -> dict[str, str]:
+        """Checkpoint tensor name -> this trainer's (= vLLM's) name."""
+        if self.layout != SGLANG:
+            return {n: n for n in names}
+        try:
+            return sglang_to_vllm_names(names, f"{where}: ")
+        except DraftLayoutError as e:
+            raise InitFromError(f"draft.init_from {e}") from e
 
     @property
     def target_ids(self) -> np.ndarray:
@@ -64,23 +87,34 @@ def read_init_draft(path: str | Path) -> InitDraft:
                 "speculators eagle3 or vLLM-native MLA layout (config.json + model.safetensors)"
             )
     cfg = json.loads(config_file.read_text(encoding="utf-8"))
-    if cfg.get("speculators_model_type") == "eagle3":
+    try:
+        layout = detect_layout(cfg, f"draft.init_from {config_file}")
+    except DraftLayoutError as e:
+        raise InitFromError(str(e)) from e
+    aux = layout.aux_layer_ids  # vLLM's counting, whatever the layout wrote
+    norm_before_residual = None
+    if layout.name == "speculators":
         layer = cfg.get("transformer_layer_config", {})
         architecture = "llama"
-        aux = cfg.get("eagle_aux_hidden_state_layer_ids")
-    elif MLA_ARCHITECTURE in (cfg.get("architectures") or []):
+    elif layout.name == SGLANG:
+        layer = cfg
+        architecture = "llama"
+        norm_before_residual = bool(cfg.get("norm_before_residual", False))
+        if int(cfg.get("num_hidden_layers", 1)) != 1:
+            raise InitFromError(
+                f"draft.init_from {config_file}: num_hidden_layers {cfg.get('num_hidden_layers')} "
+                "in an SGLang-layout draft: SGLang's additional layers drop the residual where "
+                "this trainer's keep it; only one-layer SGLang drafts are read"
+            )
+    else:
         layer = cfg
         architecture = "mla"
-        aux = cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get(
-            "eagle_aux_hidden_state_layer_ids"
-        )
-    else:
-        raise InitFromError(
-            f"draft.init_from {config_file}: neither speculators_model_type 'eagle3' nor "
-            f"architectures [{MLA_ARCHITECTURE!r}] (found {cfg.get('speculators_model_type')!r}, "
-            f"{cfg.get('architectures')!r})"
-        )
     with safe_open(str(weights), "pt") as f:
+        if layout.name == SGLANG:
+            try:  # refuses a mixed or multi-layer weight file before anything is loaded
+                sglang_to_vllm_names(list(f.keys()), f"draft.init_from {weights}: ")
+            except DraftLayoutError as e:
+                raise InitFromError(str(e)) from e
         if "d2t" not in f.keys():  # noqa: SIM118
             raise InitFromError(
                 f"draft.init_from {weights}: no d2t tensor (vLLM would map draft ids onto the "
@@ -98,6 +132,9 @@ def read_init_draft(path: str | Path) -> InitDraft:
         d2t=d2t,
         norm_before_fc=bool(cfg.get("norm_before_fc", False)),
         fc_norm=bool(cfg.get("fc_norm", False)),
+        layout=layout.name,
+        layout_note=layout.describe(),
+        norm_before_residual=norm_before_residual,
     )
 
 
@@ -135,6 +172,15 @@ def compatibility_problems(
     ):
         if theirs != ours:
             out.append(f"{what}: {src} has {theirs}, this run ({where}) has {ours}")
+    if (
+        init.norm_before_residual is not None
+        and init.norm_before_residual != arch.norm_before_residual
+    ):
+        out.append(
+            f"norm_before_residual: {src} ({init.layout} layout) has {init.norm_before_residual}, "
+            f"this run has {arch.norm_before_residual} (set draft.norm_before_residual: "
+            f"{str(init.norm_before_residual).lower()})"
+        )
     if init.aux_layer_ids is not None and init.aux_layer_ids != list(aux_layer_ids):
         out.append(
             f"aux layer ids: {src} was fed layers {init.aux_layer_ids}, the hidden-state "
@@ -158,7 +204,9 @@ def load_into(model: torch.nn.Module, init: InitDraft, d2t: np.ndarray) -> dict[
     carried = 0
     loaded = []
     with safe_open(str(weights), "pt") as f, torch.no_grad():
-        names = [n for n in f.keys() if n not in ("d2t", "t2d", "embed_tokens.weight")]  # noqa: SIM118
+        stored = init.vllm_names(list(f.keys()), str(weights))
+        by_name = {ours: theirs for theirs, ours in stored.items()}
+        names = [n for n in by_name if n not in ("d2t", "t2d", "embed_tokens.weight")]
         missing = sorted(n for n in own if n not in names and n != "lm_head.weight")
         missing = [n for n in missing if own[n].requires_grad]
         if missing:
@@ -168,7 +216,7 @@ def load_into(model: torch.nn.Module, init: InitDraft, d2t: np.ndarray) -> dict[
                 raise InitFromError(
                     f"draft.init_from {weights}: tensor {name!r} has no place in this draft"
                 )
-            tensor = f.get_tensor(name)
+            tensor = f.get_tensor(by_name[name])
             if name == "lm_head.weight":
                 continue
             if tuple(tensor.shape) != tuple(own[name].shape):

@@ -10,6 +10,7 @@ import numpy as np
 from eagle3_train.components.checkpoint import read_run_config, read_state, run_config_path
 from eagle3_train.data.inputs import RunInputs, checkpoint_lineage
 from eagle3_train.export.init_from import InitFromError, compatibility_problems, read_init_draft
+from eagle3_train.export.sglang import sglang_problems
 from eagle3_train.model.arch import DraftArch
 from eagle3_train.preflight.report import Finding, error, ok, warning
 
@@ -286,6 +287,28 @@ def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -
     return out or ok("resume", f"checkpoint {resume_from} matches the inputs")
 
 
+def check_export_format(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
+    """export.format sglang / both: SGLang's LlamaForCausalLMEagle3 serves this draft as
+    trained (export/sglang.py), before any step."""
+    if inputs.config.export.format == "speculators":
+        return []
+    problems = sglang_problems(
+        arch.architecture,
+        arch.num_layers,
+        list(inputs.aux_layer_ids),
+        arch.norm_before_residual,
+        arch.norm_before_fc,
+        arch.fc_norm,
+        arch.norm_output,
+    )
+    if problems:
+        return [
+            Finding("error", "export_format", f"export.format {inputs.config.export.format}: {p}")
+            for p in problems
+        ]
+    return ok("export_format", f"export.format {inputs.config.export.format}: SGLang can load it")
+
+
 def check_init_from(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     """draft.init_from: the starting draft fits this run (architecture, hidden size, aux layer
     ids, target vocabulary, draft vocabulary unless remap_vocab), before any step."""
@@ -305,6 +328,7 @@ def check_init_from(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     shared = len(np.intersect1d(init.target_ids, inputs.vocab.target_ids))
     return ok(
         "init_from",
-        f"{d.init_from}: {init.architecture} draft fits; its LM head holds {shared} of this "
+        f"{d.init_from}: {init.architecture} draft ({init.layout_note}) fits; its LM head holds "
+        f"{shared} of this "
         f"run's {len(inputs.vocab.target_ids)} draft tokens",
     )

@@ -12,6 +12,7 @@ from eagle3_schemas.diskspace import disk_full, is_disk_full
 from eagle3_schemas.validate import validate
 from eagle3_train.components.checkpoint import TrainerState
 from eagle3_train.data.inputs import RunInputs, checkpoint_lineage
+from eagle3_train.export.sglang import SGLANG_DIR, write_sglang_export
 from eagle3_train.export.write import draft_config, export_weights, write_checkpoint
 from eagle3_train.model.arch import DraftArch
 
@@ -79,13 +80,30 @@ class Delivery:
         return out
 
     def publish(self, export: Path) -> Path:
-        """Copy ``export`` to ``OUTPUT/draft`` (temp copy, then swap)."""
+        """Publish ``export`` as ``export.format`` says: ``OUTPUT/draft`` (speculators),
+        ``OUTPUT/draft-sglang`` (SGLang), or both; each a temp copy, then swapped in. Returns
+        the first."""
+        fmt = self.inputs.config.export.format
+        published = []
+        if fmt in ("speculators", "both"):
+            published.append(self._swap_in(export, "draft", shutil.copytree))
+        if fmt in ("sglang", "both"):
+            cfg = self.inputs.config
+            served = f"{cfg.export.card.repo_id}-sglang" if cfg.export.card.repo_id else None
+
+            def write(src: Path, dst: Path) -> None:
+                write_sglang_export(src, dst, cfg, served or str(self.output_dir / SGLANG_DIR))
+
+            published.append(self._swap_in(export, SGLANG_DIR, write))
+        return published[0]
+
+    def _swap_in(self, export: Path, name: str, copy) -> Path:
         output_dir = self.output_dir
-        final = output_dir / "draft"
-        tmp = output_dir / ".tmp-draft"
+        final = output_dir / name
+        tmp = output_dir / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            shutil.copytree(export, tmp)
+            copy(export, tmp)
         except Exception as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if not is_disk_full(e):
@@ -93,7 +111,7 @@ class Delivery:
             needed = sum(f.stat().st_size for f in export.rglob("*") if f.is_file())
             raise disk_full(final, "the published draft", needed, e) from e
         if final.exists():
-            old = output_dir / ".old-draft"
+            old = output_dir / f".old-{name}"
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
             os.rename(tmp, final)
