@@ -39,14 +39,15 @@ def _write_conversations(path: Path, conversations: list[list[dict[str, str]]]) 
     """A conversations artifact holding exactly ``conversations`` (ids are their content ids)."""
     import pyarrow as pa
 
-    from eagle3_data.ingest import SCHEMA
-    from eagle3_schemas.conversations import conversation_id
+    from eagle3_schemas.conversations import SCHEMA, conversation_id
 
     table = pa.table(
         {
             "id": [conversation_id(m) for m in conversations],
             "messages": conversations,
             "source": [f"test:{i}" for i in range(len(conversations))],
+            "tools": ["[]"] * len(conversations),
+            "mode": ["instant"] * len(conversations),
         },
         schema=SCHEMA,
     )

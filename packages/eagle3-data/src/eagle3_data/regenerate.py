@@ -25,10 +25,9 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from eagle3_data.config import RegenerateConfig
-from eagle3_data.ingest import SCHEMA
 from eagle3_data.journal import Journal, read_journal
 from eagle3_data.rejects import RejectsFile
-from eagle3_schemas.conversations import describe_selection, select_rows
+from eagle3_schemas.conversations import SCHEMA, describe_selection, iter_rows, select_rows
 from eagle3_schemas.diskspace import disk_full, is_disk_full
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.jsonl import truncate_torn_tail
@@ -278,19 +277,14 @@ def _journal_rejected(
 
 def _conversations(
     path: Path, limit: int | None, sample_seed: int | None
-) -> Iterator[tuple[str, str, Messages]]:
-    """The rows ``select_rows`` picks (the first ``limit``, or a seeded random ``limit``)."""
+) -> Iterator[dict[str, Any]]:
+    """The rows ``select_rows`` picks (the first ``limit``, or a seeded random ``limit``), as
+    ``iter_rows`` reads them (conversations version 1 or 2)."""
     ids = pq.read_table(path, columns=["id"]).column("id").to_pylist()
     chosen = set(select_rows(ids, limit, sample_seed))
-    row = 0
-    for batch in pq.ParquetFile(path).iter_batches(
-        batch_size=1024, columns=["id", "source", "messages"]
-    ):
-        d = batch.to_pydict()
-        for item in zip(d["id"], d["source"], d["messages"], strict=True):
-            if row in chosen:
-                yield item
-            row += 1
+    for row, item in enumerate(iter_rows(path)):
+        if row in chosen:
+            yield item
 
 
 def run(config: RegenerateConfig) -> RegenerateSummary:
@@ -301,9 +295,9 @@ def run(config: RegenerateConfig) -> RegenerateSummary:
     total = sum(1 for _ in _conversations(config.conversations, config.limit, config.sample_seed))
     summary = RegenerateSummary(total=total, already_done=len(done))
     todo = (
-        (sid, msgs)
-        for sid, _, msgs in _conversations(config.conversations, config.limit, config.sample_seed)
-        if sid not in done
+        (row["id"], row["messages"])
+        for row in _conversations(config.conversations, config.limit, config.sample_seed)
+        if row["id"] not in done
     )
     attempt_rejects = config.rejects.with_name(config.rejects.name + ".last-run.jsonl")
     with (
@@ -350,10 +344,9 @@ def _write_artifact(config: RegenerateConfig, source_fingerprint: str) -> None:
         open(config.journal, "rb") as journal,
         parquet_stream(config.output, SCHEMA) as out,
     ):
-        rows: dict[str, list[Any]] = {"id": [], "messages": [], "source": []}
-        for sample_id, source, original in _conversations(
-            config.conversations, config.limit, config.sample_seed
-        ):
+        rows: dict[str, list[Any]] = {k: [] for k in SCHEMA.names}
+        for row in _conversations(config.conversations, config.limit, config.sample_seed):
+            sample_id, source, original = row["id"], row["source"], row["messages"]
             journal.seek(offsets[sample_id])
             entry = json.loads(journal.readline())
             if "rejected" in entry:
@@ -364,6 +357,8 @@ def _write_artifact(config: RegenerateConfig, source_fingerprint: str) -> None:
                 ("id", sample_id),
                 ("messages", entry["messages"]),
                 ("source", source),
+                ("tools", row["tools"]),
+                ("mode", row["mode"]),
             ):
                 rows[key].append(value)
             kept += 1

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
+from eagle3_schemas.conversations import iter_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 from eagle3_schemas.remote_code import remote_code_record
@@ -194,11 +194,14 @@ def _encode_chunk(rows: list[tuple[str, str, list[dict[str, str]]]]) -> list[Enc
 def _chunks(
     path: Path, rows_per_chunk: int
 ) -> Iterator[list[tuple[str, str, list[dict[str, str]]]]]:
-    for batch in pq.ParquetFile(path).iter_batches(
-        batch_size=rows_per_chunk, columns=["id", "source", "messages"]
-    ):
-        d = batch.to_pydict()
-        yield list(zip(d["id"], d["source"], d["messages"], strict=True))
+    chunk: list[tuple[str, str, list[dict[str, str]]]] = []
+    for row in iter_rows(path, rows_per_chunk):
+        chunk.append((row["id"], row["source"], row["messages"]))
+        if len(chunk) == rows_per_chunk:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def run(config: TokenizeConfig) -> TokenizeSummary:
