@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from eagle3_data.config import TokenizeConfig
-from eagle3_data.loss_mask import THINK_CLOSE, ChatRenderer, MaskError, token_mask
+from eagle3_data.loss_mask import THINK_CLOSE, THINK_OPEN, ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
 from eagle3_schemas.conversations import iter_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
@@ -51,6 +51,7 @@ SCHEMA = pa.schema(
     ]
 )
 TRUNCATION = "keep_prefix"
+EMPTY_THINK = THINK_OPEN + THINK_CLOSE
 
 
 @dataclass
@@ -202,6 +203,11 @@ def event_texts(
     template = renderer.tokenizer.apply_chat_template
     prompt = template(messages[:turn], tokenize=False, add_generation_prompt=True, **kwargs)
     full = template(messages[: turn + 1], tokenize=False, add_generation_prompt=False, **kwargs)
+    if not full.startswith(prompt) and prompt.endswith(THINK_OPEN) and EMPTY_THINK in full:
+        # Kimi's split: this turn ends the agent loop, so rendered through it every earlier turn
+        # is history and loses its reasoning, while its prompt (as served) keeps them. What the
+        # target produced after the prompt's <think> is the turn's own tail.
+        full = prompt + full[full.rindex(EMPTY_THINK) + len(THINK_OPEN) :]
     if not full.startswith(prompt):
         raise MaskError(
             f"template_mismatch: assistant turn {turn}: the conversation rendered through this "
