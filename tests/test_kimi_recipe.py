@@ -937,11 +937,10 @@ def test_vllm_extraction_of_the_wrapper_matches_transformers(run: Run, vllm_pyth
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_regenerates_in_instant_mode_with_the_recipes_flags(
-    run: Run, vllm_python: str
-) -> None:
-    """`eagle3-data regenerate` with the recipe's sampling and thinking=false, on vLLM's offline
-    engine (the GPU recipe uses `vllm serve` with the same chat template switch)."""
+def test_vllm_regenerates_with_the_recipes_flags(run: Run, vllm_python: str) -> None:
+    """`eagle3-data regenerate` with the recipe's sampling and mode mix (--thinking-fraction:
+    each row's thinking switch drawn by its id), on vLLM's offline engine (the GPU recipe uses
+    `vllm serve` with the kimi_k2 reasoning and tool-call parsers)."""
     out = run.work / "train.regenerated.parquet"
     args = [
         "regenerate",
