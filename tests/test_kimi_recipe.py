@@ -937,11 +937,10 @@ def test_vllm_extraction_of_the_wrapper_matches_transformers(run: Run, vllm_pyth
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_regenerates_in_instant_mode_with_the_recipes_flags(
-    run: Run, vllm_python: str
-) -> None:
-    """`eagle3-data regenerate` with the recipe's sampling and thinking=false, on vLLM's offline
-    engine (the GPU recipe uses `vllm serve` with the same chat template switch)."""
+def test_vllm_regenerates_with_the_recipes_flags(run: Run, vllm_python: str) -> None:
+    """`eagle3-data regenerate` with the recipe's sampling and mode mix (--thinking-fraction:
+    each row's thinking switch drawn by its id), on vLLM's offline engine (the GPU recipe uses
+    `vllm serve` with the kimi_k2 reasoning and tool-call parsers)."""
     out = run.work / "train.regenerated.parquet"
     args = [
         "regenerate",
@@ -1026,3 +1025,29 @@ def test_vllm_serves_the_mla_draft_and_agrees_with_the_reference(
             for r in rows
         }
     assert per_sample["vllm"] == per_sample["reference"]  # the outputs too: the target's alone
+
+
+@pytest.mark.vllm
+def test_vllms_kimi_k2_parsers_read_the_standins_agent_turn(
+    standin: Path, vllm_python: str
+) -> None:
+    """The stand-in's template renders a thinking turn that calls two tools in the middle of an
+    agent loop; vLLM's kimi_k2 reasoning parser and kimi_k2 tool parser (what the recipe serves
+    with) read the rendered completion back into the turn's reasoning and calls, ids included."""
+    done = subprocess.run(
+        [vllm_python, "-m", "support.kimi_parsers", str(standin)],
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "tests"), VLLM_LOGGING_LEVEL="WARNING"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, failure_report(done.stderr)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    turn = got["expected"]
+    assert got["completion"].startswith(turn["reasoning_content"] + "</think>")
+    assert got["reasoning"] == turn["reasoning_content"]
+    assert not got["content"]
+    assert got["tool_calls"] == [
+        {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in turn["tool_calls"]
+    ]

@@ -34,16 +34,29 @@ PLAN_ARGS=(--storage-dtype "$STORAGE_DTYPE" --tensor-parallel-size "$NGPU" --gpu
   --gpu-memory-gib "$GPU_MEMORY_GIB" --max-model-len $((MAX_LENGTH + 1)))
 
 # ---- regenerate: one `vllm serve` over the node (TP = NGPU), text only ----
-# Instant mode (thinking=false): Kimi's template renders every earlier assistant turn, and the
-# final answer of a training conversation, as `<think></think>` + answer — reasoning is dropped
-# from history. Instant-mode answers are exactly what that rendering trains on, and what the
-# draft then serves (eval renders prompts with the same switch). The reasoning parser keeps any
-# stray reasoning out of `content` (regenerate rejects an answer holding `</think>` alone).
+# The mode mix Kimi's users serve: thinking is K2.5's default (instant needs
+# chat_template_kwargs thinking=false, and vLLM's kimi_k2 reasoning parser reads
+# `thinking = chat_kwargs.get("thinking", True)`), and its users run it as an agent. So 3 rows in 4
+# are regenerated in thinking mode (--thinking-fraction 0.75, drawn per row by a seeded hash of
+# its id) and 1 in 4 in instant mode: a draft trained on instant answers alone never sees the
+# reasoning that dominates served tokens, nor a tool call. 0.75 is a prior, not a measurement:
+# issue 43 measures instant / thinking+agent / mix drafts on each kind of traffic and sets it.
+# The reasoning and tool-call parsers return `reasoning_content` and `tool_calls`, which
+# regenerate keeps with vLLM's token ids (the prompt as served, the completion with <think>,
+# </think> and the tool-call markers), and tokenize trains one sample per generation event
+# (Kimi's template drops every earlier turn's reasoning, so a whole conversation never shows it).
+# Tools declared in the data are sent with each request; the source's tool results are spliced
+# under the target's call ids.
 SERVE_ARGS=(--tensor-parallel-size "$NGPU" "${TRUST[@]}" --language-model-only
-  --reasoning-parser kimi_k2 --max-model-len 32768 --gpu-memory-utilization 0.9)
-# Moonshot's recommended instant-mode sampling (temperature 0.6, top-p 0.95).
-REGENERATE_ARGS=(--temperature 0.6 --top-p 0.95 --max-tokens 2048 --seed 0
-  --chat-template-kwarg thinking=false --concurrency 256 --limit "$SAMPLES" --sample-seed 0)
+  --reasoning-parser kimi_k2 --enable-auto-tool-choice --tool-call-parser kimi_k2
+  --max-model-len 32768 --gpu-memory-utilization 0.9)
+# Moonshot's recommended sampling (temperature 0.6, top-p 0.95). --max-tokens 16384: Moonshot
+# asks for max_tokens >= 16,000 in thinking mode, since reasoning alone often runs to thousands
+# of tokens; an answer cut there is rejected (not trained half-finished) and counted. 16,384
+# plus a prompt of up to 16,384 fits the server's 32,768 context and MAX_LENGTH, so no sample is
+# cut by tokenize either.
+REGENERATE_ARGS=(--temperature 0.6 --top-p 0.95 --max-tokens 16384 --seed 0
+  --thinking-fraction 0.75 --concurrency 256 --limit "$SAMPLES" --sample-seed 0)
 
 # ---- tokenize + vocab ----
 TOKENIZE_ARGS=(--max-length "$MAX_LENGTH" --workers "$CPU_WORKERS" "${TRUST[@]}")
@@ -70,6 +83,8 @@ TRAIN_CONFIG="recipes/$RECIPE_NAME/train.yaml"
 ACCELERATE_ARGS=(--config_file recipes/accelerate/zero2.yaml --num_processes "$NGPU")
 
 # ---- eval: vLLM speculative decoding, k = 3, greedy, prompts rendered in instant mode ----
+# Still instant mode and without tools: eagle3-eval refuses tool-role prompts for now; acceptance
+# per kind of traffic (instant, thinking, agent) is issue 43's.
 EVAL_ARGS=(--k 3 --temperature 0 --max-new-tokens 512 --max-prompt-tokens 4096
   --limit "$PROMPTS" --concurrency 16 "${TRUST[@]}" --chat-template-kwarg thinking=false
   --engine-arg dtype=bfloat16 --engine-arg enforce_eager=false --engine-arg language_model_only=true

@@ -13,15 +13,21 @@ RECIPE_NAME=qwen3-8b
 HUB_ID=Qwen/Qwen3-8B  # what `huggingface-cli download` fetches into $MODEL
 
 SAMPLES="${SAMPLES:-20000}"                # conversations regenerated and trained on (seeded draw)
-MAX_LENGTH="${MAX_LENGTH:-8192}"           # thinking answers are long: room for a 4k-token answer
+MAX_LENGTH="${MAX_LENGTH:-8192}"           # thinking answers are long: a 6,144-token answer + its prompt
 CONTEXT=40960                              # the model's own context, for `vllm serve`
-# No --reasoning-parser on the server: the answer must come back whole, <think> block included,
-# in `content` (with a parser vLLM moves the reasoning to `reasoning_content`, which regenerate
-# does not read, and the draft would never see the thinking tokens that dominate Qwen3's output).
-# Thinking mode (Qwen3's default) with Qwen's recommended sampling for it (temperature 0.6,
-# top-p 0.95; greedy decoding makes thinking loop). Eval stays greedy, vLLM's reference figure:
-# thinking may loop under it, which still measures acceptance.
-SAMPLING=(--temperature 0.6 --top-p 0.95 --max-tokens 4096)
+# Qwen3's parsers on the server: `--reasoning-parser qwen3` returns the reasoning in
+# `reasoning_content` (no longer left inside `content`), `--tool-call-parser hermes` its
+# <tool_call> blocks as `tool_calls`; regenerate keeps both with vLLM's token ids, and tokenize
+# trains each generation event's completion ids (<think> block, tool calls and <|im_end|>) after
+# the prompt as served. Thinking is Qwen3's default mode (enable_thinking=true) and what its
+# users mostly serve; 1 row in 4 is regenerated in non-thinking mode, the documented switch
+# (--thinking-fraction 0.75, the same prior as the Kimi recipe: issue 43 measures it).
+# Qwen's recommended thinking sampling (temperature 0.6, top-p 0.95; greedy decoding makes
+# thinking loop). --max-tokens 6144: Qwen3's thinking answers on chat data mostly end well within
+# it, and 6,144 + a 2,048-token prompt is MAX_LENGTH; an answer cut there is rejected and counted.
+# Eval stays greedy, vLLM's reference figure: thinking may loop under it, which still measures
+# acceptance.
+SAMPLING=(--temperature 0.6 --top-p 0.95 --max-tokens 6144)
 # 32,000 of 151,936 ids (151,669 used by the tokenizer): the size of the published EAGLE-3
 # drafts for Qwen3-8B; it cuts the draft's LM head 4.7x (131M instead of 622M weights, the
 # largest tensor it computes each TTT step), and the most frequent answer tokens are expected to
@@ -31,3 +37,5 @@ VOCAB_ARGS=(--draft-vocab-size 32000)
 
 # shellcheck source=recipes/dense-flags.sh
 source recipes/dense-flags.sh  # the rest (run from the repository root, as pipeline.sh is)
+SERVE_ARGS+=(--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes)
+REGENERATE_ARGS+=(--thinking-fraction 0.75)

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from eagle3_schemas.atomic import write_json_atomic
+from eagle3_schemas.conversations import SCHEMA as CONVERSATIONS_SCHEMA
 from eagle3_schemas.conversations import conversation_id
 from eagle3_schemas.header import make_header, write_json_header, write_parquet, write_safetensors
 from eagle3_schemas.hidden_states import SHARD_DIR, checksum_rows
@@ -46,11 +47,12 @@ def conversations(path: Path) -> Path:
     table = pa.table(
         {
             "id": [conversation_id(m) for m in rows],
-            "messages": pa.array(
-                rows, type=pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
-            ),
+            "messages": rows,
             "source": ["fixture.jsonl:0", "fixture.jsonl:1"],
-        }
+            "tools": ["[]", "[]"],
+            "mode": ["instant", "instant"],
+        },
+        schema=CONVERSATIONS_SCHEMA,
     )
     lineage = {"source_fingerprint": fake_fingerprint("raw"), "generator": "original"}
     write_parquet(path, table, make_header("conversations", lineage, num_rows=2, num_rejected=0))

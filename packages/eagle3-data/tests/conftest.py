@@ -5,6 +5,11 @@ from pathlib import Path
 
 import pytest
 
+# Imported at collection, outside the quick tier's process guard: transformers' first import
+# asks ldconfig for shared libraries (ctypes.util.find_library starts /sbin/ldconfig), which the
+# guard would count as the test starting a process.
+from transformers import AutoTokenizer  # noqa: F401
+
 from eagle3_schemas.header import make_header, write_parquet
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,14 +39,15 @@ def _write_conversations(path: Path, conversations: list[list[dict[str, str]]]) 
     """A conversations artifact holding exactly ``conversations`` (ids are their content ids)."""
     import pyarrow as pa
 
-    from eagle3_data.ingest import SCHEMA
-    from eagle3_schemas.conversations import conversation_id
+    from eagle3_schemas.conversations import SCHEMA, conversation_id
 
     table = pa.table(
         {
             "id": [conversation_id(m) for m in conversations],
             "messages": conversations,
             "source": [f"test:{i}" for i in range(len(conversations))],
+            "tools": ["[]"] * len(conversations),
+            "mode": ["instant"] * len(conversations),
         },
         schema=SCHEMA,
     )

@@ -13,7 +13,7 @@ from eagle3_data.cli import main
 from eagle3_data.config import IngestConfig
 from eagle3_data.ingest import run
 from eagle3_schemas import PathArgumentError, read_header, validate
-from eagle3_schemas.conversations import conversation_id
+from eagle3_schemas.conversations import conversation_id, iter_rows
 
 GOOD_SHAREGPT = {
     "conversations": [
@@ -99,7 +99,7 @@ def test_dirty_jsonl_every_reject_explained_nothing_valid_lost(tmp_path: Path) -
     assert "caf\\xe9" in rejected[1]["record"]
     header = read_header(out)
     assert header.fields["num_rejected"] == len(DIRTY)
-    table = pq.read_table(out).to_pylist()
+    table = list(iter_rows(out))
     assert table[0]["messages"][4] == {"role": "assistant", "content": "s[::-1].upper()"}
     assert table[0]["id"] == conversation_id(table[0]["messages"])
 
@@ -122,7 +122,7 @@ def test_sharegpt_json_array_parquet_and_datasets_dir(tmp_path: Path) -> None:
     summary = run(IngestConfig([array, parquet, saved], out, tmp_path / "rej.jsonl"))
     assert validate(out) == []
     assert summary.written == 3 and sum(summary.rejected.values()) == 1
-    rows = pq.read_table(out).to_pylist()
+    rows = list(iter_rows(out))
     assert [r["source"] for r in rows] == ["share.json:0", "msgs.parquet:0", "hf:0"]
     assert rows[0]["messages"] == [
         {"role": "user", "content": "Sort a list."},

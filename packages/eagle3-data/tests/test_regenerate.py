@@ -27,6 +27,7 @@ from eagle3_data.journal import read_journal
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
 from eagle3_schemas.atomic import TEMP_MARKER
+from eagle3_schemas.conversations import iter_rows
 
 from support.failures import failure_report
 from support.smallfs import leave_free, small_tmpfs
@@ -168,7 +169,7 @@ def test_recovers_from_5xx_timeouts_and_malformed_bodies(
     )
     out = tmp_path / "regen.parquet"
     assert validate(out) == []
-    rows = pq.read_table(out).to_pylist()
+    rows = list(iter_rows(out))
     assert [r["messages"][-1]["content"] for r in rows[:5]] == [
         f"answer to q{i}" for i in (0, 1, 2, 3, 4)
     ]
@@ -269,7 +270,7 @@ def test_kill_9_mid_run_then_rerun_completes_without_duplicates(
     script.delay = 0.0
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = pq.read_table(out).to_pylist()
+    rows = list(iter_rows(out))
     assert [r["id"] for r in rows] == pq.read_table(source).column("id").to_pylist()
     assert validate(out) == []
     repeated = [k for k, n in script.requests.items() if n > 1]
@@ -349,7 +350,7 @@ def test_sigterm_keeps_every_answer_received_and_the_rerun_asks_nothing_twice(
     script.delay = 0.0
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = pq.read_table(out).to_pylist()
+    rows = list(iter_rows(out))
     assert [r["id"] for r in rows] == pq.read_table(source).column("id").to_pylist()
     # each row holds the answer the endpoint gave, whichever run received it
     assert [r["messages"] for r in rows] == [_answered(i) for i in range(24)]
@@ -392,7 +393,7 @@ def test_a_full_disk_while_journaling_stops_by_name_and_the_rerun_resumes(
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, failure_report(done.stderr)
         assert "dropping a torn last line" in done.stderr
-        rows = pq.read_table(out).to_pylist()
+        rows = list(iter_rows(out))
         assert [r["id"] for r in rows] == ids
         assert [r["messages"] for r in rows] == [_answered(i) for i in range(60)]
         assert validate(out) == [] and not journal.exists()
@@ -424,7 +425,7 @@ def test_a_full_disk_while_publishing_stops_by_name_and_the_rerun_publishes_from
     # the artifact and the journal's sizes, from a run on the roomy disk
     reference = tmp_path / "reference.parquet"
     assert subprocess.run(command(reference), capture_output=True, timeout=120).returncode == 0
-    rows = pq.read_table(reference).to_pylist()
+    rows = list(iter_rows(reference))  # the turns as journaled: only the fields they have
     journal_bytes = sum(
         len(json.dumps({"id": r["id"], "messages": r["messages"]}, ensure_ascii=False)) + 1
         for r in rows
@@ -449,5 +450,5 @@ def test_a_full_disk_while_publishing_stops_by_name_and_the_rerun_publishes_from
         done = subprocess.run(command(out), capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, failure_report(done.stderr)
         assert sum(script.requests.values()) == asked  # published from the journal alone
-        assert pq.read_table(out).to_pylist() == rows
+        assert list(iter_rows(out)) == rows
         assert validate(out) == [] and not journal.exists()

@@ -11,13 +11,12 @@ import os
 import subprocess
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from eagle3_data.config import RegenerateConfig, SamplingConfig
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
-from eagle3_schemas.conversations import conversation_id
+from eagle3_schemas.conversations import conversation_id, iter_rows
 
 from support import vllm_server
 from support.failures import failure_report
@@ -55,7 +54,7 @@ PROMPTS = [
 
 def _check(out: Path, engine: str, regenerated: int) -> list[dict]:
     assert validate(out) == []
-    rows = pq.read_table(out).to_pylist()
+    rows = list(iter_rows(out))
     assert len(rows) == regenerated
     by_id = {conversation_id(p): p for p in PROMPTS}
     for row in rows:

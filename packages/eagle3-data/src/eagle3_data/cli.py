@@ -109,6 +109,18 @@ def _parser() -> argparse.ArgumentParser:
         help="passed to the target's chat template with every request (VALUE parsed as JSON), "
         "e.g. thinking=false for Kimi's instant mode",
     )
+    p.add_argument(
+        "--thinking-fraction",
+        type=float,
+        help="regenerate this share of the rows in thinking mode and the rest in instant mode, "
+        "drawn per row by a hash of --seed and its id (sets thinking and enable_thinking in the "
+        "chat template kwargs); default: each row's own mode",
+    )
+    p.add_argument(
+        "--keep-length-cut",
+        action="store_true",
+        help="keep answers cut at --max-tokens (counted in the summary) instead of rejecting them",
+    )
     _trust_flag(p, "the model (--engine vllm)")
     p = sub.add_parser("tokenize", help="conversations → token ids + assistant-only loss masks")
     p.add_argument("conversations", type=Path)
@@ -187,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.sample_seed,
                 dict(_engine_arg(a, "--chat-template-kwarg") for a in args.chat_template_kwarg),
                 tuple(s for s in args.preempt_signals.split(",") if s.strip()),
+                args.thinking_fraction,
+                args.keep_length_cut,
             )
             summary = asdict(regenerate.run(config))
             if summary["preempted"]:

@@ -88,6 +88,11 @@ class RegenerateConfig:
     # Signals that stop the run once the answers in flight are in (journaled), exit 5, rerun
     # resumes: SIGTERM is what Slurm and Kubernetes send; SIGUSR1 for Slurm's --signal.
     preempt_signals: tuple[str, ...] = ("SIGTERM",)
+    # The share of rows regenerated in thinking mode, drawn per row by a seeded hash of its id
+    # (blake2b('{seed}:{id}')); None keeps each row's own mode (ingest's: 'thinking' where the
+    # source carried reasoning, else 'instant') and chat_template_kwargs as given.
+    thinking_fraction: float | None = None
+    keep_length_cut: bool = False  # keep answers cut at max_tokens (counted) instead of rejecting
 
     @property
     def journal(self) -> Path:
@@ -108,6 +113,10 @@ class RegenerateConfig:
             raise ConfigError(str(e)) from None
         if self.concurrency < 1 or self.retries < 0:
             raise ConfigError("--concurrency must be >= 1 and --retries >= 0")
+        if self.thinking_fraction is not None and not 0.0 <= self.thinking_fraction <= 1.0:
+            raise ConfigError(
+                f"--thinking-fraction must lie in [0, 1], got {self.thinking_fraction}"
+            )
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.sample_seed is not None and self.limit is None:

@@ -1,5 +1,19 @@
 """tokenize: conversations → token ids and assistant-only loss masks, in parallel processes.
 
+Two ways, chosen per row:
+
+- An instant row without tools (every conversations v1 row) is rendered whole and every
+  assistant turn's span is trained, exactly as before conversations v2.
+- A thinking-mode row, or one with tools or tool calls, becomes one sample per generation event
+  (assistant turn), because templates drop earlier turns' reasoning (Kimi's renders a whole
+  conversation without any): the prompt as served (template, tools, mode, generation prompt),
+  loss 0, then the completion, loss 1, which covers the reasoning, ``</think>``, the tool-call
+  markers and the end token. The ids are the target's own where regeneration kept them
+  (``prompt_token_ids``, ``completion_token_ids``); otherwise the prompt is rendered with the
+  generation prompt and the completion is what the template renders after it, each tokenized
+  on its own, so the mask ends exactly at the token boundary. Event k of row ID is sample
+  ``ID#k``.
+
 Truncation policy: a sample longer than ``max_length`` keeps its first ``max_length`` tokens
 (the prefix, so the prompt survives); a sample left without any trained token is rejected.
 """
@@ -7,6 +21,7 @@ Truncation policy: a sample longer than ``max_length`` keeps its first ``max_len
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -16,11 +31,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from eagle3_data.config import TokenizeConfig
-from eagle3_data.loss_mask import ChatRenderer, MaskError, token_mask
+from eagle3_data.loss_mask import THINK_CLOSE, THINK_OPEN, ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
+from eagle3_schemas.conversations import iter_rows
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 from eagle3_schemas.remote_code import remote_code_record
@@ -36,6 +51,7 @@ SCHEMA = pa.schema(
     ]
 )
 TRUNCATION = "keep_prefix"
+EMPTY_THINK = THINK_OPEN + THINK_CLOSE
 
 
 @dataclass
@@ -44,6 +60,11 @@ class TokenizeSummary:
     tokens: int = 0
     loss_tokens: int = 0
     truncated: int = 0
+    events: int = 0  # samples written from generation events (thinking or agent rows)
+    # trained tokens of the generation events by kind; whole-conversation rows count as answer
+    loss_tokens_by_kind: dict[str, int] = field(
+        default_factory=lambda: {"reasoning": 0, "tool_call": 0, "answer": 0}
+    )
     rejected: dict[str, int] = field(default_factory=dict)
 
 
@@ -56,6 +77,8 @@ class Encoded:
     truncated: bool = False
     error: str | None = None
     messages: Any = None
+    event: bool = False  # a generation event's sample (prompt, then completion)
+    kinds: dict[str, int] | None = None
 
 
 def load_tokenizer(directory: Path, trust_remote_code: bool = False) -> Any:
@@ -95,13 +118,25 @@ def spans_to_token_mask(encoding: Any, spans: list[tuple[int, int]]) -> np.ndarr
     return mask
 
 
-def encode_batch(
-    renderer: ChatRenderer, rows: list[tuple[str, str, list[dict[str, str]]]], max_length: int
-) -> list[Encoded]:
-    """Render, locate trained spans and tokenize ``(id, source, messages)`` rows in one batch."""
+Row = tuple[str, str, list[dict[str, Any]]] | tuple[str, str, list[dict[str, Any]], str, str]
+
+
+def is_event_row(messages: list[dict[str, Any]], tools: str, mode: str) -> bool:
+    """Whether a row is tokenized per generation event: thinking mode, tools declared, or any
+    turn beyond role and content. Every other row is tokenized whole, as before v2."""
+    return mode == "thinking" or tools != "[]" or any(len(m) != 2 for m in messages)
+
+
+def encode_batch(renderer: ChatRenderer, rows: list[Row], max_length: int) -> list[Encoded]:
+    """Render, locate trained spans and tokenize ``(id, source, messages[, tools, mode])`` rows
+    in one batch."""
     results: list[Encoded] = []
     pending: list[tuple[Encoded, list[tuple[int, int]], str]] = []
-    for sample_id, source, messages in rows:
+    for sample_id, source, messages, *rest in rows:
+        tools, mode = rest if rest else ("[]", "instant")
+        if is_event_row(messages, tools, mode):
+            results += encode_events(renderer, sample_id, source, messages, tools, mode, max_length)
+            continue
         text = renderer.render(messages)
         try:
             spans = renderer.trained_spans(messages, text)
@@ -143,6 +178,124 @@ def encode_batch(
             continue
         encoded.input_ids, encoded.loss_mask, encoded.messages = ids_array, mask, None
     return results
+
+
+def template_kwargs(tools: str, mode: str) -> dict[str, Any]:
+    """What the target's template is given for a row: its tools and its mode, under both names
+    templates use for it (Kimi's ``thinking``, Qwen3's ``enable_thinking``)."""
+    declared = json.loads(tools)
+    thinking = mode == "thinking"
+    return {"tools": declared or None, "thinking": thinking, "enable_thinking": thinking}
+
+
+def event_texts(
+    renderer: ChatRenderer, messages: list[dict[str, Any]], turn: int, tools: str, mode: str
+) -> tuple[str, str]:
+    """(prompt, completion) of the generation event at assistant turn ``turn``, as rendered.
+
+    The prompt is the conversation before the turn with the generation prompt; the completion is
+    what the template renders after it for the turn, up to its closing. A template that drops
+    the turn's reasoning where it ends the conversation (Kimi's renders ``<think></think>``
+    there) gets the reasoning put back before its ``</think>``: that is what the target
+    produced after the prompt's ``<think>``.
+    """
+    kwargs = template_kwargs(tools, mode)
+    template = renderer.tokenizer.apply_chat_template
+    prompt = template(messages[:turn], tokenize=False, add_generation_prompt=True, **kwargs)
+    full = template(messages[: turn + 1], tokenize=False, add_generation_prompt=False, **kwargs)
+    if not full.startswith(prompt) and prompt.endswith(THINK_OPEN) and EMPTY_THINK in full:
+        # Kimi's split: this turn ends the agent loop, so rendered through it every earlier turn
+        # is history and loses its reasoning, while its prompt (as served) keeps them. What the
+        # target produced after the prompt's <think> is the turn's own tail.
+        full = prompt + full[full.rindex(EMPTY_THINK) + len(THINK_OPEN) :]
+    if not full.startswith(prompt):
+        raise MaskError(
+            f"template_mismatch: assistant turn {turn}: the conversation rendered through this "
+            "turn does not start with its prompt rendered with the generation prompt"
+        )
+    completion = full[len(prompt) :]
+    if renderer.closing:
+        end = completion.rfind(renderer.closing)
+        if end < 0:
+            raise MaskError(
+                f"template_mismatch: assistant turn {turn}: no {renderer.closing!r} closes it"
+            )
+        completion = completion[: end + len(renderer.closing)]
+    reasoning = messages[turn].get("reasoning_content")
+    if reasoning and reasoning not in completion:
+        if not completion.startswith(THINK_CLOSE):
+            raise MaskError(
+                f"reasoning_dropped: assistant turn {turn}: the template renders none of its "
+                "reasoning_content and its generation prompt leaves no open think block"
+            )
+        completion = reasoning + completion
+    return prompt, completion
+
+
+def _encode_text(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def loss_kinds(tokenizer: Any, completion: list[int]) -> dict[str, int]:
+    """Completion tokens by kind: reasoning (through the first ``</think>``), tool_call (from
+    the first tool-call opening marker through the last closing one), answer (the rest)."""
+    vocab = tokenizer.get_vocab()
+    think_close = vocab.get(THINK_CLOSE)
+    opens = {vocab[t] for t in ("<|tool_calls_section_begin|>", "<tool_call>") if t in vocab}
+    closes = {vocab[t] for t in ("<|tool_calls_section_end|>", "</tool_call>") if t in vocab}
+    reasoning = completion.index(think_close) + 1 if think_close in completion else 0
+    starts = [i for i, t in enumerate(completion) if t in opens and i >= reasoning]
+    ends = [i for i, t in enumerate(completion) if t in closes]
+    calls = ends[-1] + 1 - starts[0] if starts and ends and ends[-1] >= starts[0] else 0
+    return {
+        "reasoning": reasoning,
+        "tool_call": calls,
+        "answer": len(completion) - reasoning - calls,
+    }
+
+
+def encode_events(
+    renderer: ChatRenderer,
+    sample_id: str,
+    source: str,
+    messages: list[dict[str, Any]],
+    tools: str,
+    mode: str,
+    max_length: int,
+) -> list[Encoded]:
+    """One sample per assistant turn: prompt ids (loss 0), then completion ids (loss 1)."""
+    out: list[Encoded] = []
+    event = 0
+    for turn, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        encoded = Encoded(f"{sample_id}#{event}", source, messages=messages, event=True)
+        event += 1
+        out.append(encoded)
+        if message.get("completion_token_ids") and message.get("prompt_token_ids"):
+            prompt_ids = list(message["prompt_token_ids"])
+            completion_ids = list(message["completion_token_ids"])
+        else:
+            try:
+                prompt, completion = event_texts(renderer, messages, turn, tools, mode)
+            except MaskError as e:
+                encoded.error = str(e)
+                continue
+            prompt_ids = _encode_text(renderer.tokenizer, prompt)
+            completion_ids = _encode_text(renderer.tokenizer, completion)
+        ids = np.asarray(prompt_ids + completion_ids, dtype=np.int32)
+        mask = np.concatenate(
+            [np.zeros(len(prompt_ids), np.uint8), np.ones(len(completion_ids), np.uint8)]
+        )
+        encoded.truncated = len(ids) > max_length
+        kept = max(0, min(len(completion_ids), max_length - len(prompt_ids)))
+        if kept == 0:
+            encoded.error = "no_loss_tokens: every completion token lies beyond max_length"
+            continue
+        encoded.kinds = loss_kinds(renderer.tokenizer, completion_ids[:kept])
+        encoded.input_ids, encoded.loss_mask = ids[:max_length], mask[:max_length]
+        encoded.messages = None
+    return out
 
 
 def encode_without_offsets(
@@ -187,18 +340,19 @@ def encode(
 _worker: dict[str, Any] = {}
 
 
-def _encode_chunk(rows: list[tuple[str, str, list[dict[str, str]]]]) -> list[Encoded]:
+def _encode_chunk(rows: list[Row]) -> list[Encoded]:
     return encode_batch(_worker["renderer"], rows, _worker["max_length"])
 
 
-def _chunks(
-    path: Path, rows_per_chunk: int
-) -> Iterator[list[tuple[str, str, list[dict[str, str]]]]]:
-    for batch in pq.ParquetFile(path).iter_batches(
-        batch_size=rows_per_chunk, columns=["id", "source", "messages"]
-    ):
-        d = batch.to_pydict()
-        yield list(zip(d["id"], d["source"], d["messages"], strict=True))
+def _chunks(path: Path, rows_per_chunk: int) -> Iterator[list[Row]]:
+    chunk: list[Row] = []
+    for row in iter_rows(path, rows_per_chunk):
+        chunk.append((row["id"], row["source"], row["messages"], row["tools"], row["mode"]))
+        if len(chunk) == rows_per_chunk:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def run(config: TokenizeConfig) -> TokenizeSummary:
@@ -237,6 +391,8 @@ def run(config: TokenizeConfig) -> TokenizeSummary:
                 num_loss_tokens=summary.loss_tokens,
                 num_truncated=summary.truncated,
                 num_rejected=rejects.count,
+                num_events=summary.events,
+                loss_tokens_by_kind=summary.loss_tokens_by_kind,
                 assistant_closing=renderer.closing,
                 # Whose answers these are (the conversations' generator: "original" or the
                 # regeneration's fingerprint), carried on to the dataset and the draft's card.
@@ -283,3 +439,7 @@ def _write(
         summary.tokens += sum(len(e.input_ids) for e in kept)
         summary.loss_tokens += sum(int(e.loss_mask.sum()) for e in kept)
         summary.truncated += sum(e.truncated for e in kept)
+        summary.events += sum(e.event for e in kept)
+        for e in kept:
+            for kind, count in (e.kinds or {"answer": int(e.loss_mask.sum())}).items():
+                summary.loss_tokens_by_kind[kind] += count

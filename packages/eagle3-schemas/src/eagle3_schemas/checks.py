@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from eagle3_schemas.artifact import Artifact, Violation
-from eagle3_schemas.conversations import conversation_problem
+from eagle3_schemas.conversations import MODES, conversation_problem, tools_problem
 from eagle3_schemas.fingerprint import fingerprint_vocab_map
 from eagle3_schemas.hidden_states import (
     UnsafeShardPath,
@@ -181,13 +181,35 @@ def conversations_roles_alternate(art: Artifact) -> list[Violation]:
     out = []
     for first, batch in art.batches(art.path("conversations"), ["messages"]):
         for offset, messages in enumerate(batch.column("messages").to_pylist()):
-            problem = conversation_problem(messages)
+            problem = conversation_problem(messages, art.header.schema_version)
             if problem:
                 out.append(
                     Violation(
                         _where(art, "conversations"),
                         f"row {first + offset}, column messages",
                         problem,
+                    )
+                )
+    return _capped(out)
+
+
+def conversations_tools_and_mode(art: Artifact) -> list[Violation]:
+    out = []
+    for first, batch in art.batches(art.path("conversations"), ["tools", "mode"]):
+        d = batch.to_pydict()
+        for offset, (tools, mode) in enumerate(zip(d["tools"], d["mode"], strict=True)):
+            row = first + offset
+            problem = tools_problem(tools)
+            if problem:
+                out.append(
+                    Violation(_where(art, "conversations"), f"row {row}, column tools", problem)
+                )
+            if mode not in MODES:
+                out.append(
+                    Violation(
+                        _where(art, "conversations"),
+                        f"row {row}, column mode",
+                        f"{mode!r} (expected one of {list(MODES)})",
                     )
                 )
     return _capped(out)
@@ -757,6 +779,7 @@ CHECKS: dict[str, dict[str, Check]] = {
     "conversations": {
         "unique_ids": conversations_unique_ids,
         "roles_alternate": conversations_roles_alternate,
+        "tools_and_mode": conversations_tools_and_mode,
     },
     "tokenized": {
         "unique_ids": tokenized_unique_ids,

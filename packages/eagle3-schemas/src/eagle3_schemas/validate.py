@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from eagle3_schemas.artifact import Artifact, Violation
 from eagle3_schemas.checks import CHECKS, DEEP_CHECKS, symbols_from_header
+from eagle3_schemas.conversations import CONVERSATION_TURNS_V2, MESSAGE_V2
 from eagle3_schemas.header import DIRECTORY_HEADER_FILES, ArtifactError, Header, read_header
 from eagle3_schemas.registry import artifact_kinds, load_schema, versions
 from eagle3_schemas.safetensors_format import SafetensorsFormatError
@@ -35,6 +36,7 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "list<struct<role: string, content: string>>": pa.list_(
         pa.struct([("role", pa.string()), ("content", pa.string())])
     ),
+    CONVERSATION_TURNS_V2: pa.list_(MESSAGE_V2),
 }
 
 
