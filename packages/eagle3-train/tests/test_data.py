@@ -142,3 +142,13 @@ def test_validation_split_is_stable_and_about_the_fraction(bf16_dataset):
     assert len(train) + len(val) == len(ds) and not set(train) & set(val)
     assert [is_validation(f"s-{i}", 0.1) for i in range(2000)].count(True) in range(150, 250)
     assert split_indices(ds, 0.25)[1].tolist() == val.tolist()
+
+
+def test_the_events_of_one_conversation_are_held_out_together() -> None:
+    """tokenize writes a thinking or agent conversation as samples ID#0, ID#1, ... that share
+    its prompt prefix: a split between them would leak it into the validation loss."""
+    ids = [f"{i:032x}" for i in range(400)]
+    held = [is_validation(i, 0.25) for i in ids]
+    assert 0 < sum(held) < len(ids)
+    for conversation, out in zip(ids, held, strict=True):
+        assert [is_validation(f"{conversation}#{k}", 0.25) for k in range(3)] == [out] * 3

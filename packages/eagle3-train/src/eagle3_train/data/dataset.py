@@ -171,10 +171,15 @@ class HiddenStateDataset:
 
 
 def is_validation(sample_id: str, fraction: float) -> bool:
-    """Held-out membership from the sample id alone: stable across runs and world sizes."""
+    """Held-out membership from the sample id alone: stable across runs and world sizes.
+
+    The generation events of one conversation (tokenize's ``ID#0``, ``ID#1``, ...) share its
+    prompt prefix, so they are held out together: membership is drawn from ``ID``.
+    """
     if fraction <= 0:
         return False
-    digest = hashlib.blake2b(sample_id.encode("utf-8"), digest_size=8).digest()
+    conversation = sample_id.split("#", 1)[0]
+    digest = hashlib.blake2b(conversation.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < fraction
 
 
