@@ -35,6 +35,11 @@ from pathlib import Path
 
 import pytest
 
+# Imported before any test, outside the quick tier's process guard: the first import of
+# transformers' tokenizers loads cuda.pathfinder, whose ctypes.util.find_library("dl") starts
+# /sbin/ldconfig -p; the guard would blame whichever quick test imported it first.
+from transformers import AutoTokenizer  # noqa: F401
+
 from support import vllm_server
 from support.smallfs import tmpfs_problem
 

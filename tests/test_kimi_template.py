@@ -15,11 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer  # noqa: F401  (at collection: see below)
 from transformers.utils.chat_template_utils import _compile_jinja_template
-
-# AutoTokenizer is imported at collection, outside the quick tier's process guard: its first
-# import asks /sbin/ldconfig for shared libraries, which the guard counts as a process.
 
 TEMPLATE = (
     Path(__file__).resolve().parent / "support" / "kimi_standin_files" / "chat_template.jinja"

@@ -5,11 +5,6 @@ from pathlib import Path
 
 import pytest
 
-# Imported at collection, outside the quick tier's process guard: transformers' first import
-# asks ldconfig for shared libraries (ctypes.util.find_library starts /sbin/ldconfig), which the
-# guard would count as the test starting a process.
-from transformers import AutoTokenizer  # noqa: F401
-
 from eagle3_schemas.header import make_header, write_parquet
 
 REPO = Path(__file__).resolve().parents[3]
