@@ -179,11 +179,11 @@ class ZeroClip:
             for i, g in enumerate(zero.optimizer.param_groups)
             if g.get("use_muon") and zero.averaged_gradients.get(i) is not None
         }
-        if muon_groups - set(self.recorded):
+        missed = sorted(i for i in muon_groups if not self.recorded.get(i))
+        if missed:
             raise ZeroClipError(
-                f"ZeRO-2 Muon groups {sorted(muon_groups - set(self.recorded))} were "
-                "orthogonalised without passing the swapped muon_update: the clip would come "
-                "after Newton–Schulz"
+                f"ZeRO-2 Muon groups {missed} were orthogonalised without passing the swapped "
+                "muon_update: the clip would come after Newton–Schulz"
             )
         parts = []
         for grads in zero.averaged_gradients.values():
@@ -200,7 +200,7 @@ class ZeroClip:
         )
 
         dist.all_reduce(total, group=zero.dp_process_group)
-        norm = total.sqrt() / float(zero.loss_scale)
+        norm = total.sqrt() / zero.loss_scale  # a float or a tensor: no host sync either way
         coefficient = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)
         coefficient = torch.where(torch.isfinite(norm), coefficient, torch.ones_like(norm))
         for i, grads in zero.averaged_gradients.items():
