@@ -191,3 +191,23 @@ def test_sglang_layout_refusals(fixture_draft: Path, tmp_path: Path) -> None:
     deeper = {**config, "num_hidden_layers": 2}
     with pytest.raises(DraftFormatError, match="drop the residual"):
         DraftSpec.from_config(deeper)
+
+
+def test_vllm_is_handed_the_sglang_ids_in_its_own_counting(
+    fixture_draft: Path, tmp_path: Path
+) -> None:
+    """vLLM reads a flat config's aux ids as they are: a SpecForge-layout draft (eagle_config
+    only, SGLang's counting) is served through a view stating them converted; weights linked."""
+    from eagle3_eval.draft_spec import vllm_view
+
+    from support.sglang_layout import sglang_copy
+
+    sglang = sglang_copy(fixture_draft, tmp_path / "sglang")
+    view = Path(vllm_view(sglang, tmp_path / "job"))
+    assert view != sglang
+    config = json.loads((view / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # the fixture's vLLM ids
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert (view / "model.safetensors").resolve() == (sglang / "model.safetensors").resolve()
+    assert read_spec(view).aux_layer_ids == read_spec(sglang).aux_layer_ids
+    assert vllm_view(fixture_draft, tmp_path / "job2") == str(fixture_draft)  # as it is

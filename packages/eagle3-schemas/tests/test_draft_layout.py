@@ -77,6 +77,13 @@ def test_each_layout_is_named_with_its_counting() -> None:
             "cannot be told",
         ),
         (sglang_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [-1]}), "non-negative"),
+        (
+            {
+                "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": SGLANG_IDS},
+            },
+            r"only under eagle_config.*SGLang.*vLLM.*cannot be told",
+        ),
     ],
 )
 def test_refusals_name_the_deciding_fields(config, message) -> None:

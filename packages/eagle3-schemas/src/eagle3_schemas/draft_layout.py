@@ -143,7 +143,18 @@ def detect_layout(config: Mapping[str, Any], where: str = "config.json") -> Layo
         ids = _ids(where, "eagle_aux_hidden_state_layer_ids", top)
         return Layout(name, VLLM_COUNTING, ids, ids, tuple(fields))
     if name == VLLM_MLA:
-        ids = _ids(where, "eagle_aux_hidden_state_layer_ids", top if top is not None else nested)
+        # SGLang's MLA draft has the same class name (its deepseek_eagle3.py) and reads
+        # eagle_config's ids in SGLang's counting; vLLM reads the top level first, else the same
+        # eagle_config ids in its own. Ids under eagle_config only cannot be placed.
+        if top is None and nested is not None:
+            raise DraftLayoutError(
+                f"{where}: architectures {mla} with aux ids only under "
+                f"eagle_config.eagle_aux_hidden_state_layer_ids ({nested}): SGLang reads them in "
+                f"{SGLANG_COUNTING}, vLLM in {VLLM_COUNTING}; which count they are in cannot be "
+                "told. State them at the top level (eagle_aux_hidden_state_layer_ids) in vLLM's "
+                "counting: SGLang's id + 1 for a SpecForge-trained draft, as they are for vLLM's"
+            )
+        ids = _ids(where, "eagle_aux_hidden_state_layer_ids", top)
         return Layout(name, VLLM_COUNTING, ids, ids, tuple(fields))
     # SGLang: ids in eagle_config, SGLang's counting. A top-level list is vLLM's reading of the
     # same draft; it must say the same ids converted, else the draft cannot be placed.
