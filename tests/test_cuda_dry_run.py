@@ -24,6 +24,7 @@ from eagle3_train.config.run_config import Config
 from eagle3_train.data import batch as batch_module
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.shift import align
+from eagle3_train.preflight.device import check_memory
 from eagle3_train.run.nonfinite import BadStep, NonFiniteSkip
 
 from support import fake_cuda as fc
@@ -299,3 +300,31 @@ def test_the_flash_kernel_dtypes_are_checked(bad) -> None:
         else:
             cu = cu.long()
         torch.ops.aten._flash_attention_forward(q, q, q, cu, cu, 5, 5, 0.0, True, False)
+
+
+def test_alignment_refuses_int64_cu_seqlens() -> None:
+    """The batch's document boundaries reach the flash kernel as int32 (the loader's are
+    int64): an Alignment with int64 ones is refused where it is built, naming the field."""
+    T = sum(LENGTHS)
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()])
+    al = align(torch.zeros(T, dtype=torch.long), torch.ones(T, dtype=torch.bool), cu, TTT)
+    assert al.cu_seqlens.dtype == torch.int32
+    with pytest.raises(ValueError, match=r"Alignment\.cu_seqlens: dtype torch\.int64"):
+        dataclasses.replace(al, cu_seqlens=al.cu_seqlens.long())
+
+
+@pytest.mark.parametrize("free_gib", [0.5, 100.0])
+def test_preflight_memory_reads_the_device(tmp_path, free_gib) -> None:
+    """preflight/device.check_memory on cuda:0 compares with the GPU's free memory
+    (torch.cuda.mem_get_info), one process per device."""
+    config = Config()
+    config.output_dir = str(tmp_path / "run")
+    memory = fc.Memory(free=int(free_gib * 2**30))
+    with fc.fake_cuda(memory):
+        findings = check_memory(
+            SimpleNamespace(config=config), small_arch(), fc.DEVICE, 8, 2, {"peak_mib": 1024.0}
+        )
+    assert memory.queries == 1
+    (memory_finding,) = [f for f in findings if f.check == "memory"]
+    assert f"GPU {fc.DEVICE}" in memory_finding.message
+    assert memory_finding.level == ("error" if free_gib < 1 else "ok"), memory_finding
