@@ -182,8 +182,12 @@ def test_fused_adamw_skips_with_found_inf_on_the_device(step_config) -> None:
             watch.record(loss, BadStep("loss", loss.detach(), 1, 0, 0, [0]), None, None)
             fc.backward(loss)
             watch.step_optimizer(optimizer)
+            watch.end_step(None, None)  # the verdict queued: pinned copy + event, read lag later
         assert record.ops["aten._fused_adamw_.default"] == 2  # decay and no-decay groups
         assert not hasattr(optimizer, "found_inf")
+        ((host, event, _),) = watch.pending
+        assert host.device.type == "cpu" and host in mode.pinned and event.is_recorded
+        assert not event.synchronized
 
 
 @pytest.mark.parametrize(
