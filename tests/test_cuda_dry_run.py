@@ -22,6 +22,7 @@ from eagle3_train.components.build import make_optimizer, speed_up
 from eagle3_train.components.preempt import Preemption
 from eagle3_train.config.run_config import Config
 from eagle3_train.data import batch as batch_module
+from eagle3_train.data.loader import SlotState
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.shift import align
 from eagle3_train.preflight.device import check_memory
@@ -109,11 +110,16 @@ def train_step(
     """The trainer's micro-batch: data.batch.forward, backward, the optimizer step."""
     arch = model.arch
     batch = host_batch(mode, arch.hidden_size, arch.target_vocab_size)
+    slot = SlotState()  # a recycled batch (the loop's loader: recycle=True) holds its ring slot
+    batch["lease"] = slot.lend()
     with mode.step() as record:
         loss, stats = batch_module.forward(model, batch, accelerator, config)
         fc.backward(loss)
         if optimizer is not None:
             optimizer.step()
+    # the slot is released fenced by an event recorded after the copies (not waited for)
+    assert isinstance(slot._fence, fc.FakeEvent) and slot._fence.is_recorded
+    assert not slot._fence.synchronized
     return loss, stats, record
 
 
