@@ -22,8 +22,10 @@ from eagle3_train.components.build import make_optimizer, speed_up
 from eagle3_train.components.preempt import Preemption
 from eagle3_train.config.run_config import Config
 from eagle3_train.data import batch as batch_module
+from eagle3_train.data.loader import SlotState
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.shift import align
+from eagle3_train.preflight.device import check_memory
 from eagle3_train.run.nonfinite import BadStep, NonFiniteSkip
 
 from support import fake_cuda as fc
@@ -108,11 +110,16 @@ def train_step(
     """The trainer's micro-batch: data.batch.forward, backward, the optimizer step."""
     arch = model.arch
     batch = host_batch(mode, arch.hidden_size, arch.target_vocab_size)
+    slot = SlotState()  # a recycled batch (the loop's loader: recycle=True) holds its ring slot
+    batch["lease"] = slot.lend()
     with mode.step() as record:
         loss, stats = batch_module.forward(model, batch, accelerator, config)
         fc.backward(loss)
         if optimizer is not None:
             optimizer.step()
+    # the slot is released fenced by an event recorded after the copies (not waited for)
+    assert isinstance(slot._fence, fc.FakeEvent) and slot._fence.is_recorded
+    assert not slot._fence.synchronized
     return loss, stats, record
 
 
@@ -181,8 +188,12 @@ def test_fused_adamw_skips_with_found_inf_on_the_device(step_config) -> None:
             watch.record(loss, BadStep("loss", loss.detach(), 1, 0, 0, [0]), None, None)
             fc.backward(loss)
             watch.step_optimizer(optimizer)
+            watch.end_step(None, None)  # the verdict queued: pinned copy + event, read lag later
         assert record.ops["aten._fused_adamw_.default"] == 2  # decay and no-decay groups
         assert not hasattr(optimizer, "found_inf")
+        ((host, event, _),) = watch.pending
+        assert host.device.type == "cpu" and host in mode.pinned and event.is_recorded
+        assert not event.synchronized
 
 
 @pytest.mark.parametrize(
@@ -299,3 +310,31 @@ def test_the_flash_kernel_dtypes_are_checked(bad) -> None:
         else:
             cu = cu.long()
         torch.ops.aten._flash_attention_forward(q, q, q, cu, cu, 5, 5, 0.0, True, False)
+
+
+def test_alignment_refuses_int64_cu_seqlens() -> None:
+    """The batch's document boundaries reach the flash kernel as int32 (the loader's are
+    int64): an Alignment with int64 ones is refused where it is built, naming the field."""
+    T = sum(LENGTHS)
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()])
+    al = align(torch.zeros(T, dtype=torch.long), torch.ones(T, dtype=torch.bool), cu, TTT)
+    assert al.cu_seqlens.dtype == torch.int32
+    with pytest.raises(ValueError, match=r"Alignment\.cu_seqlens: dtype torch\.int64"):
+        dataclasses.replace(al, cu_seqlens=al.cu_seqlens.long())
+
+
+@pytest.mark.parametrize("free_gib", [0.5, 100.0])
+def test_preflight_memory_reads_the_device(tmp_path, free_gib) -> None:
+    """preflight/device.check_memory on cuda:0 compares with the GPU's free memory
+    (torch.cuda.mem_get_info), one process per device."""
+    config = Config()
+    config.output_dir = str(tmp_path / "run")
+    memory = fc.Memory(free=int(free_gib * 2**30))
+    with fc.fake_cuda(memory):
+        findings = check_memory(
+            SimpleNamespace(config=config), small_arch(), fc.DEVICE, 8, 2, {"peak_mib": 1024.0}
+        )
+    assert memory.queries == 1
+    (memory_finding,) = [f for f in findings if f.check == "memory"]
+    assert f"GPU {fc.DEVICE}" in memory_finding.message
+    assert memory_finding.level == ("error" if free_gib < 1 else "ok"), memory_finding

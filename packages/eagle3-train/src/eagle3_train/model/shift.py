@@ -59,6 +59,15 @@ class Alignment:
     cu_seqlens: Tensor  # [n+1] int32, the kernels' document boundaries
     max_doc_len: int
 
+    def __post_init__(self) -> None:
+        # CUDA's FlashAttention varlen kernel takes int32 boundaries only; the loader builds
+        # int64 ones (data/loader.py), which ``align`` converts
+        if self.cu_seqlens.dtype != torch.int32:
+            raise ValueError(
+                f"Alignment.cu_seqlens: dtype {self.cu_seqlens.dtype}, expected torch.int32 "
+                "(the flash kernel's document boundaries; align() converts the loader's int64)"
+            )
+
     def to(self, device: torch.device) -> Alignment:
         def move(x: Tensor) -> Tensor:
             if x.device.type == "cpu" and torch.device(device).type == "cuda":
