@@ -39,9 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -902,6 +904,10 @@ def test_the_recipe_files_agree(tmp_path: Path) -> None:
     ).resolve()
     subprocess.run(["bash", "-n", str(RECIPE / "pipeline.sh")], check=True)
     assert f["EXTRACT_WORKERS"] == ["1"] and f["VERIFY_SKIPPED"]
+    assert f["TOKENIZE_ARGS"] == RECIPE_TOKENIZE_ARGS
+    assert on_cpu(f["EXTRACT_ARGS"]) == RECIPE_EXTRACT_ARGS_ON_CPU
+    train_yaml = yaml.safe_load((RECIPE / "train.yaml").read_text())
+    assert train_yaml["train"]["ttt_steps"] == RECIPE_TTT_STEPS
     for name in ("TOKENIZE_ARGS", "EXTRACT_ARGS", "EVAL_ARGS"):
         assert "--trust-remote-code" in f[name], name
     eight = recipes.stage_flags(RECIPE, {}, ["ACCELERATE_ARGS", "EXTRACT_ARGS"])
@@ -918,6 +924,94 @@ def test_the_recipe_files_agree(tmp_path: Path) -> None:
     real.mkdir()
     shutil.copyfile(RECIPE / "target_config.json", real / "config.json")
     assert recipe_targets.check_target(RECIPE, real) == []
+
+
+# ---- the trainer's loss mask is tokenize's ---------------------------------------------------
+
+# The recipe's flags at KNOBS, written out so that the quick tier needs no bash (flags.sh is read
+# by a process): test_the_recipe_files_agree checks they are what flags.sh gives.
+RECIPE_TOKENIZE_ARGS = ["--max-length", "256", "--workers", "1", "--trust-remote-code"]
+RECIPE_EXTRACT_ARGS_ON_CPU = ["--backend", "hf", "--tensor-parallel-size", "1"]
+RECIPE_EXTRACT_ARGS_ON_CPU += ["--trust-remote-code", "--storage-dtype", "fp8_e4m3"]
+RECIPE_EXTRACT_ARGS_ON_CPU += ["--max-model-len", "257", "--gpu-memory-utilization", "0.9"]
+RECIPE_TTT_STEPS = 3  # train.yaml's train.ttt_steps
+
+
+@pytest.fixture(scope="module")
+def agent_rows(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A thinking-mode agent row (and an instant chat packed beside it) through ingest, tokenize
+    and extraction in this process with the recipe's flags (the transformers backend for vLLM's,
+    as ``on_cpu``): (tokenized parquet, hidden-state dataset)."""
+    work = tmp_path_factory.mktemp("kimi-mask")
+    layers = json.loads((standin / "config.json").read_text())["text_config"]["num_hidden_layers"]
+    aux = ",".join(map(str, recipes.eagle3_aux_layer_ids(layers)))
+    chats = write_chats(work / "a.jsonl", [AGENT, TRAIN[-1]])
+    conversations, tokenized = work / "a.c.parquet", work / "a.t.parquet"
+    tokenize = ["tokenize", str(conversations), "--tokenizer", str(standin)]
+    extract = ["run", "--model", str(standin), "--tokenized", str(tokenized), "--aux-layer-ids"]
+    steps = [
+        (data_main, ["ingest", str(chats), "--out", str(conversations)]),
+        (data_main, [*tokenize, *RECIPE_TOKENIZE_ARGS, "--out", str(tokenized)]),
+        (extract_main, [*extract, aux, *RECIPE_EXTRACT_ARGS_ON_CPU, "--out", str(work / "a.hs")]),
+    ]
+    for main, argv in steps:
+        outcome = run_cli(main, argv)
+        assert outcome.code == 0, f"{argv[0]}: {outcome.stdout[-2000:]}\n{outcome.log[-3000:]}"
+    return tokenized, work / "a.hs"
+
+
+def test_the_trainers_loss_mask_is_tokenizes_for_a_thinking_tool_call_row(
+    standin: Path, agent_rows: tuple[Path, Path]
+) -> None:
+    """Issue 42, step 5: every generation event ``ID#k`` of a thinking + tool-call row, read by
+    the trainer's data path (dataset, plan, loader, the shift ``align`` that ``data/batch.
+    forward`` applies), trains exactly tokenize's loss-1 positions: slot t at TTT step k is
+    scored iff position t+1+k of its own sample has loss 1 (model/shift.py), so the positions
+    scored at step k are tokenize's loss-1 positions from k+1 on, token for token, and each is
+    fed tokenize's token there. Packing both events and an instant chat into one batch checks
+    that no slot is scored across a sample's end."""
+    from transformers import AutoTokenizer
+
+    from eagle3_train.data.dataset import HiddenStateDataset, plan_epoch
+    from eagle3_train.data.loader import make_loader
+    from eagle3_train.model.shift import align
+
+    tokenized_path, hidden_states = agent_rows
+    tokenized = {r["id"]: r for r in pq.read_table(tokenized_path).to_pylist()}
+    events = sorted(s for s in tokenized if "#" in s)
+    assert len(events) == 2 and len(tokenized) == 3, sorted(tokenized)  # the call, the answer
+    ttt_steps = RECIPE_TTT_STEPS
+    dataset = HiddenStateDataset(hidden_states)
+    assert sorted(dataset.sample_ids) == sorted(tokenized)
+    plan = plan_epoch(dataset.num_tokens, np.arange(len(dataset)), 1 << 16, 0, 0, shuffle=False)
+    assert len(plan) == 1  # the three samples packed into one batch
+    (batch,) = list(make_loader(dataset, plan, 0))
+    al = align(batch["input_ids"].long(), batch["loss_mask"], batch["cu_seqlens"], ttt_steps)
+    cu = batch["cu_seqlens"].tolist()
+    tokenizer = AutoTokenizer.from_pretrained(
+        standin, trust_remote_code=True, local_files_only=True
+    )
+    for i, sample_id in enumerate(batch["sample_ids"]):
+        ids, mask = tokenized[sample_id]["input_ids"], tokenized[sample_id]["loss_mask"]
+        start, end = cu[i], cu[i + 1]
+        assert end - start == len(ids), sample_id
+        assert batch["input_ids"][start:end].tolist() == ids, sample_id
+        for k in range(ttt_steps):
+            slots = torch.nonzero(al.valid[k][start:end]).flatten().tolist()
+            scored = [t + 1 + k for t in slots]  # the position each scored slot is trained at
+            expected = [p for p in range(k + 1, len(ids)) if mask[p] == 1]
+            assert scored == expected, (sample_id, k, scored, expected)
+            fed = al.step_tokens[k][start:end][slots].tolist()
+            assert fed == [ids[p] for p in expected], (sample_id, k)
+    # What the first event trains is the target's completion: reasoning, </think>, the call.
+    call = tokenized[events[0]]
+    text = tokenizer.decode(
+        [t for t, m in zip(call["input_ids"], call["loss_mask"], strict=True) if m]
+    )
+    reasoning = AGENT["messages"][1]["reasoning_content"]
+    assert text.startswith(reasoning + "</think>"), text
+    assert "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" in text, text
+    assert text.endswith("<|tool_calls_section_end|><|im_end|>"), text
 
 
 # ---- vLLM on CPU: the recipe's extraction backend and its evaluation --------------------------
