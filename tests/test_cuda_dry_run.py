@@ -338,3 +338,54 @@ def test_preflight_memory_reads_the_device(tmp_path, free_gib) -> None:
     (memory_finding,) = [f for f in findings if f.check == "memory"]
     assert f"GPU {fc.DEVICE}" in memory_finding.message
     assert memory_finding.level == ("error" if free_gib < 1 else "ok"), memory_finding
+
+
+GRAPHS = 9  # the compiled decoder layers (2 layers) and loss chunk bodies, measured
+BREAK = "ttt_attend"  # the one intended break: @torch.compiler.disable on the attention step
+
+
+@pytest.fixture
+def dynamo_only(monkeypatch):
+    """train.compile's graphs as Dynamo captures them on fake cuda:0, each run as captured:
+    Inductor is not asked to generate Triton code here (it would want a CUDA context for the
+    joint forward-backward trace; see fake_cuda's docstring)."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._dynamo.utils import counters
+
+    from eagle3_train.model.loss import compile_kl_chunk
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm, example_inputs, **kwargs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(compile_fx, "compile_fx", capture)
+    torch._dynamo.reset()
+    counters.clear()
+    yield graphs, counters
+    compile_kl_chunk(False)  # module state speed_up set
+    torch._dynamo.reset()
+
+
+def test_compiled_step_graphs_and_breaks(step_config, dynamo_only) -> None:
+    """train.compile on CUDA: Dynamo traces the layers and the KL chunk on cuda:0 tensors under
+    bf16 autocast; the graph count is fixed and the only breaks are the intended ones (a new
+    break, e.g. a host read inside a compiled layer, fails here)."""
+    graphs, counters = dynamo_only
+    step_config.train.compile = "auto"  # on for CUDA
+    accelerator = Accelerator()
+    with fc.fake_cuda() as mode:
+        model = make_model(small_arch(num_layers=2), step_config, accelerator)
+        _, _, record = train_step(mode, model, step_config, accelerator)
+        assert_trained(model, record)
+    assert len(graphs) == GRAPHS, [g.code for g in graphs]
+    breaks = dict(counters["graph_break"])
+    assert breaks and all(BREAK in reason for reason in breaks), breaks
+    devices = {
+        str(n.meta["example_value"].device)
+        for g in graphs
+        for n in g.graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.Tensor)
+    }
+    assert "cuda:0" in devices, devices
