@@ -82,7 +82,8 @@ def mla_config(yarn: bool, norm_before_residual: bool = True) -> dict:
         "vocab_size": V_TARGET,
         "draft_vocab_size": V_DRAFT,
         "target_hidden_size": H,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX},
+        # SGLang's counting under eagle_config (vLLM's - 1), vLLM's at the top level.
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in AUX]},
         "eagle_aux_hidden_state_layer_ids": AUX,
         "norm_before_residual": norm_before_residual,
         "norm_output": False,
@@ -402,6 +403,22 @@ def test_what_vllm_would_not_load_is_refused_or_noted() -> None:
     config["eagle_aux_hidden_state_layer_ids"] = [1, 2]
     notes = DraftSpec.from_config(config).vllm_notes
     assert any("sizes this draft's fc for 3" in n for n in notes)
+
+
+def test_the_aux_ids_are_read_in_each_servers_counting() -> None:
+    """eagle_config holds SGLang's ids (vLLM's - 1) beside vLLM's at the top level: no note.
+    The legacy copy of vLLM's ids under eagle_config (the pre-fix export) is read for vLLM with
+    a note that SGLang would feed layers one off; two lists that say different layers are
+    refused."""
+    spec = DraftSpec.from_config(mla_config(False))
+    assert list(spec.aux_layer_ids) == AUX and not any("eagle_config" in n for n in spec.vllm_notes)
+    legacy = mla_config(False)
+    legacy["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": AUX}
+    spec = DraftSpec.from_config(legacy)
+    assert list(spec.aux_layer_ids) == AUX and any("one off" in n for n in spec.vllm_notes)
+    legacy["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i + 1 for i in AUX]}
+    with pytest.raises(DraftFormatError, match="are neither"):
+        DraftSpec.from_config(legacy)
 
 
 def test_save_load_round_trip(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eagle3_schemas.draft_layout import (
+    COUNTING,
     SGLANG,
     SPECULATORS,
     VLLM_MLA,
@@ -54,6 +55,28 @@ def test_each_layout_is_named_with_its_counting() -> None:
         "eagle_aux_hidden_state_layer_ids": [2],
     }
     assert detect_layout(mla).name == VLLM_MLA and detect_layout(mla).aux_layer_ids == [2]
+    assert "SGLang would capture its default layers" in detect_layout(mla).note
+
+
+def test_an_mla_config_states_its_ids_in_both_counts() -> None:
+    """vLLM's and SGLang's MLA drafts share a class name: the top level is vLLM's counting,
+    eagle_config SGLang's (id - 1). The legacy copy of vLLM's ids there reads (vLLM serves it
+    right) with a note that SGLang would read it one layer off."""
+    mla = {
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+        "eagle_aux_hidden_state_layer_ids": VLLM_IDS,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": SGLANG_IDS},
+    }
+    layout = detect_layout(mla)
+    assert (layout.aux_layer_ids, layout.counting, layout.note) == (
+        VLLM_IDS,
+        COUNTING[VLLM_MLA],
+        "",
+    )
+    legacy = detect_layout({**mla, "eagle_config": {"eagle_aux_hidden_state_layer_ids": VLLM_IDS}})
+    assert legacy.aux_layer_ids == VLLM_IDS
+    assert "one off" in legacy.note and str(SGLANG_IDS) in legacy.note
+    assert "one off" in legacy.describe()
 
 
 @pytest.mark.parametrize(
@@ -83,6 +106,14 @@ def test_each_layout_is_named_with_its_counting() -> None:
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": SGLANG_IDS},
             },
             r"only under eagle_config.*SGLang.*vLLM.*cannot be told",
+        ),
+        (
+            {
+                "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+                "eagle_aux_hidden_state_layer_ids": VLLM_IDS,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 31, 59]},
+            },
+            r"\[3, 31, 59\] are neither.*\[2, 30, 58\].*cannot be told",
         ),
     ],
 )

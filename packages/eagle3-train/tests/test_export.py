@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from eagle3_schemas.draft_layout import VLLM_MLA, DraftLayoutError, detect_layout
 from eagle3_schemas.validate import validate
 from eagle3_train.components.build import build_model
 from eagle3_train.config.run_config import load_config
@@ -103,6 +104,23 @@ def test_yarn_target_export_writes_one_consistent_rope_block():
     assert theirs.attention_scaling == pytest.approx(ours.attention_scaling, rel=1e-12)
     torch.testing.assert_close(theirs.inv_freq, ours.inv_freq, rtol=0, atol=0)
     assert DeepseekV2Config(**mla).rope_parameters["rope_type"] == "yarn"
+
+
+def test_mla_config_states_aux_ids_in_each_servers_counting():
+    """The MLA draft's config.json is read by vLLM and SGLang (one class name): vLLM's target
+    captures before layer id, from the top-level ids; SGLang's captures before layer id + 1,
+    from eagle_config's ids only (its model_runner; set_eagle3_layers_to_capture adds 1). The
+    pre-fix export copied the vLLM ids under eagle_config, so SGLang fed layers one off."""
+    config = draft_config(yarn_arch("mla"), [2, 30, 58], None, ["DeepseekV3ForCausalLM"], 3)
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}
+    sglang_captures = [i + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    assert sglang_captures == config["eagle_aux_hidden_state_layer_ids"]
+    layout = detect_layout(config)
+    assert (layout.name, layout.aux_layer_ids, layout.note) == (VLLM_MLA, [2, 30, 58], "")
+    # vLLM's id 0 (the embedding output) has no SGLang id: refused, not written one off.
+    with pytest.raises(DraftLayoutError, match=r"include 0.*SGLang"):
+        draft_config(yarn_arch("mla"), [0, 30, 58], None, ["DeepseekV3ForCausalLM"], 3)
 
 
 def test_plain_rope_export_keeps_rope_scaling_null():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from eagle3_train.components.checkpoint import Checkpoints
 from eagle3_train.config.run_config import load_config
 from eagle3_train.data.inputs import load_inputs, resolve_arch
 from eagle3_train.preflight import run_preflight
+from eagle3_train.preflight.artifacts import check_lineage
 from eagle3_train.preflight.environment import check_interfaces
 
 from support.synthetic_states import fake_fingerprint
@@ -49,6 +51,20 @@ def test_wrong_layer_ids_dataset_is_refused(tmp_path):
     assert len(errors) == 1, errors
     assert "dataset.json has aux_layer_ids [0, 2, 4]" in errors[0]
     assert "draft.aux_layer_ids expects [1, 2, 3]" in errors[0]
+
+
+def test_an_mla_draft_on_the_embedding_output_is_refused_before_training(tmp_path):
+    """The MLA export states the aux ids for SGLang too (SGLang's id = vLLM's - 1), where
+    vLLM's id 0 has none: the export would refuse it, so preflight does, before any step."""
+    inputs = make_inputs(tmp_path / "zero", aux_layer_ids=(0, 2, 3))
+    config = load_config(write_config(inputs, tmp_path / "run", draft={"aux_layer_ids": [0, 2, 3]}))
+    run = load_inputs(config)
+    arch = resolve_arch(run)
+    assert [str(f) for f in check_lineage(run, arch) if f.level == "error"] == []
+    errors = [
+        str(f) for f in check_lineage(run, replace(arch, architecture="mla")) if f.level == "error"
+    ]
+    assert len(errors) == 1 and "include 0" in errors[0] and "SGLang" in errors[0], errors
 
 
 def test_foreign_vocab_map_is_refused(tmp_path):

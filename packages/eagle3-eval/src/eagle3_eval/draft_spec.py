@@ -471,11 +471,15 @@ class DraftSpec:
                 f"{where}: missing eagle_aux_hidden_state_layer_ids (top level or in eagle_config)"
             )
         aux = _checked_aux_ids(where, aux)
-        if nested is not None and list(nested) != list(aux):
-            notes.append(
-                f"eagle_config.eagle_aux_hidden_state_layer_ids {nested} differ from the top-level "
-                f"{aux}; vLLM's target collects the top-level ones"
-            )
+        if "eagle_aux_hidden_state_layer_ids" in config:
+            # Both lists: eagle_config in SGLang's counting (top - 1), or the legacy copy of the
+            # top-level ids (SGLang would read it one layer off): the layout's note says which.
+            try:
+                note = detect_layout(config, where).note
+            except DraftLayoutError as e:
+                raise DraftFormatError(str(e)) from e
+            if note:
+                notes.append(note)
         # deepseek_eagle3.py: fc is sized from num_aux_hidden_states, else eagle_config's ids,
         # else 3 — never from the top-level ids.
         fc_aux = config.get("num_aux_hidden_states")

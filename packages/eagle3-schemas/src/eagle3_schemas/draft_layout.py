@@ -5,7 +5,11 @@ Three layouts of an EAGLE-3 draft's ``config.json`` are read by the stages:
 - ``speculators``: the speculators ``eagle3`` config (``speculators_model_type: eagle3``, the
   layer under ``transformer_layer_config``), aux ids at the top level, vLLM's counting. What
   eagle3-train exports for the Llama-style draft; vLLM serves it.
-- ``vllm-mla``: vLLM's native ``Eagle3DeepseekV2ForCausalLM`` config (flat), vLLM's counting.
+- ``vllm-mla``: vLLM's native ``Eagle3DeepseekV2ForCausalLM`` config (flat). SGLang's MLA draft
+  (``deepseek_eagle3.py``) has the same class name, so the config is read by both servers: the
+  top-level ``eagle_aux_hidden_state_layer_ids`` in vLLM's counting (vLLM's target reads it
+  first), ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's (SGLang's target reads
+  only it; vLLM's draft only its length, to size fc) — see ``mla_eagle_config``.
 - ``sglang``: the SpecForge / SGLang layout (``architectures: [LlamaForCausalLMEagle3]``, a
   flat Llama config, ``draft_vocab_size``, ``target_hidden_size``, aux ids under
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's counting); weights
@@ -77,6 +81,7 @@ class Layout:
     aux_ids_as_written: list[int] | None
     aux_layer_ids: list[int] | None  # vLLM's counting
     deciding_fields: tuple[str, ...]
+    note: str = ""  # what a server other than vLLM would read wrongly in it; "" when nothing
 
     def describe(self) -> str:
         ids = (
@@ -89,7 +94,45 @@ class Layout:
             if self.aux_ids_as_written is not None
             else "no aux ids"
         )
-        return f"{self.name} layout (decided by {', '.join(self.deciding_fields)}); {ids}"
+        note = f"; {self.note}" if self.note else ""
+        return f"{self.name} layout (decided by {', '.join(self.deciding_fields)}); {ids}{note}"
+
+
+def mla_eagle_config(aux_layer_ids: Sequence[int], where: str = "") -> dict[str, Any]:
+    """``eagle_config`` of an MLA draft whose top-level ids are ``aux_layer_ids`` (vLLM's
+    counting): the same ids in SGLang's counting, which SGLang's target captures (model_runner
+    reads ``eagle_config.eagle_aux_hidden_state_layer_ids`` and captures before layer id + 1)
+    and whose length vLLM's ``deepseek_eagle3.py`` sizes fc from. vLLM's id 0 is refused."""
+    return {"eagle_aux_hidden_state_layer_ids": vllm_to_sglang_ids(aux_layer_ids, where)}
+
+
+def _mla_ids(where: str, top: list[int], nested: list[int] | None) -> str:
+    """The note on an MLA config's two id lists (top: vLLM's counting), or a refusal."""
+    if nested is None:
+        return (
+            "no eagle_config.eagle_aux_hidden_state_layer_ids: SGLang would capture its default "
+            "layers, and vLLM sizes fc for 3 aux states unless num_aux_hidden_states says"
+        )
+    if min(top, default=1) >= 1 and nested == vllm_to_sglang_ids(top):
+        return ""
+    if nested == top:
+        fix = (
+            f"write {vllm_to_sglang_ids(top)} under eagle_config"
+            if min(top, default=1) >= 1
+            else "vLLM's id 0 has no SGLang id: SGLang cannot serve it"
+        )
+        return (
+            f"eagle_config.eagle_aux_hidden_state_layer_ids {nested} repeat the top-level ids "
+            f"({VLLM_COUNTING}) where SGLang reads its own counting: SGLang would feed the draft "
+            "layers one off (it captures before layer id + 1); vLLM reads the top level and is "
+            f"right. Re-export, or {fix}"
+        )
+    raise DraftLayoutError(
+        f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids {nested} are neither the "
+        f"top-level eagle_aux_hidden_state_layer_ids {top} ({VLLM_COUNTING}) in "
+        f"{SGLANG_COUNTING} (id - 1) nor the same list; vLLM and SGLang would read different "
+        "layers, and which the draft was trained on cannot be told"
+    )
 
 
 def _ids(where: str, field: str, value: Any) -> list[int] | None:
@@ -145,7 +188,8 @@ def detect_layout(config: Mapping[str, Any], where: str = "config.json") -> Layo
     if name == VLLM_MLA:
         # SGLang's MLA draft has the same class name (its deepseek_eagle3.py) and reads
         # eagle_config's ids in SGLang's counting; vLLM reads the top level first, else the same
-        # eagle_config ids in its own. Ids under eagle_config only cannot be placed.
+        # eagle_config ids in its own. Ids under eagle_config only cannot be placed; both lists
+        # must say the same layers (eagle_config = top - 1), or the legacy copy (a note).
         if top is None and nested is not None:
             raise DraftLayoutError(
                 f"{where}: architectures {mla} with aux ids only under "
@@ -155,7 +199,11 @@ def detect_layout(config: Mapping[str, Any], where: str = "config.json") -> Layo
                 "counting: SGLang's id + 1 for a SpecForge-trained draft, as they are for vLLM's"
             )
         ids = _ids(where, "eagle_aux_hidden_state_layer_ids", top)
-        return Layout(name, VLLM_COUNTING, ids, ids, tuple(fields))
+        if ids is None:
+            return Layout(name, VLLM_COUNTING, None, None, tuple(fields))
+        nested_ids = _ids(where, "eagle_config.eagle_aux_hidden_state_layer_ids", nested)
+        note = _mla_ids(where, ids, nested_ids)
+        return Layout(name, VLLM_COUNTING, ids, ids, tuple(fields), note)
     # SGLang: ids in eagle_config, SGLang's counting. A top-level list is vLLM's reading of the
     # same draft; it must say the same ids converted, else the draft cannot be placed.
     written = _ids(where, "eagle_config.eagle_aux_hidden_state_layer_ids", nested)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from eagle3_schemas.atomic import atomic_directory, write_json_atomic
+from eagle3_schemas.draft_layout import mla_eagle_config
 from eagle3_schemas.header import make_header, write_json_header, write_safetensors
 from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_train.config.run_config import Config
@@ -75,7 +76,9 @@ def transformer_layer_config(arch: DraftArch) -> dict[str, Any]:
 
 
 def mla_draft_config(arch: DraftArch, aux_layer_ids: list[int]) -> dict[str, Any]:
-    """config.json of the MLA draft in vLLM's native layout (Eagle3DeepseekV2ForCausalLM)."""
+    """config.json of the MLA draft in vLLM's native layout (Eagle3DeepseekV2ForCausalLM),
+    which SGLang reads too: aux ids at the top level in vLLM's counting, under
+    ``eagle_config`` in SGLang's (so vLLM's id 0, which SGLang cannot name, is refused)."""
     return {
         "architectures": ["Eagle3DeepseekV2ForCausalLM"],
         "model_type": "deepseek_v2",
@@ -96,8 +99,10 @@ def mla_draft_config(arch: DraftArch, aux_layer_ids: list[int]) -> dict[str, Any
         "vocab_size": arch.target_vocab_size,
         "draft_vocab_size": arch.draft_vocab_size,
         "target_hidden_size": arch.hidden_size,
-        # vLLM sizes the draft's fc from eagle_config; the target reads either place.
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids)},
+        # SGLang's MLA draft has the same class name and reads eagle_config's ids, in its
+        # counting (vLLM's - 1); vLLM's target reads the top level, its draft eagle_config's
+        # length (fc's size). One rule: eagle3_schemas.draft_layout.
+        "eagle_config": mla_eagle_config(aux_layer_ids, "MLA draft config.json: "),
         "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
         # Written out: the native route's default is False, speculators' True.
         "norm_before_residual": arch.norm_before_residual,

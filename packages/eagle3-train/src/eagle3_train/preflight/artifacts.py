@@ -78,6 +78,14 @@ def check_lineage(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
             "aux_layer_ids",
             f"{ds_file}: ids {bad} outside [0, {n_layers}] (target num_hidden_layers)",
         )
+    if arch.mla and 0 in ds.aux_layer_ids:
+        err(
+            "aux_layer_ids",
+            f"{ds_file}: aux_layer_ids {ds.aux_layer_ids} include 0 (the embedding output) for "
+            "the MLA draft, whose config.json states its ids for SGLang too (eagle_config, "
+            "SGLang's counting = vLLM's - 1, where 0 has no id); the export would refuse it: "
+            "re-extract with ids >= 1",
+        )
     for key, what in (
         ("tokenizer_fingerprint", "the vocab map was counted with another tokenizer"),
         ("tokenized_fingerprint", "the vocab map was counted over another tokenized dataset"),
