@@ -200,14 +200,7 @@ def test_fused_adamw_skips_with_found_inf_on_the_device(step_config) -> None:
     "which",
     [
         "torch",
-        pytest.param(
-            "deepspeed",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="MuonWithAuxAdam compiles its Newton-Schulz: Inductor lowering asks for a "
-                "CUDA driver; fake_cuda does not yet answer as an sm_90 Triton target (issue 44)",
-            ),
-        ),
+        "deepspeed",
     ],
 )
 def test_muon_step(step_config, which) -> None:
@@ -225,7 +218,8 @@ def test_muon_step(step_config, which) -> None:
         def optimizer_of(model):
             return make_optimizer(model, step_config, accelerator)
 
-    with fc.fake_cuda() as mode:
+    torch._dynamo.reset()
+    with fc.fake_cuda() as mode, fc.inductor_sm90() as run:
         model = make_model(small_arch(), step_config, accelerator)
         optimizer = optimizer_of(model)
         _, _, record = train_step(mode, model, step_config, accelerator, optimizer)
@@ -233,6 +227,10 @@ def test_muon_step(step_config, which) -> None:
         assert record.ops["aten.mm.default"] > 0  # Newton–Schulz
         for p in model.parameters():
             assert p.device == fc.DEVICE and p.dtype == torch.float32
+    torch._dynamo.reset()
+    if which == "deepspeed":  # its Newton–Schulz is torch.compile'd: lowered for sm_90
+        assert run.graphs and all(run.kernels), run.kernels
+        assert {b["target"] for per_graph in run.binaries for b in per_graph} == {90}
 
 
 def test_preempt_vote_reads_back_without_a_host_sync() -> None:
@@ -345,40 +343,34 @@ BREAK = "ttt_attend"  # the one intended break: @torch.compiler.disable on the a
 
 
 @pytest.fixture
-def dynamo_only(monkeypatch):
-    """train.compile's graphs as Dynamo captures them on fake cuda:0, each run as captured:
-    Inductor is not asked to generate Triton code here (it would want a CUDA context for the
-    joint forward-backward trace; see fake_cuda's docstring)."""
-    import torch._inductor.compile_fx as compile_fx
+def inductor():
+    """train.compile's graphs through Inductor targeting sm_90 on fake cuda:0: each graph's
+    Triton kernels generated and compiled to cubin, not loaded (that needs the GPU), the graph
+    then run as Dynamo captured it (support/fake_cuda.inductor_sm90)."""
     from torch._dynamo.utils import counters
 
     from eagle3_train.model.loss import compile_kl_chunk
 
-    graphs: list[torch.fx.GraphModule] = []
-
-    def capture(gm, example_inputs, **kwargs):
-        graphs.append(gm)
-        return gm.forward
-
-    monkeypatch.setattr(compile_fx, "compile_fx", capture)
     torch._dynamo.reset()
     counters.clear()
-    yield graphs, counters
+    yield counters
     compile_kl_chunk(False)  # module state speed_up set
     torch._dynamo.reset()
 
 
-def test_compiled_step_graphs_and_breaks(step_config, dynamo_only) -> None:
+def test_compiled_step_graphs_and_breaks(step_config, inductor) -> None:
     """train.compile on CUDA: Dynamo traces the layers and the KL chunk on cuda:0 tensors under
     bf16 autocast; the graph count is fixed and the only breaks are the intended ones (a new
-    break, e.g. a host read inside a compiled layer, fails here)."""
-    graphs, counters = dynamo_only
+    break, e.g. a host read inside a compiled layer, fails here); Inductor lowers every graph
+    for an H200 and each one yields Triton kernels compiled for sm_90."""
+    counters = inductor
     step_config.train.compile = "auto"  # on for CUDA
     accelerator = Accelerator()
-    with fc.fake_cuda() as mode:
+    with fc.fake_cuda() as mode, fc.inductor_sm90() as run:
         model = make_model(small_arch(num_layers=2), step_config, accelerator)
         _, _, record = train_step(mode, model, step_config, accelerator)
         assert_trained(model, record)
+    graphs = run.graphs
     assert len(graphs) == GRAPHS, [g.code for g in graphs]
     breaks = dict(counters["graph_break"])
     assert breaks and all(BREAK in reason for reason in breaks), breaks
@@ -389,3 +381,7 @@ def test_compiled_step_graphs_and_breaks(step_config, dynamo_only) -> None:
         if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.Tensor)
     }
     assert "cuda:0" in devices, devices
+    assert all(run.kernels), [(g.code, k) for g, k in zip(graphs, run.kernels, strict=True)]
+    binaries = [b for per_graph in run.binaries for b in per_graph]
+    assert {b["target"] for b in binaries} == {90}, binaries  # sm_90, the H200
+    assert all(b["cubin"][:4] == b"\x7fELF" for b in binaries)  # ptxas made a cubin of each
