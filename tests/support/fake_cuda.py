@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import struct
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -479,6 +480,15 @@ class InductorRun:
     binaries: list[list[dict[str, Any]]] = field(default_factory=list)  # per graph: metadata
 
 
+def cubin_sm(cubin: bytes) -> int:
+    """The SM a cubin was built for: an ELF whose ``e_flags`` low byte is CUDA's EF_CUDA_SM
+    (ELF ABI version 7, as Triton 3.8's ptxas writes: 0x5a for sm_90)."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ValueError(f"not a 64-bit ELF cubin: {cubin[:8]!r}")
+    (e_flags,) = struct.unpack_from("<I", cubin, 48)
+    return e_flags & 0xFF
+
+
 @contextlib.contextmanager
 def inductor_sm90() -> Iterator[InductorRun]:
     """train.compile's graphs through Inductor as on an H200, inside ``fake_cuda()``.
@@ -540,7 +550,14 @@ def inductor_sm90() -> Iterator[InductorRun]:
             kernel = result.kernel  # a Triton CompiledKernel, or Inductor's static launcher
             cubin = getattr(kernel, "cubin_raw", None) or getattr(kernel, "asm", {}).get("cubin")
             current.append(
-                (self.fn.__name__, {"target": result.compile_meta.get("cc"), "cubin": cubin})
+                (
+                    self.fn.__name__,
+                    {
+                        "target": result.compile_meta.get("cc"),
+                        "sm": cubin_sm(cubin) if cubin else None,
+                        "cubin": cubin,
+                    },
+                )
             )
 
     real_compile_fx = compile_fx.compile_fx
