@@ -340,6 +340,43 @@ def test_preflight_memory_reads_the_device(tmp_path, free_gib) -> None:
     assert memory_finding.level == ("error" if free_gib < 1 else "ok"), memory_finding
 
 
+@pytest.fixture
+def accelerate_on_cuda(monkeypatch):
+    """Accelerate as on one GPU: torch.cuda.is_available true (no tensor is made here, so
+    nothing tries a real copy), one device; Accelerate's process-wide state and torch's
+    float32 matmul precision restored afterwards."""
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda *a, **k: None)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    precision = torch.get_float32_matmul_precision()
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+    torch.set_float32_matmul_precision(precision)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_the_accelerator_on_cuda_runs_bf16_and_sets_matmul_precision(
+    tmp_path, accelerate_on_cuda, tf32
+) -> None:
+    """components/accelerator on a GPU: ``mixed_precision: auto`` is bf16, the Accelerator's
+    device is cuda (not cpu=True) and train.tf32 sets the float32 matmul precision."""
+    from eagle3_train.components.accelerator import start_accelerator
+
+    config = Config()
+    config.output_dir = str(tmp_path / "run")
+    config.train.tf32 = tf32
+    torch.set_float32_matmul_precision("medium")  # neither answer: the call must set it
+    with fc.fake_cuda():
+        accelerator = start_accelerator(config, preflight_only=True)
+    assert accelerator.device.type == "cuda"
+    assert accelerator.mixed_precision == "bf16"
+    assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+
+
 GRAPHS = 9  # the compiled decoder layers (2 layers) and loss chunk bodies, measured
 BREAK = "ttt_attend"  # the one intended break: @torch.compiler.disable on the attention step
 
@@ -386,4 +423,6 @@ def test_compiled_step_graphs_and_breaks(step_config, inductor) -> None:
     assert all(run.kernels), [(g.code, k) for g, k in zip(graphs, run.kernels, strict=True)]
     binaries = [b for per_graph in run.binaries for b in per_graph]
     # asked for sm_90 (the H200), and ptxas made an sm_90 cubin of each kernel
-    assert {(b["target"], b["sm"]) for b in binaries} == {(90, 90)}, binaries
+    assert {(b["target"], b["sm"]) for b in binaries} == {(90, 90)}, [
+        (b["target"], b["sm"]) for b in binaries
+    ]
