@@ -377,6 +377,43 @@ def test_the_accelerator_on_cuda_runs_bf16_and_sets_matmul_precision(
     assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
 
 
+@pytest.mark.parametrize("on_non_finite", ["skip", "stop"])
+def test_the_loop_on_cuda_reads_back_two_steps_late(tmp_path, on_non_finite) -> None:
+    """run/loop.Loop on a CUDA accelerator: the non-finite watch and the preempt vote read
+    their device flags back ``lag`` = 2 optimizer steps late (no host sync per step); on CPU
+    it is 0. The run is the few fields Loop's constructor reads."""
+    from eagle3_train.components.checkpoint import TrainerState
+    from eagle3_train.run.loop import Loop
+
+    config = Config()
+    config.output_dir = str(tmp_path / "run")
+    config.train.on_non_finite = on_non_finite
+    config.train.progress_bar = False
+    accelerator = Accelerator()
+    accelerator.is_main_process, accelerator.process_index = True, 0
+    run = SimpleNamespace(
+        config=config,
+        accelerator=accelerator,
+        state=TrainerState(),
+        stream=None,
+        model=torch.nn.Linear(2, 2),
+        inputs=SimpleNamespace(config=config),
+        arch=small_arch(),
+        order=SimpleNamespace(validation_idx=[]),
+        metrics_path=tmp_path / "metrics.jsonl",
+        total_steps=4,
+    )
+    cleanup: list = []
+    try:
+        loop = Loop(run, cleanup)
+    finally:
+        for undo in reversed(cleanup):
+            undo()
+    assert loop.lag == 2
+    assert loop.watch.lag == 2 and loop.preempt.lag == 2
+    assert isinstance(loop.watch, NonFiniteSkip) == (on_non_finite == "skip")
+
+
 GRAPHS = 9  # the compiled decoder layers (2 layers) and loss chunk bodies, measured
 BREAK = "ttt_attend"  # the one intended break: @torch.compiler.disable on the attention step
 
