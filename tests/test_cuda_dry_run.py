@@ -4,7 +4,10 @@ One training step of the trainer's own code (``data.batch.forward``: the host-si
 batch and alignment moved non-blocking from pinned memory, bf16 autocast, the flash TTT
 attention; then backward, the optimizer) runs under ``support.fake_cuda``: fake tensors that
 carry device, dtype and shape, the real CUDA kernels' dtype rules, no host sync and no blocking
-copy inside the step. What it can never show (numerics, speed, memory, kernel limits, compiled
+copy inside the step. With train.compile, each graph Dynamo captures is lowered by Inductor
+for an H200 and its Triton kernels compiled to sm_90 cubin (support/fake_cuda.inductor_sm90;
+not loaded, and forward graphs only). The accelerator's and the loop's CUDA branches run too.
+What it can never show (numerics, speed, memory, kernel limits, compiled
 backward graphs, NCCL/ZeRO): support/fake_cuda.py's docstring.
 
     uv run pytest -m cuda_dry_run tests/test_cuda_dry_run.py
