@@ -614,8 +614,8 @@ def inductor_sm90() -> Iterator[InductorRun]:
         stack.enter_context(
             inductor_config.patch(shape_padding=False, compile_threads=1, fx_graph_cache=False)
         )
+        stack.callback(setattr, driver, "_active", driver._active)
         driver.set_active(H200Driver())
-        stack.callback(setattr, driver, "_active", None)
         for cached in (torch_triton.has_triton, torch_triton.triton_backend):
             cached.cache_clear()
             stack.callback(cached.cache_clear)
