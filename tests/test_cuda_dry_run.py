@@ -4,7 +4,10 @@ One training step of the trainer's own code (``data.batch.forward``: the host-si
 batch and alignment moved non-blocking from pinned memory, bf16 autocast, the flash TTT
 attention; then backward, the optimizer) runs under ``support.fake_cuda``: fake tensors that
 carry device, dtype and shape, the real CUDA kernels' dtype rules, no host sync and no blocking
-copy inside the step. What it can never show (numerics, speed, memory, kernel limits, compiled
+copy inside the step. With train.compile, each graph Dynamo captures is lowered by Inductor
+for an H200 and its Triton kernels compiled to sm_90 cubin (support/fake_cuda.inductor_sm90;
+not loaded, and forward graphs only). The accelerator's and the loop's CUDA branches run too.
+What it can never show (numerics, speed, memory, kernel limits, compiled
 backward graphs, NCCL/ZeRO): support/fake_cuda.py's docstring.
 
     uv run pytest -m cuda_dry_run tests/test_cuda_dry_run.py
@@ -200,14 +203,7 @@ def test_fused_adamw_skips_with_found_inf_on_the_device(step_config) -> None:
     "which",
     [
         "torch",
-        pytest.param(
-            "deepspeed",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="MuonWithAuxAdam compiles its Newton-Schulz: Inductor lowering asks for a "
-                "CUDA driver; fake_cuda does not yet answer as an sm_90 Triton target (issue 44)",
-            ),
-        ),
+        "deepspeed",
     ],
 )
 def test_muon_step(step_config, which) -> None:
@@ -225,7 +221,8 @@ def test_muon_step(step_config, which) -> None:
         def optimizer_of(model):
             return make_optimizer(model, step_config, accelerator)
 
-    with fc.fake_cuda() as mode:
+    torch._dynamo.reset()
+    with fc.fake_cuda() as mode, fc.inductor_sm90() as run:
         model = make_model(small_arch(), step_config, accelerator)
         optimizer = optimizer_of(model)
         _, _, record = train_step(mode, model, step_config, accelerator, optimizer)
@@ -233,6 +230,12 @@ def test_muon_step(step_config, which) -> None:
         assert record.ops["aten.mm.default"] > 0  # Newton–Schulz
         for p in model.parameters():
             assert p.device == fc.DEVICE and p.dtype == torch.float32
+    torch._dynamo.reset()
+    if which == "deepspeed":  # its Newton–Schulz is torch.compile'd: lowered for sm_90
+        assert run.graphs and all(run.kernels), run.kernels
+        assert {(b["target"], b["sm"]) for per_graph in run.binaries for b in per_graph} == {
+            (90, 90)
+        }
 
 
 def test_preempt_vote_reads_back_without_a_host_sync() -> None:
@@ -340,45 +343,113 @@ def test_preflight_memory_reads_the_device(tmp_path, free_gib) -> None:
     assert memory_finding.level == ("error" if free_gib < 1 else "ok"), memory_finding
 
 
+@pytest.fixture
+def accelerate_on_cuda(monkeypatch):
+    """Accelerate as on one GPU: torch.cuda.is_available true (no tensor is made here, so
+    nothing tries a real copy), one device; Accelerate's process-wide state and torch's
+    float32 matmul precision restored afterwards."""
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda *a, **k: None)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    precision = torch.get_float32_matmul_precision()
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+    torch.set_float32_matmul_precision(precision)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_the_accelerator_on_cuda_runs_bf16_and_sets_matmul_precision(
+    tmp_path, accelerate_on_cuda, tf32
+) -> None:
+    """components/accelerator on a GPU: ``mixed_precision: auto`` is bf16, the Accelerator's
+    device is cuda (not cpu=True) and train.tf32 sets the float32 matmul precision."""
+    from eagle3_train.components.accelerator import start_accelerator
+
+    config = Config()
+    config.output_dir = str(tmp_path / "run")
+    config.train.tf32 = tf32
+    torch.set_float32_matmul_precision("medium")  # neither answer: the call must set it
+    with fc.fake_cuda():
+        accelerator = start_accelerator(config, preflight_only=True)
+    assert accelerator.device.type == "cuda"
+    assert accelerator.mixed_precision == "bf16"
+    assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+
+
+@pytest.mark.parametrize("on_non_finite", ["skip", "stop"])
+def test_the_loop_on_cuda_reads_back_two_steps_late(tmp_path, on_non_finite) -> None:
+    """run/loop.Loop on a CUDA accelerator: the non-finite watch and the preempt vote read
+    their device flags back ``lag`` = 2 optimizer steps late (no host sync per step); on CPU
+    it is 0. The run is the few fields Loop's constructor reads."""
+    from eagle3_train.components.checkpoint import TrainerState
+    from eagle3_train.run.loop import Loop
+
+    config = Config()
+    config.output_dir = str(tmp_path / "run")
+    config.train.on_non_finite = on_non_finite
+    config.train.progress_bar = False
+    accelerator = Accelerator()
+    accelerator.is_main_process, accelerator.process_index = True, 0
+    run = SimpleNamespace(
+        config=config,
+        accelerator=accelerator,
+        state=TrainerState(),
+        stream=None,
+        model=torch.nn.Linear(2, 2),
+        inputs=SimpleNamespace(config=config),
+        arch=small_arch(),
+        order=SimpleNamespace(validation_idx=[]),
+        metrics_path=tmp_path / "metrics.jsonl",
+        total_steps=4,
+    )
+    cleanup: list = []
+    try:
+        loop = Loop(run, cleanup)
+    finally:
+        for undo in reversed(cleanup):
+            undo()
+    assert loop.lag == 2
+    assert loop.watch.lag == 2 and loop.preempt.lag == 2
+    assert isinstance(loop.watch, NonFiniteSkip) == (on_non_finite == "skip")
+
+
 GRAPHS = 9  # the compiled decoder layers (2 layers) and loss chunk bodies, measured
 BREAK = "ttt_attend"  # the one intended break: @torch.compiler.disable on the attention step
 
 
 @pytest.fixture
-def dynamo_only(monkeypatch):
-    """train.compile's graphs as Dynamo captures them on fake cuda:0, each run as captured:
-    Inductor is not asked to generate Triton code here (it would want a CUDA context for the
-    joint forward-backward trace; see fake_cuda's docstring)."""
-    import torch._inductor.compile_fx as compile_fx
+def inductor():
+    """train.compile's graphs through Inductor targeting sm_90 on fake cuda:0: each graph's
+    Triton kernels generated and compiled to cubin, not loaded (that needs the GPU), the graph
+    then run as Dynamo captured it (support/fake_cuda.inductor_sm90)."""
     from torch._dynamo.utils import counters
 
     from eagle3_train.model.loss import compile_kl_chunk
 
-    graphs: list[torch.fx.GraphModule] = []
-
-    def capture(gm, example_inputs, **kwargs):
-        graphs.append(gm)
-        return gm.forward
-
-    monkeypatch.setattr(compile_fx, "compile_fx", capture)
     torch._dynamo.reset()
     counters.clear()
-    yield graphs, counters
+    yield counters
     compile_kl_chunk(False)  # module state speed_up set
     torch._dynamo.reset()
 
 
-def test_compiled_step_graphs_and_breaks(step_config, dynamo_only) -> None:
+def test_compiled_step_graphs_and_breaks(step_config, inductor) -> None:
     """train.compile on CUDA: Dynamo traces the layers and the KL chunk on cuda:0 tensors under
     bf16 autocast; the graph count is fixed and the only breaks are the intended ones (a new
-    break, e.g. a host read inside a compiled layer, fails here)."""
-    graphs, counters = dynamo_only
+    break, e.g. a host read inside a compiled layer, fails here); Inductor lowers every graph
+    for an H200 and each one yields Triton kernels compiled for sm_90."""
+    counters = inductor
     step_config.train.compile = "auto"  # on for CUDA
     accelerator = Accelerator()
-    with fc.fake_cuda() as mode:
+    with fc.fake_cuda() as mode, fc.inductor_sm90() as run:
         model = make_model(small_arch(num_layers=2), step_config, accelerator)
         _, _, record = train_step(mode, model, step_config, accelerator)
         assert_trained(model, record)
+    graphs = run.graphs
     assert len(graphs) == GRAPHS, [g.code for g in graphs]
     breaks = dict(counters["graph_break"])
     assert breaks and all(BREAK in reason for reason in breaks), breaks
@@ -389,3 +460,9 @@ def test_compiled_step_graphs_and_breaks(step_config, dynamo_only) -> None:
         if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.Tensor)
     }
     assert "cuda:0" in devices, devices
+    assert all(run.kernels), [(g.code, k) for g, k in zip(graphs, run.kernels, strict=True)]
+    binaries = [b for per_graph in run.binaries for b in per_graph]
+    # asked for sm_90 (the H200), and ptxas made an sm_90 cubin of each kernel
+    assert {(b["target"], b["sm"]) for b in binaries} == {(90, 90)}, [
+        (b["target"], b["sm"]) for b in binaries
+    ]

@@ -18,7 +18,9 @@ right (devices, dtypes, shapes), on every CI run. What it adds to the plain mode
   checks it against the C++ engine on real CPU tensors).
 - ``fake_cuda()``: the answers torch asks a GPU for (autocast's availability, bf16 support,
   an sm_90 device's properties, events, streams, memory counters), so the code takes its CUDA
-  branches. ``torch.cuda.is_available`` stays False: patched, ``.to("cuda")`` would try a real
+  branches.
+- ``inductor_sm90()``: train.compile's graphs lowered by Inductor for an H200, their Triton
+  kernels compiled to sm_90 cubin by Triton's bundled ptxas (not loaded: that needs libcuda). ``torch.cuda.is_available`` stays False: patched, ``.to("cuda")`` would try a real
   copy.
 
 What this tier can never show: numerics (there are no values), speed, memory use, the real
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import struct
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -394,7 +397,12 @@ def _patch(stack: contextlib.ExitStack, owner: Any, name: str, value: Any, label
             f"fake_cuda patch {label!r}: {getattr(owner, '__name__', owner)}.{name} is gone in "
             f"torch {torch.__version__}"
         )
-    saved = getattr(owner, name)
+    if isinstance(owner, type) and name not in vars(owner):  # inherited: patch, then drop
+        setattr(owner, name, value)
+        stack.callback(delattr, owner, name)
+        return
+    # a class's own attribute as stored (a staticmethod stays one when restored)
+    saved = vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)
     setattr(owner, name, value)
     stack.callback(setattr, owner, name, saved)
 
@@ -457,3 +465,158 @@ def on_host() -> Iterator[None]:
 
     with unset_fake_temporarily():
         yield
+
+
+# --- Inductor targeting an H200 (sm_90) ---------------------------------------------------------
+
+
+@dataclass
+class InductorRun:
+    """What Inductor made of each graph Dynamo handed it: the Triton kernels it generated and
+    compiled (PTX and cubin for sm_90, through Triton's bundled ptxas), per graph."""
+
+    graphs: list[torch.fx.GraphModule] = field(default_factory=list)
+    kernels: list[list[str]] = field(default_factory=list)  # per graph: Triton kernel names
+    binaries: list[list[dict[str, Any]]] = field(default_factory=list)  # per graph: metadata
+
+
+def cubin_sm(cubin: bytes) -> int:
+    """The SM a cubin was built for: an ELF whose ``e_flags`` low byte is CUDA's EF_CUDA_SM
+    (ELF ABI version 7, as Triton 3.8's ptxas writes: 0x5a for sm_90)."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ValueError(f"not a 64-bit ELF cubin: {cubin[:8]!r}")
+    (e_flags,) = struct.unpack_from("<I", cubin, 48)
+    return e_flags & 0xFF
+
+
+@contextlib.contextmanager
+def inductor_sm90() -> Iterator[InductorRun]:
+    """train.compile's graphs through Inductor as on an H200, inside ``fake_cuda()``.
+
+    Inductor lowers each graph, generates Triton kernels for cuda:0 and compiles them to PTX
+    and cubin for the forward graph (as for inference) (Triton's ``GPUTarget("cuda", 90, 32)``; ptxas runs). Only the last step needs a
+    GPU: loading the cubin (``CachingAutotuner._make_launchers`` → ``cuModuleLoadData``, via
+    ``torch.cuda._lazy_init``: "Found no NVIDIA driver on your system"). So the kernels are not
+    loaded, and each graph then runs as Dynamo captured it, on the fake tensors. The backward
+    graphs are not produced: AOTAutograd's joint trace runs the C++ autograd engine, which
+    wants a CUDA context ("hasPrimaryContext expects a valid device index, but got
+    device_index=0"), so each graph is lowered from detached inputs under ``no_grad``.
+
+    What it answers for a GPU, each needed measured on torch 2.14 / triton 3.8:
+    - Dynamo's ``CudaInterface`` (bound to torch.cuda's functions at import): available,
+      sm_90 properties, bf16 supported, device 0 — else ``has_triton()`` is false
+      ("Cannot find a working triton installation") and lowering calls the real driver;
+    - Triton's active driver: a ``CudaDriver`` answering ``GPUTarget("cuda", 90, 32)``,
+      ``CudaDriver.is_active`` true (Inductor's ``set_driver_to_gpu``: "Could not find an
+      active GPU backend");
+    - Inductor config: ``shape_padding`` off (pad_mm benchmarks on the device),
+      ``compile_threads`` 1 (no worker processes), no FX graph cache (each run compiles).
+    """
+    import torch._inductor.compile_fx as compile_fx
+    import torch.utils._triton as torch_triton
+    from torch._dynamo.device_interface import CudaInterface
+    from torch._inductor import config as inductor_config
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime.driver import driver
+
+    class H200Driver(CudaDriver):
+        """Triton's CUDA driver as far as code generation asks it (no libcuda)."""
+
+        def __init__(self) -> None:  # the real one loads libcuda's utilities
+            pass
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", 90, 32)
+
+        def get_active_torch_device(self) -> torch.device:
+            return DEVICE
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: Any = None) -> int:
+            return 0
+
+        def get_device_interface(self) -> Any:
+            return torch.cuda
+
+    run = InductorRun()
+    current: list[tuple[str, dict[str, Any]]] = []
+
+    def no_load(self: CachingAutotuner) -> None:  # the kernels compiled; loading needs a GPU
+        for result in self.compile_results:
+            kernel = result.kernel  # a Triton CompiledKernel, or Inductor's static launcher
+            cubin = getattr(kernel, "cubin_raw", None) or getattr(kernel, "asm", {}).get("cubin")
+            current.append(
+                (
+                    self.fn.__name__,
+                    {
+                        "target": result.compile_meta.get("cc"),
+                        "sm": cubin_sm(cubin) if cubin else None,
+                        "cubin": cubin,
+                    },
+                )
+            )
+
+    real_compile_fx = compile_fx.compile_fx
+
+    def generate(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        current.clear()
+        # the forward graph, as for inference: AOTAutograd's joint forward-backward trace
+        # runs the C++ autograd engine, which wants a CUDA context ("hasPrimaryContext expects
+        # a valid device index"), so the backward graphs are not lowered
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            inputs = [  # (a float input's wrapping 0-d tensor kept: it carries its symbol)
+                x.detach() if isinstance(x, torch.Tensor) and x.requires_grad else x
+                for x in example_inputs
+            ]
+        with torch.no_grad():
+            real_compile_fx(gm, inputs, **kwargs)
+        run.graphs.append(gm)
+        run.kernels.append(sorted({name for name, _ in current}))
+        run.binaries.append([info for _, info in current])
+        return gm.forward  # run as captured: the compiled module's kernels are not loaded
+
+    def static(value: Any) -> staticmethod:
+        return staticmethod(value)
+
+    with contextlib.ExitStack() as stack:
+        patches = [
+            (CudaInterface, "is_available", static(lambda: True), "inductor: cuda available"),
+            (
+                CudaInterface,
+                "get_device_properties",
+                static(lambda *a, **k: H200),
+                "inductor: sm_90",
+            ),
+            (CudaInterface, "is_bf16_supported", static(lambda *a, **k: True), "inductor: bf16"),
+            (CudaInterface, "current_device", static(lambda: 0), "inductor: device 0"),
+            (CudaInterface, "synchronize", static(lambda *a, **k: None), "inductor: synchronize"),
+            (CudaInterface, "get_raw_stream", static(lambda *a: 0), "inductor: raw stream"),
+            (
+                CudaInterface.Worker,
+                "get_device_properties",
+                static(lambda *a, **k: H200),
+                "inductor: worker sm_90",
+            ),
+            (CudaInterface.Worker, "current_device", static(lambda: 0), "inductor: worker device"),
+            (CudaDriver, "is_active", static(lambda: True), "triton: CUDA driver active"),
+            (CachingAutotuner, "_make_launchers", no_load, "inductor: kernels not loaded"),
+            (CachingAutotuner, "_dynamic_scale_rblock", lambda self: None, "inductor: no rblock"),
+            (compile_fx, "compile_fx", generate, "inductor: graphs run as captured"),
+        ]
+        for owner, name, value, label in patches:
+            _patch(stack, owner, name, value, label)
+        stack.enter_context(
+            inductor_config.patch(shape_padding=False, compile_threads=1, fx_graph_cache=False)
+        )
+        stack.callback(setattr, driver, "_active", driver._active)
+        driver.set_active(H200Driver())
+        for cached in (torch_triton.has_triton, torch_triton.triton_backend):
+            cached.cache_clear()
+            stack.callback(cached.cache_clear)
+        yield run
