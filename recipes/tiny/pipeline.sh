@@ -115,7 +115,9 @@ step "train: the draft (single process; see recipes/accelerate/ for DDP and ZeRO
 
 step "eval: acceptance length (offline on held-out states: the estimate; vLLM speculative decoding, k=3, greedy: the measure)"
 draft="$out/train/draft"
-heldout=(--prompts "$out/corpus.jsonl" --heldout-sources "$target/build_info.json" --limit "$prompts")
+# The target's list of held-out files is the proof (--split none): on a Python whose stdlib differs
+# from the target's build, the corpus has files the target never saw, split heldout by their hash.
+heldout=(--prompts "$out/corpus.jsonl" --split none --heldout-sources "$target/build_info.json" --limit "$prompts")
 [ -d "$out/eval-offline" ] || uv run --frozen eagle3-eval offline --draft "$draft" \
   --hidden-states "$out/heldout_hidden_states" --out "$out/eval-offline"
 if [ -n "$vllm_python" ]; then

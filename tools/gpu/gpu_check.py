@@ -310,8 +310,12 @@ def whole_run(
         sum(r["tokens_per_s"] for r in train_logs) / len(train_logs)
     )
     row["final_loss"] = round(train_logs[-1]["loss"], 4)
+    # The target's own list of held-out files is the proof (--split none): on a Python whose
+    # stdlib differs from the target's build, the corpus has files the target never saw whose
+    # rows split heldout, and the split field alone would then disagree with that list.
     stage("eval", "-m", "eagle3_eval", "reference", "--draft", out / "train" / "draft",
-          "--target", target, "--prompts", corpus, "--heldout-sources", target / "build_info.json",
+          "--target", target, "--prompts", corpus, "--split", "none",
+          "--heldout-sources", target / "build_info.json",
           "--limit", "8", "--max-new-tokens", "64", "--device", device, "--out", out / "eval-reference")  # fmt: skip
     report = json.loads((out / "eval-reference" / "report.json").read_text())
     row["acceptance_length_reference"] = round(report["acceptance_length"], 3)
