@@ -37,7 +37,7 @@ from typing import Any
 
 KINDS = ("instant", "thinking", "agent")
 HELDOUT_PERCENT = 5
-DEFAULT_CONVERSATIONS = 6000
+DEFAULT_CONVERSATIONS = 4000
 DEFAULT_SEED = 0
 
 ADJECTIVES = ("red", "blue", "green", "small", "large", "steel", "wooden", "glass", "paper",
@@ -304,7 +304,7 @@ def build_agent_corpus(
                 continue
             seen.add(key)
             row: dict[str, Any] = {"messages": messages, "kind": kind,
-                                   "source": f"agent_corpus:{kind}:{made}"}  # fmt: skip
+                                   "source": f"agent_corpus/{kind}/{made:05d}"}  # fmt: skip
             if kind == "agent":
                 row["tools"] = TOOLS
             row["split"] = split_of(row)

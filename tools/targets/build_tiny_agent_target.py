@@ -1,0 +1,437 @@
+"""Build the project's third embedded target: a small model that thinks and calls tools, in Kimi-K2.5's chat format.
+
+Kimi-K2.5 users serve three kinds of traffic: instant answers, thinking answers (reasoning inside
+``<think>``) and agent loops (tool calls, then answers after the results). The other two
+embedded targets answer in one plain mode, so nothing measured a draft on the other two. This
+target is trained on ``tests/support/agent_corpus.py`` (a seeded program: a shop, three tools
+whose results it computes, the three kinds), rendered with Kimi-K2.5's chat template (the Kimi
+stand-in's ``chat_template.jinja``, issue 42), so vLLM's ``kimi_k2`` reasoning and tool parsers
+read what it generates.
+
+- The tokenizer: byte-level BPE (2,048 tokens) trained on the rendered corpus, plus Kimi's
+  special tokens (``<|im_user|>``, ``<|im_assistant|>``, ``<|im_system|>``, ``<|im_middle|>``,
+  ``<|im_end|>``, ``<think>``, ``</think>`` and the tool-call section markers) as single tokens,
+  a ``PreTrainedTokenizerFast`` (no remote code).
+- The model: a Llama (hidden 128, 6 layers, head size 64), float32, ~1.7M parameters, ~7 MB.
+  Not Kimi's MLA + MoE layout: vLLM's CPU backend runs MLA only at the real ``kv_lora_rank``
+  512 + 64, which makes an MLA model several times larger, and the repository travels to a lent
+  GPU in 64 MiB with the two other targets (46 MB) and the GPU check's wheels (7.6 MB) already in.
+- Training: next-token CE on what the model generates at each generation event (reasoning,
+  ``</think>``, the answer, the tool-call section, ``<|im_end|>``), each event's prompt rendered
+  as vLLM renders it; consecutive events of one question share one sequence (their prompts
+  extend each other exactly), a follow-up question starts a new one (Kimi drops earlier
+  reasoning from the history).
+
+It ships under ``recipes/tiny-agent/target/`` with ``build_info.json`` and a model card
+(``README.md``) saying what it learned: held-out CE per kind, and the share of held-out tool
+calls whose arguments parse and name a declared tool.
+
+    uv run tools/targets/build_tiny_agent_target.py              # full build, ~15 min on 2 cores
+    uv run tools/targets/build_tiny_agent_target.py --check      # verify the shipped target
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+# The tiny target's builder beside this file; the corpus and the Kimi files with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+import build_tiny_target as tiny
+
+from support import agent_corpus
+from support.kimi_standin import FILES as KIMI_FILES
+from support.tiny_target import Encoded
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TARGET_DIR = REPO_ROOT / "recipes" / "tiny-agent" / "target"
+BUILD_INFO = "build_info.json"
+
+PAD, BOS, EOS = "[PAD]", "[BOS]", "[EOS]"
+IM_END = "<|im_end|>"  # ends every turn; the eos token of generation, as Kimi's
+THINK_END = "</think>"
+SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = (
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
+SPECIAL_TOKENS = [PAD, BOS, EOS, IM_END, "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
+                  "<|im_middle|>", "<think>", THINK_END, SECTION_BEGIN, SECTION_END, CALL_BEGIN,
+                  ARGUMENT_BEGIN, CALL_END]  # fmt: skip
+SPLIT_ON_SPECIALS = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
+VOCAB_SIZE = 2048
+MAX_SEQ_LEN = 1024  # sequences with more tokens are left out (counted in build_info)
+
+MODEL_SIZES = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 6,  # EAGLE-3's aux layers [2, 3, 3] by the [2, N//2, N-3] rule
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,  # head size 64: a size every vLLM CPU attention kernel runs
+}
+DEFAULT_STEPS = 600
+DEFAULT_MAX_MINUTES = 20.0
+CHECK_EVENTS = 120  # held-out generation events per kind scored by --check and the card
+# --check and the test: each kind's held-out CE at least this far below its unigram baseline.
+# The build measured 3.0 (instant: sums and products, digits the model cannot know), 3.95
+# (thinking) and 4.1 nats (agent) below it.
+CHECK_MARGIN_NATS = 2.0
+
+
+# ---- rendering: what vLLM serves, event by event --------------------------------------------
+
+
+def chat_template() -> str:
+    return (KIMI_FILES / "chat_template.jinja").read_text(encoding="utf-8")
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerFast, row: dict[str, Any], upto: int) -> str:
+    """The served prompt of the assistant turn at ``upto``: the turns before it, the tools, the
+    mode, the generation prompt."""
+    return tokenizer.apply_chat_template(
+        row["messages"][:upto],
+        tools=row.get("tools") or None,
+        tokenize=False,
+        add_generation_prompt=True,
+        thinking=thinking(row),
+    )
+
+
+def thinking(row: dict[str, Any]) -> bool:
+    """Thinking mode when the row's assistant turns reason (as eagle3-data ingest decides)."""
+    return any(m.get("reasoning_content") for m in row["messages"])
+
+
+def completion_text(turn: dict[str, Any], think: bool) -> str:
+    """What the model generates for ``turn`` after its generation prompt."""
+    text = (turn.get("reasoning_content") or "") + THINK_END if think else ""
+    text += turn["content"]
+    if turn.get("tool_calls"):
+        calls = "".join(
+            f"{CALL_BEGIN}{c['id']}{ARGUMENT_BEGIN}{c['function']['arguments']}{CALL_END}"
+            for c in turn["tool_calls"]
+        )
+        text += SECTION_BEGIN + calls + SECTION_END
+    return text + IM_END
+
+
+def events(tokenizer: PreTrainedTokenizerFast, row: dict[str, Any]) -> list[tuple[str, str]]:
+    """(prompt, completion) of every assistant turn of the row, in order."""
+    return [
+        (render_prompt(tokenizer, row, i), completion_text(turn, thinking(row)))
+        for i, turn in enumerate(row["messages"])
+        if turn["role"] == "assistant"
+    ]
+
+
+def encode_row(tokenizer: PreTrainedTokenizerFast, row: dict[str, Any]) -> list[Encoded]:
+    """Training sequences: an event whose prompt extends the previous event's prompt and
+    completion joins its sequence (the text between is context), else it starts a new one.
+    Pieces meet at special tokens, so encoding them one by one equals encoding the whole."""
+    sequences: list[Encoded] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    so_far: str | None = None
+    for prompt, completion in events(tokenizer, row):
+        if so_far is not None and prompt.startswith(so_far):
+            context = prompt[len(so_far) :]
+        else:
+            if ids:
+                sequences.append(Encoded(ids, mask))
+            ids, mask, context = [], [], prompt
+        context_ids = tokenizer.encode(context, add_special_tokens=False)
+        completion_ids = tokenizer.encode(completion, add_special_tokens=False)
+        ids += context_ids + completion_ids
+        mask += [0] * len(context_ids) + [1] * len(completion_ids)
+        so_far = prompt + completion
+    sequences.append(Encoded(ids, mask))
+    return sequences
+
+
+# ---- tokenizer and model --------------------------------------------------------------------
+
+
+def train_tokenizer(rows: Sequence[dict[str, Any]]) -> PreTrainedTokenizerFast:
+    """Byte-level BPE on the rendered corpus (split at the special tokens) plus Kimi's specials."""
+    template = chat_template()
+    renderer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.BPE()), chat_template=template
+    )
+    texts = [
+        piece
+        for row in rows
+        for prompt, completion in events(renderer, row)
+        for piece in SPLIT_ON_SPECIALS.split(prompt + completion)
+        if piece
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=IM_END,
+        pad_token=PAD,
+        additional_special_tokens=SPECIAL_TOKENS[3:],
+        chat_template=template,
+        model_max_length=MAX_SEQ_LEN * 2,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def model_config(tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        **MODEL_SIZES,
+        max_position_embeddings=MAX_SEQ_LEN * 2,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        initializer_range=0.02,
+        bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
+        dtype="float32",
+    )
+
+
+def save_target(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the class older loaders know too
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def load_target(out_dir: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out_dir, local_files_only=True)
+    model = LlamaForCausalLM.from_pretrained(out_dir, local_files_only=True, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+# ---- what it learned ------------------------------------------------------------------------
+
+
+def heldout_events(rows: Sequence[dict[str, Any]], kind: str, n: int) -> list[dict[str, Any]]:
+    """The first n held-out rows of a kind, in corpus order (a fixed subset)."""
+    return [r for r in rows if r["split"] == "heldout" and r["kind"] == kind][:n]
+
+
+def ce_per_kind(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict[str, Any]]
+) -> dict[str, float]:
+    pad_id = tokenizer.pad_token_id
+    out = {}
+    for kind in agent_corpus.KINDS:
+        encoded = [e for r in heldout_events(rows, kind, CHECK_EVENTS) for e in encode_row(tokenizer, r)]  # fmt: skip
+        out[kind] = round(tiny.answer_ce(model, encoded, pad_id)[0], 4)
+    return out
+
+
+def unigram_per_kind(
+    tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict[str, Any]]
+) -> dict[str, float]:
+    """The baseline: an add-one unigram of the training completions, on each kind's subset."""
+    train = [e for r in rows if r["split"] == "train" for e in encode_row(tokenizer, r)]
+    out = {}
+    for kind in agent_corpus.KINDS:
+        encoded = [e for r in heldout_events(rows, kind, CHECK_EVENTS) for e in encode_row(tokenizer, r)]  # fmt: skip
+        out[kind] = round(tiny.unigram_ce(train, encoded, len(tokenizer)), 4)
+    return out
+
+
+def check_failures(ce: dict[str, float], unigram: dict[str, float]) -> list[str]:
+    return [
+        f"{kind}: held-out CE {ce[kind]} is not {CHECK_MARGIN_NATS} nats below unigram {unigram[kind]}"
+        for kind in agent_corpus.KINDS
+        if ce[kind] >= unigram[kind] - CHECK_MARGIN_NATS
+    ]
+
+
+PARSED_CALL = re.compile(
+    re.escape(CALL_BEGIN) + r"functions\.([A-Za-z_]\w*):\d+" + re.escape(ARGUMENT_BEGIN)
+    + r"(.*?)" + re.escape(CALL_END), re.S)  # fmt: skip
+
+
+@torch.no_grad()
+def tool_call_quality(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """Greedy generations at held-out events where the corpus calls a tool: the share that emit
+    a tool-call section whose calls name a declared tool with arguments that parse as JSON
+    objects, the share that close their reasoning (thinking rows), and two samples."""
+    calling = well_formed = closed = thinking_events = 0
+    samples = []
+    for row in heldout_events(rows, "agent", CHECK_EVENTS):
+        text = greedy_completion(model, tokenizer, row, first_call(row))
+        calls = PARSED_CALL.findall(text)
+        calling += 1
+        well_formed += (
+            bool(calls)
+            and SECTION_END in text
+            and all(name in agent_corpus.TOOL_NAMES and _json_object(args) for name, args in calls)
+        )
+        if thinking(row):
+            thinking_events += 1
+            closed += THINK_END in text
+        if len(samples) < 2:
+            samples.append({"source": row["source"], "generation": text})
+    return {
+        "heldout_call_events": calling,
+        "tool_calls_well_formed": round(well_formed / max(1, calling), 4),
+        "thinking_closed": round(closed / max(1, thinking_events), 4),
+        "samples": samples,
+    }
+
+
+def first_call(row: dict[str, Any]) -> int:
+    """The index of the row's first assistant turn that calls tools."""
+    return next(i for i, m in enumerate(row["messages"]) if m.get("tool_calls"))
+
+
+@torch.no_grad()
+def greedy_completion(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, row: dict[str, Any], upto: int
+) -> str:
+    """The model's greedy completion of the event at ``upto``, special tokens kept."""
+    prompt = tokenizer.encode(render_prompt(tokenizer, row, upto), add_special_tokens=False)
+    out = model.generate(
+        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=96, do_sample=False, eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    return tokenizer.decode(out[0, len(prompt) :], skip_special_tokens=False)
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+# ---- commands -------------------------------------------------------------------------------
+
+
+def build(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    torch.manual_seed(args.seed)
+    rows = agent_corpus.build_agent_corpus(seed=args.seed)
+    train_rows = [r for r in rows if r["split"] == "train"]
+    tokenizer = train_tokenizer(train_rows)
+    encoded = [e for r in train_rows for e in encode_row(tokenizer, r)]
+    kept = [e for e in encoded if len(e.ids) <= MAX_SEQ_LEN]
+    print(f"corpus: {len(train_rows)} train rows -> {len(kept)} sequences "
+          f"({sum(len(e.ids) for e in kept)} tokens; {len(encoded) - len(kept)} too long)")  # fmt: skip
+    model = LlamaForCausalLM(model_config(tokenizer))
+    n_params = tiny.count_parameters(model)
+    print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params} parameters")
+    stats = tiny.train(model, kept, tokenizer.pad_token_id, args.steps, args.max_minutes, args.seed)
+    save_target(model, tokenizer, args.out)
+    shipped, tokenizer = load_target(args.out)
+    ce = ce_per_kind(shipped, tokenizer, rows)
+    calls = tool_call_quality(shipped, tokenizer, rows)
+    print(f"held-out CE per kind {ce}; tool calls {calls}")
+    info = {
+        "seed": args.seed,
+        "python_version": platform.python_version(),
+        "torch_version": torch.__version__,
+        "corpus": "tests/support/agent_corpus.py",
+        "corpus_fingerprint": agent_corpus.corpus_fingerprint(rows),
+        # Read by eagle3-eval --heldout-sources: prompts only from rows no training saw.
+        "heldout_sources": sorted(r["source"] for r in rows if r["split"] == "heldout"),
+        "rows": {k: sum(r["kind"] == k for r in rows) for k in agent_corpus.KINDS},
+        "train_sequences": len(kept),
+        "train_tokens": sum(len(e.ids) for e in kept),
+        "sequences_too_long": len(encoded) - len(kept),
+        "vocab_size": len(tokenizer),
+        "model_sizes": MODEL_SIZES,
+        "parameters": n_params,
+        "training": {
+            "loss": "next-token CE on each generation event's completion (reasoning, </think>, "
+            "answer, tool-call section, <|im_end|>) only",
+            "steps": stats.steps,
+            "requested_steps": args.steps,
+            "max_minutes": args.max_minutes,
+            "stopped_by_time": stats.stopped_by_time,
+            "schedule_followed_time": stats.time_bound,
+            "batch_tokens": tiny.BATCH_TOKENS,
+            "peak_lr": tiny.PEAK_LR,
+            "tokens_trained": stats.tokens_seen,
+            "epochs": round(stats.epochs, 3),
+            "train_seconds": round(stats.seconds, 1),
+            "final_train_completion_ce": round(stats.final_train_loss, 4),
+        },
+        "heldout_ce_per_kind": ce,
+        "unigram_ce_per_kind": unigram_per_kind(tokenizer, rows),
+        "check_events_per_kind": CHECK_EVENTS,
+        "check_margin_nats": CHECK_MARGIN_NATS,
+        "tool_calls": calls,
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+    (args.out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in info.items() if k != "heldout_sources"}, indent=2))
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    """Each kind's held-out CE CHECK_MARGIN_NATS below its unigram baseline: 0, else 1."""
+    model, tokenizer = load_target(args.out)
+    seed = json.loads((args.out / BUILD_INFO).read_text())["seed"]
+    rows = agent_corpus.build_agent_corpus(seed=seed)
+    ce, unigram = ce_per_kind(model, tokenizer, rows), unigram_per_kind(tokenizer, rows)
+    print(f"held-out CE per kind {ce}; unigram {unigram}; margin {CHECK_MARGIN_NATS} nats")
+    failures = check_failures(ce, unigram)
+    for failure in failures:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    if not failures:
+        print("OK")
+    return 1 if failures else 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="verify the shipped target")
+    parser.add_argument("--out", type=Path, default=TARGET_DIR, help="target directory")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps")
+    parser.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    return check(args) if args.check else build(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
