@@ -85,3 +85,22 @@ def _marked(mark: str) -> list[list[str]]:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return found
+
+
+# What travels to a lent GPU: the tracked tree and the carried wheels, 64 MiB in all (the device
+# tool refuses more). The wheels tools/gpu/gpu_wheels.sh fetches measured 7.6 MiB (2026-12-04).
+DEVICE_TRANSFER_MIB = 64
+CARRIED_WHEELS_MIB = 7.6
+
+
+@pytest.mark.process
+def test_the_tree_and_the_wheels_fit_the_transfer_to_a_lent_gpu() -> None:
+    """A file or target that grows the repository past what travels would stop the GPU check
+    before it starts: the one call a lent GPU gives."""
+    root = SCRIPT.parents[2]
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    tracked = sum((root / name.decode()).stat().st_size for name in listed if name)
+    total_mib = tracked / 2**20 + CARRIED_WHEELS_MIB
+    assert total_mib < DEVICE_TRANSFER_MIB, f"{total_mib:.1f} MiB would travel"
