@@ -321,3 +321,53 @@ def test_the_several_drafts_table_has_a_column_per_kind(tmp_path: Path) -> None:
             )
     assert cells["b"]["kind:agent"]["acceptance_length"] == pytest.approx(1 + 1 / 2)
     assert "| kind:instant | kind:thinking | kind:agent |" in markdown(table)
+
+
+def test_the_agent_corpus_rows_are_classified_as_they_were_made(tmp_path: Path, kimi) -> None:
+    """The agent target's corpus states each row's kind and no mode: eval's kind is the row's,
+    and its mode is ingest's (thinking where a turn carries reasoning), so an agent answering
+    without reasoning (Kimi's instant mode with tools) is rendered instant."""
+    from support.agent_corpus import build_agent_corpus
+
+    rows = build_agent_corpus(conversations=60, seed=0)
+    built = build_prompt_set(
+        PromptSelection(
+            (PromptSource(None, write_jsonl(tmp_path / "agent.jsonl", rows)),),
+            split=None,
+            allow_unverified=True,
+        ),
+        kimi,
+    )
+    made = {r["source"]: r for r in rows}
+    assert len(built.prompts) == len(rows)
+    modes = set()
+    for prompt in built.prompts:
+        row = made[prompt.source]
+        assert prompt.kind == row["kind"]
+        thinks = any(m.get("reasoning_content") for m in row["messages"])
+        assert prompt.mode == ("thinking" if thinks else "instant")
+        ending = "<think>" if thinks else "<think></think>"
+        assert kimi.decode(prompt.token_ids).endswith(GENERATION + ending)
+        modes.add((prompt.kind, prompt.mode))
+    assert {("instant", "instant"), ("thinking", "thinking"), ("agent", "thinking")} <= modes
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"kind": "chat"}, r"expected one of \('instant', 'thinking', 'agent'\)"),
+        ({"kind": "instant"}, r"'instant' but the row declares tools"),
+        ({"tools": None, "kind": "agent"}, r"'agent' but the row declares no tools"),
+    ],
+    ids=["unknown kind", "instant with tools", "agent without tools"],
+)
+def test_a_row_whose_kind_contradicts_it_is_refused(
+    tmp_path: Path, kimi, change: dict, why: str
+) -> None:
+    row = {"messages": AGENT[:1], "tools": TOOLS, "split": "heldout"} | change
+    path = write_jsonl(tmp_path / "p.jsonl", [chat("Fine.", mode="instant"), row])
+    with pytest.raises(PromptError, match=rf"p\.jsonl:2: field 'kind': {why}"):
+        build(path, kimi)
+    mode = write_jsonl(tmp_path / "m.jsonl", [chat("Hi?", kind="thinking", mode="instant")])
+    with pytest.raises(PromptError, match=r"m\.jsonl:1: field 'kind': 'thinking' but the row's"):
+        build(mode, kimi)

@@ -3,7 +3,7 @@
 
 Every sample belongs to one prompt set (``--prompts NAME=PATH``) and maybe a category (MT-Bench's).
 A set's group holds all its samples (``category`` None); a set with categories also gets one
-group per category. Online samples also have a kind (``prompts.KINDS``), across sets: a kind's
+group per category. Online samples also have a kind (``prompt_files.KINDS``), across sets: a kind's
 row holds every sample of that kind. Counts add up as vLLM's do, so a group's acceptance length
 is 1 + its accepted / its drafts, never a mean of per-sample lengths.
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from eagle3_eval.acceptance import SampleCounts, summarize
-from eagle3_eval.prompts import KINDS
+from eagle3_eval.prompt_files import KINDS
 
 GroupKey = tuple[str, str | None]
 TimedKey = tuple[str, str | None, str | None]  # (set, category, kind): timed on its own

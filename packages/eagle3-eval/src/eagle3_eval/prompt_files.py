@@ -13,8 +13,12 @@ Formats, told apart by the fields of the first record (a file holds one format):
   the held-out proof ``prompts.select`` checks. ``messages`` rows may be agent traffic, as
   conversations v2 holds it: the tool role (``tool_call_id``, ``name``), ``tool_calls`` and
   ``reasoning_content`` on assistant turns, the declared ``tools`` (a JSON array, or its JSON
-  text as in Parquet) and the row's ``mode`` (thinking or instant); such a row is checked by
-  the conversations contract and its prompt may end after a tool result.
+  text as in Parquet), the row's ``mode`` (thinking or instant) and its ``kind`` (``KINDS``);
+  such a row is checked by the conversations contract and its prompt may end after a tool
+  result. Its mode, where it states none: its kind's (instant, thinking), else ingest's rule
+  for conversations v2 traffic (tools declared or a kind stated): thinking where a turn carries
+  ``reasoning_content``, else instant; a plain row (no tools, no kind) with reasoning thinks;
+  any other row states no mode (the run's default applies, ``prompts.default_mode``).
 
 Files are ``.jsonl``, ``.jsonl.gz`` or ``.parquet``; nothing is downloaded. A malformed record
 is refused with the file, its line (or Parquet row) and the field.
@@ -39,6 +43,8 @@ from eagle3_schemas.conversations import (
     tools_problem,
 )
 
+# Kinds of traffic a prompt belongs to (prompts.classify): agent where tools are declared.
+KINDS = ("instant", "thinking", "agent")
 # ShareGPT speaker names -> OpenAI roles.
 SHAREGPT_ROLES = {
     "human": "user",
@@ -65,7 +71,7 @@ class Item:
     row: dict[str, Any] = field(default_factory=dict)  # chat rows: split, source, id
     where: str = ""  # FILE:LINE or FILE row N, for errors about this record
     tools: str = NO_TOOLS  # chat rows: the declared tools, JSON text
-    mode: str | None = None  # chat rows: 'thinking' or 'instant' where the row states it
+    mode: str | None = None  # chat rows: 'thinking' or 'instant', stated or derived (above)
 
 
 def records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -194,6 +200,33 @@ def _mode(record: dict[str, Any], where: str) -> str | None:
     return mode
 
 
+def _kind(record: dict[str, Any], where: str, tools: str, mode: str | None) -> str | None:
+    """The row's stated kind, checked against its tools and mode."""
+    kind = record.get("kind")
+    if kind is None:
+        return None
+    if kind not in KINDS:
+        raise PromptFileError(f"{where}: field 'kind': expected one of {KINDS}, got {kind!r:.60}")
+    if (kind == "agent") != (tools != NO_TOOLS):
+        declared = "declares tools" if tools != NO_TOOLS else "declares no tools"
+        raise PromptFileError(
+            f"{where}: field 'kind': {kind!r} but the row {declared} (agent rows, and only they, "
+            "declare tools)"
+        )
+    if kind in MODES and mode is not None and mode != kind:
+        raise PromptFileError(f"{where}: field 'kind': {kind!r} but the row's mode is {mode!r}")
+    return kind
+
+
+def _derived_mode(kind: str | None, tools: str, messages: list[dict[str, Any]]) -> str | None:
+    """A row's mode where it states none (see the module's docstring); None: the run's."""
+    if kind in MODES:
+        return kind
+    if any(m.get("reasoning_content") for m in messages):
+        return "thinking"
+    return "instant" if kind is not None or tools != NO_TOOLS else None
+
+
 def _agent_problem(messages: list[dict[str, Any]], tools: str) -> str | None:
     """Why a row's tool turns do not fit its declared tools: conversations v2's rules (a
     prompt-only row may lack an assistant turn), tools declared, calls naming declared ones."""
@@ -240,6 +273,7 @@ def chat(record: dict[str, Any], where: str, number: int) -> Item:
         extra = {k: message[k] for k in ID_FIELDS if message.get(k) not in (None, [])}
         normalised.append({"role": str(role), "content": text, **extra})
     tools, mode = _tools(record, where), _mode(record, where)
+    kind = _kind(record, where, tools, mode)
     if tools != NO_TOOLS or any(len(m) != 2 for m in normalised):
         problem = _agent_problem(normalised, tools)
         if problem:
@@ -254,6 +288,7 @@ def chat(record: dict[str, Any], where: str, number: int) -> Item:
     category = record.get("category")
     # The held-out proof: split and source as the row states them (no split key: none stated).
     row = {key: record[key] for key in ("split", "source") if key in record}
+    mode = mode or _derived_mode(kind, tools, normalised)
     return Item(
         str(record.get("id") or conversation_id(normalised, tools, mode or "instant")),
         prompt,

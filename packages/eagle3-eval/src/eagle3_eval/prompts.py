@@ -21,13 +21,14 @@ Kinds of traffic, one per prompt, so one file can hold all three (``KINDS``):
 
 - ``agent``: the row declares tools (its ``tools``); its prompt ends at a user turn or after a
   tool result. It is rendered in its mode too (an agent thinks or not), but counted as agent.
-- ``thinking`` / ``instant``: no tools; the row's ``mode`` field, else the run's default mode.
+- ``thinking`` / ``instant``: no tools; the row's mode (its ``mode``, else its ``kind``, else
+  derived as ingest derives it: ``prompt_files``), else the run's default mode.
 
 The run's default mode is what the target's template renders without a mode, given the run's
 ``--chat-template-kwarg``s: a one-turn probe is rendered as is and in either mode; a template
 that renders both modes alike has none (``instant``); a probe matching neither mode cannot be
 classified, and a row relying on it is refused, naming its file, line and field ``mode``.
-A row that states its mode or declares tools is rendered as the data stage renders a
+A row with a mode of its own or declared tools is rendered as the data stage renders a
 generation event's prompt (``eagle3_schemas.conversations.render_prompt``: tools and mode
 over the run's kwargs); any other prompt with the run's kwargs alone, as before kinds existed.
 """
@@ -42,12 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_eval.prompt_files import Item, PromptFileError, read_items
+from eagle3_eval.prompt_files import KINDS, Item, PromptFileError, read_items
 from eagle3_schemas.conversations import NO_TOOLS, render_prompt
 from eagle3_schemas.lineage import fingerprint_file, fingerprint_json
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
-KINDS = ("instant", "thinking", "agent")
 
 
 class PromptError(ValueError):
@@ -341,7 +341,8 @@ def build_prompt_set(
         else sets[0]["held_out_by"],
         "default_mode": default,
         "kind_rule": "agent: the row declares tools; else thinking or instant: the row's "
-        "'mode', else the template's default given the run's chat_template_kwargs",
+        "'mode', else its 'kind', else thinking where a turn carries reasoning_content, else "
+        "the template's default given the run's chat_template_kwargs",
         "max_prompt_tokens": selection.max_prompt_tokens,
         "limit": selection.limit,
         "num_prompts": len(prompts) + len(followups),

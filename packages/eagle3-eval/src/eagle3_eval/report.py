@@ -99,7 +99,7 @@ def _samples_table(result: EvalResult) -> pa.Table:
         "category": col([s.extra.get("category") for s in rows], pa.string()),
         # 1 for a first prompt; 2 for MT-Bench's second turn, asked after the target's answer.
         "turn": col([int(s.extra.get("turn", 1)) for s in rows], pa.int64()),
-        # instant, thinking or agent (prompts.KINDS); null offline, where there are no prompts.
+        # instant, thinking or agent (prompt_files.KINDS); null offline, where there are no prompts.
         "kind": col([s.extra.get("kind") for s in rows], pa.string()),
         # The generated tokens themselves: two reports can be compared prompt by prompt.
         "output_token_ids": col([s.output_token_ids for s in rows], pa.list_(pa.int32())),
