@@ -131,3 +131,35 @@ def test_tokenize_renders_each_event_as_served() -> None:
         )
         assert prompt == served and prompt.endswith("<think>")
         assert got == completion + "<|im_end|>"
+
+
+@pytest.mark.parametrize("mode", ["thinking", "instant"])
+def test_eval_renders_an_agent_prompt_as_tokenize_renders_its_event(
+    tmp_path: Path, mode: str
+) -> None:
+    """eagle3-eval's prompt of an agent row (ending after the tool result) is, token for token,
+    the loss-0 prefix tokenize writes for that generation event: one contract renders both
+    (eagle3_schemas.conversations.render_prompt)."""
+    from eagle3_data.loss_mask import ChatRenderer
+    from eagle3_data.tokenization import encode_events, load_tokenizer
+    from eagle3_eval.prompts import PromptSelection, PromptSource, build_prompt_set
+
+    from support.recipe_standins import qwen3_tokenizer_dir
+
+    tokenizer = load_tokenizer(qwen3_tokenizer_dir())
+    tokenizer.chat_template = TEMPLATE.read_text(encoding="utf-8")
+    # an instant answer carries no reasoning (tokenize refuses one the template would drop)
+    reasoning = {"reasoning_content": "read"} if mode == "thinking" else {}
+    done = [*AGENT, {"role": "assistant", "content": "12 C.", **reasoning}]
+    row = {"messages": done, "tools": TOOLS, "mode": mode, "split": "heldout"}
+    (tmp_path / "p.jsonl").write_text(json.dumps(row) + "\n")
+    selection = PromptSelection((PromptSource(None, tmp_path / "p.jsonl"),))
+    (prompt,) = build_prompt_set(selection, tokenizer).prompts
+    assert prompt.kind == "agent"
+    events = encode_events(
+        ChatRenderer.for_tokenizer(tokenizer), "x", "s", done, json.dumps(TOOLS), mode, 10**6
+    )
+    last = events[-1]  # the answer after the tool result: the event eval's prompt asks for
+    assert last.error is None and last.loss_mask is not None and last.input_ids is not None
+    loss_free = int((last.loss_mask == 0).sum())
+    assert prompt.token_ids == last.input_ids[:loss_free].tolist()

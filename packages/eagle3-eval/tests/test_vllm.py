@@ -196,6 +196,10 @@ def test_acceptance_per_set_and_category_with_second_turns(vllm_out: Path) -> No
     assert groups[("heldout", None)]["num_prompts"] == LIMIT
     assert all(groups[("mt-bench", c)]["num_prompts"] == 2 for c in CATEGORIES)
     assert all(g["speedup"] and g["num_drafts"] for g in groups.values())
+    # the tiny target's template has no modes and these rows declare no tools: all instant
+    (kind,) = report.kinds
+    assert kind["kind"] == "instant" and kind["speedup"]
+    assert (kind["num_prompts"], kind["num_drafts"]) == (PROMPTS, report.fields["num_drafts"])
     rows = {r["sample_id"]: r for r in report.samples.to_pylist()}
     for i in range(1, len(CATEGORIES) + 1):
         first, second = rows[f"mt-bench:{i}"], rows[f"mt-bench:{i}:turn-2"]
@@ -216,6 +220,7 @@ def test_two_drafts_one_table_each_row_its_single_run(
     for name, alone in single_draft_runs.items():
         cells = greedy[name]["cells"]
         mine = {"all": alone.fields, **{group_label(g): g for g in alone.groups}}
+        mine |= {f"kind:{k['kind']}": k for k in alone.kinds}
         assert set(cells) == set(mine)
         for column, figures in mine.items():
             for key in (

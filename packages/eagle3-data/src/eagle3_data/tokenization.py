@@ -21,7 +21,6 @@ Truncation policy: a sample longer than ``max_length`` keeps its first ``max_len
 from __future__ import annotations
 
 import itertools
-import json
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -35,7 +34,7 @@ import pyarrow as pa
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import THINK_CLOSE, THINK_OPEN, ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
-from eagle3_schemas.conversations import iter_rows
+from eagle3_schemas.conversations import iter_rows, render_prompt, template_kwargs
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 from eagle3_schemas.remote_code import remote_code_record
@@ -180,14 +179,6 @@ def encode_batch(renderer: ChatRenderer, rows: list[Row], max_length: int) -> li
     return results
 
 
-def template_kwargs(tools: str, mode: str) -> dict[str, Any]:
-    """What the target's template is given for a row: its tools and its mode, under both names
-    templates use for it (Kimi's ``thinking``, Qwen3's ``enable_thinking``)."""
-    declared = json.loads(tools)
-    thinking = mode == "thinking"
-    return {"tools": declared or None, "thinking": thinking, "enable_thinking": thinking}
-
-
 def event_texts(
     renderer: ChatRenderer, messages: list[dict[str, Any]], turn: int, tools: str, mode: str
 ) -> tuple[str, str]:
@@ -199,10 +190,13 @@ def event_texts(
     there) gets the reasoning put back before its ``</think>``: that is what the target
     produced after the prompt's ``<think>``.
     """
-    kwargs = template_kwargs(tools, mode)
-    template = renderer.tokenizer.apply_chat_template
-    prompt = template(messages[:turn], tokenize=False, add_generation_prompt=True, **kwargs)
-    full = template(messages[: turn + 1], tokenize=False, add_generation_prompt=False, **kwargs)
+    prompt = render_prompt(renderer.tokenizer, messages[:turn], tools, mode)
+    full = renderer.tokenizer.apply_chat_template(
+        messages[: turn + 1],
+        tokenize=False,
+        add_generation_prompt=False,
+        **template_kwargs(tools, mode),
+    )
     if not full.startswith(prompt) and prompt.endswith(THINK_OPEN) and EMPTY_THINK in full:
         # Kimi's split: this turn ends the agent loop, so rendered through it every earlier turn
         # is history and loses its reasoning, while its prompt (as served) keeps them. What the

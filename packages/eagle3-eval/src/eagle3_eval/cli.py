@@ -9,8 +9,8 @@
 --prompts is repeatable, one prompt set each: MT-Bench question.jsonl (per category; the second
 turn is asked after the target's own greedy answer to the first), HumanEval .jsonl(.gz), GSM8K
 .jsonl, or conversations (JSONL, ShareGPT, eagle3-data Parquet; held out by split/source).
-Reports give acceptance, per-position rates and drafts per set and per category beside the
-overall figure. --draft is repeatable: each draft is served by an engine of its own, the
+Reports give acceptance, per-position rates and drafts per set, per category and per kind of
+traffic (instant, thinking, agent: each prompt's, from its row) beside the overall figure. --draft is repeatable: each draft is served by an engine of its own, the
 target alone runs once as every draft's baseline, each draft's report goes to OUT/<NAME>/ and
 one table, draft x set/category, to OUT/table.md, table.json and table.png.
 
@@ -89,7 +89,8 @@ def _online_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="passed to the chat template when prompts are rendered (VALUE parsed as JSON), "
-        "e.g. thinking=false for Kimi's instant mode: render prompts as the data was rendered",
+        "e.g. thinking=false for Kimi's instant mode: render prompts as the data was rendered; "
+        "a row's own 'tools' and 'mode' override them for its prompt (reports give each kind)",
     )
 
 

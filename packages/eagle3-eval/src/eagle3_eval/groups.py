@@ -1,13 +1,16 @@
-"""Figures per prompt set and per category: the report's ``groups``.
+"""Figures per prompt set and per category: the report's ``groups``; and per kind of traffic
+(instant, thinking, agent): its ``kinds``.
 
 Every sample belongs to one prompt set (``--prompts NAME=PATH``) and maybe a category (MT-Bench's).
 A set's group holds all its samples (``category`` None); a set with categories also gets one
-group per category. Counts add up as vLLM's do, so a group's acceptance length is
-1 + its accepted / its drafts, never a mean of per-sample lengths.
+group per category. Online samples also have a kind (``prompt_files.KINDS``), across sets: a kind's
+row holds every sample of that kind. Counts add up as vLLM's do, so a group's acceptance length
+is 1 + its accepted / its drafts, never a mean of per-sample lengths.
 
 Throughput per group needs the generation time of its own samples: the vllm engine batches
-prompts within one group at a time and times each group; the reference loop times each
-sample. A group's speedup compares its tokens per second with and without the draft.
+prompts of one set, category and kind at a time (a ``TimedKey``) and times each batch; the
+reference loop times each sample. A group's or kind's seconds are the sum of its timed units'.
+A group's speedup compares its tokens per second with and without the draft.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from eagle3_eval.acceptance import SampleCounts, summarize
+from eagle3_eval.prompt_files import KINDS
 
 GroupKey = tuple[str, str | None]
+TimedKey = tuple[str, str | None, str | None]  # (set, category, kind): timed on its own
 FIGURES = (
     "num_prompts",
     "num_drafts",
@@ -51,51 +56,91 @@ def group_keys(samples: Iterable[SampleCounts]) -> list[GroupKey]:
     return out
 
 
+def sample_kind(sample: SampleCounts) -> str | None:
+    """The sample's kind of traffic; None for offline samples (a dataset, not prompts)."""
+    return sample.extra.get("kind")
+
+
 def members(key: GroupKey, sample: SampleCounts) -> bool:
     name, category = sample_group(sample)
     return name == key[0] and (key[1] is None or category == key[1])
 
 
-def seconds_of(key: GroupKey, seconds: dict[GroupKey, float]) -> float | None:
-    """A group's generation seconds from its finest groups' times; None when untimed."""
-    parts = [v for g, v in seconds.items() if g == key or (key[1] is None and g[0] == key[0])]
+def seconds_of(key: GroupKey, seconds: dict[TimedKey, float]) -> float | None:
+    """A group's generation seconds from its timed units' times; None when untimed."""
+    parts = [v for g, v in seconds.items() if g[0] == key[0] and key[1] in (None, g[1])]
     return sum(parts) if parts else None
 
 
-def timed_per_sample(samples: Sequence[SampleCounts]) -> dict[GroupKey, float]:
-    """Group times from per-sample seconds (the reference loop runs one sample at a time)."""
-    out: dict[GroupKey, float] = {}
+def kind_seconds(kind: str, seconds: dict[TimedKey, float]) -> float | None:
+    """A kind's generation seconds from its timed units' times; None when untimed."""
+    parts = [v for g, v in seconds.items() if g[2] == kind]
+    return sum(parts) if parts else None
+
+
+def timed_per_sample(samples: Sequence[SampleCounts]) -> dict[TimedKey, float]:
+    """Unit times from per-sample seconds (the reference loop runs one sample at a time)."""
+    out: dict[TimedKey, float] = {}
     for s in samples:
         if s.seconds is not None:
-            out[sample_group(s)] = out.get(sample_group(s), 0.0) + s.seconds
+            key = (*sample_group(s), sample_kind(s))
+            out[key] = out.get(key, 0.0) + s.seconds
     return out
+
+
+def _figures(
+    mine: Sequence[SampleCounts],
+    k: int,
+    took: float | None,
+    baseline_tokens: dict[str, int] | None,
+    base_took: float | None,
+) -> dict[str, Any]:
+    """A row's summary and tokens/s with and without the draft, from its samples and seconds."""
+    summary = summarize(mine, k).fields()
+    row: dict[str, Any] = {name: summary[name] for name in FIGURES}
+    tps = summary["num_generated_tokens"] / took if took else None
+    base_tps = None
+    if baseline_tokens is not None and base_took:
+        base_tps = sum(baseline_tokens.get(s.sample_id, 0) for s in mine) / base_took
+    row["tokens_per_second"] = tps
+    row["baseline_tokens_per_second"] = base_tps
+    row["speedup"] = tps / base_tps if tps and base_tps else None
+    return row
 
 
 def group_figures(
     samples: Sequence[SampleCounts],
     k: int,
-    seconds: dict[GroupKey, float],
+    seconds: dict[TimedKey, float],
     baseline_tokens: dict[str, int] | None,
-    baseline_seconds: dict[GroupKey, float] | None,
+    baseline_seconds: dict[TimedKey, float] | None,
 ) -> list[dict[str, Any]]:
     """The report's ``groups``: each group's summary, tokens/s with and without the draft."""
     out = []
     for key in group_keys(samples):
         mine = [s for s in samples if members(key, s)]
-        summary = summarize(mine, k).fields()
-        group: dict[str, Any] = {"prompt_set": key[0], "category": key[1]}
-        group.update({name: summary[name] for name in FIGURES})
-        took = seconds_of(key, seconds)
-        tps = summary["num_generated_tokens"] / took if took else None
-        base_tps = None
-        if baseline_tokens is not None and baseline_seconds is not None:
-            base_took = seconds_of(key, baseline_seconds)
-            base_tokens = sum(baseline_tokens.get(s.sample_id, 0) for s in mine)
-            base_tps = base_tokens / base_took if base_took else None
-        group["tokens_per_second"] = tps
-        group["baseline_tokens_per_second"] = base_tps
-        group["speedup"] = tps / base_tps if tps and base_tps else None
-        out.append(group)
+        base_took = seconds_of(key, baseline_seconds) if baseline_seconds is not None else None
+        figures = _figures(mine, k, seconds_of(key, seconds), baseline_tokens, base_took)
+        out.append({"prompt_set": key[0], "category": key[1], **figures})
+    return out
+
+
+def kind_figures(
+    samples: Sequence[SampleCounts],
+    k: int,
+    seconds: dict[TimedKey, float],
+    baseline_tokens: dict[str, int] | None,
+    baseline_seconds: dict[TimedKey, float] | None,
+) -> list[dict[str, Any]]:
+    """The report's ``kinds``: per kind of traffic present, in ``KINDS`` order, the same
+    figures as a group's; empty when the samples have no kinds (offline)."""
+    present = {sample_kind(s) for s in samples}
+    out = []
+    for kind in [name for name in KINDS if name in present]:
+        mine = [s for s in samples if sample_kind(s) == kind]
+        base_took = kind_seconds(kind, baseline_seconds) if baseline_seconds is not None else None
+        figures = _figures(mine, k, kind_seconds(kind, seconds), baseline_tokens, base_took)
+        out.append({"kind": kind, **figures})
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from eagle3_eval.acceptance import SampleCounts, summarize
 from eagle3_eval.config import OnlineConfig
-from eagle3_eval.groups import GroupKey
+from eagle3_eval.groups import TimedKey
 from eagle3_eval.preflight import (
     DraftInfo,
     check_cuda_driver,
@@ -87,6 +87,7 @@ class OnlineInputs:
                 "prompt_set": p.prompt_set,
                 "category": p.category,
                 "turn": p.turn,
+                "kind": p.kind,
             }
             for p in prompts
         }
@@ -149,14 +150,15 @@ def assemble(
     mode: str,
     temperature: float,
     samples: list[SampleCounts],
-    timing: tuple[float, dict[GroupKey, float]],
+    timing: tuple[float, dict[TimedKey, float]],
     baseline: Baseline | None,
     engine: dict[str, Any],
     extra: dict[str, Any],
     tags: dict[str, dict[str, Any]],
 ) -> EvalResult:
     """One draft's report at one temperature. ``timing``: generation seconds in all and per
-    group; ``tags``: each sample's source, set, category and turn."""
+    timed unit (set, category, kind); ``tags``: each sample's source, set, category, turn and
+    kind."""
     config = inputs.config
     for s in samples:
         s.extra.update(tags[s.sample_id])

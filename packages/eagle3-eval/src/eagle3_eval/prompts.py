@@ -16,6 +16,21 @@ report says it was not checked against the training data.
 
 Multi-turn sets (MT-Bench): a later turn is a ``FollowUp``; its prompt exists only once the
 target has answered the turn before (``follow_up_prompts``), which each mode does first.
+
+Kinds of traffic, one per prompt, so one file can hold all three (``KINDS``):
+
+- ``agent``: the row declares tools (its ``tools``); its prompt ends at a user turn or after a
+  tool result. It is rendered in its mode too (an agent thinks or not), but counted as agent.
+- ``thinking`` / ``instant``: no tools; the row's mode (its ``mode``, else its ``kind``, else
+  derived as ingest derives it: ``prompt_files``), else the run's default mode.
+
+The run's default mode is what the target's template renders without a mode, given the run's
+``--chat-template-kwarg``s: a one-turn probe is rendered as is and in either mode; a template
+that renders both modes alike has none (``instant``); a probe matching neither mode cannot be
+classified, and a row relying on it is refused, naming its file, line and field ``mode``.
+A row with a mode of its own or declared tools is rendered as the data stage renders a
+generation event's prompt (``eagle3_schemas.conversations.render_prompt``: tools and mode
+over the run's kwargs); any other prompt with the run's kwargs alone, as before kinds existed.
 """
 
 from __future__ import annotations
@@ -28,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_eval.prompt_files import Item, PromptFileError, read_items
+from eagle3_eval.prompt_files import KINDS, Item, PromptFileError, read_items
+from eagle3_schemas.conversations import NO_TOOLS, render_prompt
 from eagle3_schemas.lineage import fingerprint_file, fingerprint_json
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
@@ -58,11 +74,14 @@ class PromptSource:
 class Prompt:
     sample_id: str
     source: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     token_ids: list[int]
     prompt_set: str = "prompts"
     category: str | None = None
     turn: int = 1
+    kind: str = "instant"  # one of KINDS
+    tools: str = NO_TOOLS  # the declared tools (JSON text) it is rendered with
+    mode: str | None = None  # the mode it is rendered in; None: the run's kwargs alone
 
 
 @dataclass(frozen=True)
@@ -161,20 +180,53 @@ def select(items: list[Item], path: Path, selection: PromptSelection) -> tuple[l
     return kept, " and ".join(rules)
 
 
-Renderer = Callable[[Sequence[dict[str, str]]], list[int]]
+# (messages, tools, mode) -> prompt token ids; mode None: the run's template kwargs alone.
+Renderer = Callable[[Sequence[dict[str, Any]], str, str | None], list[int]]
 
 
 def renderer(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> Renderer:
-    """Messages -> prompt token ids, ending with the assistant's header."""
+    """Messages -> prompt token ids, ending with the assistant's header; ``template_kwargs``
+    (the run's) under the row's tools and mode where it has them."""
+    run = dict(template_kwargs or {})
 
-    def render(messages: Sequence[dict[str, str]]) -> list[int]:
-        text = tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
-        )
+    def render(messages: Sequence[dict[str, Any]], tools: str, mode: str | None) -> list[int]:
+        if mode is None:
+            text = tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=True, **run
+            )
+        else:
+            text = render_prompt(tokenizer, messages, tools, mode, run)
         # The template writes the special tokens itself; the tokenizer must not add more.
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     return render
+
+
+def default_mode(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> str | None:
+    """The mode the template renders a prompt in when the row states none, given the run's
+    kwargs: ``instant`` for a template without modes; None when its prompt matches neither."""
+    run = dict(template_kwargs or {})
+    probe = [{"role": "user", "content": "Hi."}]
+    plain = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **run)
+    thinking = render_prompt(tokenizer, probe, NO_TOOLS, "thinking", run)
+    instant = render_prompt(tokenizer, probe, NO_TOOLS, "instant", run)
+    if thinking == instant or plain == instant:
+        return "instant"
+    return "thinking" if plain == thinking else None
+
+
+def classify(item: Item, default: str | None, template_kwargs: dict[str, Any]) -> tuple[str, str]:
+    """(kind, mode) of a record: agent where it declares tools, else its mode; the mode is the
+    row's own, else the run's default."""
+    mode = item.mode or default
+    if mode is None:
+        raise PromptError(
+            f"{item.where}: field 'mode': the row states no mode (thinking or instant) and the "
+            f"target's template, given {template_kwargs or 'no kwargs'}, renders a prompt that "
+            "is neither its thinking nor its instant one; state 'mode' in the row, or pass "
+            "--chat-template-kwarg thinking=true|false"
+        )
+    return ("agent" if item.tools != NO_TOOLS else mode), mode
 
 
 def _set_name(source: PromptSource, fmt: str, taken: set[str]) -> str:
@@ -206,6 +258,7 @@ def build_prompt_set(
     ``limit`` and ``max_prompt_tokens`` apply per set to first turns (a question keeps its
     later turns)."""
     render = renderer(tokenizer, template_kwargs)
+    default = default_mode(tokenizer, template_kwargs)
     prompts: list[Prompt] = []
     followups: list[FollowUp] = []
     sets: list[dict[str, Any]] = []
@@ -221,7 +274,10 @@ def build_prompt_set(
         first, too_long, later = [], 0, {}
         for item in items:
             sample_id = f"{name}:{item.key}"
-            ids = render(item.messages)
+            kind, mode = classify(item, default, template_kwargs or {})
+            # A row stating neither mode nor tools renders with the run's kwargs, as before.
+            stated = mode if item.mode is not None or item.tools != NO_TOOLS else None
+            ids = render(item.messages, item.tools, stated)
             if len(ids) > selection.max_prompt_tokens:
                 too_long += 1
                 continue
@@ -233,6 +289,9 @@ def build_prompt_set(
                     ids,
                     name,
                     item.category,
+                    kind=kind,
+                    tools=item.tools,
+                    mode=stated,
                 )
             )
             later[sample_id] = item.later_turns
@@ -262,6 +321,7 @@ def build_prompt_set(
                 "num_prompts": len(first) + sum(f.prompt_set == name for f in followups),
                 "num_follow_up_turns": sum(f.prompt_set == name for f in followups),
                 "categories": categories,
+                "kinds": {k: sum(p.kind == k for p in first) for k in KINDS},
                 "num_sources": len({source_file(p.source) for p in first if p.source}),
             }
         )
@@ -279,6 +339,10 @@ def build_prompt_set(
         "held_out_by": "; ".join(f"{s['name']}: {s['held_out_by']}" for s in sets)
         if len(sets) > 1
         else sets[0]["held_out_by"],
+        "default_mode": default,
+        "kind_rule": "agent: the row declares tools; else thinking or instant: the row's "
+        "'mode', else its 'kind', else thinking where a turn carries reasoning_content, else "
+        "the template's default given the run's chat_template_kwargs",
         "max_prompt_tokens": selection.max_prompt_tokens,
         "limit": selection.limit,
         "num_prompts": len(prompts) + len(followups),
@@ -315,10 +379,13 @@ def follow_up_prompts(
                 followup.sample_id,
                 before.source,
                 messages,
-                render(messages),
+                render(messages, before.tools, before.mode),
                 followup.prompt_set,
                 followup.category,
                 followup.turn,
+                before.kind,
+                before.tools,
+                before.mode,
             )
         )
     return out
@@ -336,15 +403,16 @@ def longest_follow_up(prompt_set: PromptSet, render: Renderer, max_new_tokens: i
     token count a little: twice the tokens is the room given)."""
     first = {p.sample_id: p for p in prompt_set.prompts}
     longest = 0
-    messages: dict[str, list[dict[str, str]]] = {k: p.messages for k, p in first.items()}
+    messages: dict[str, list[dict[str, Any]]] = {k: p.messages for k, p in first.items()}
+    asked: dict[str, Prompt] = dict(first)
     for followup in prompt_set.followups:
         messages[followup.sample_id] = [
             *messages[followup.after],
             {"role": "assistant", "content": ""},
             {"role": "user", "content": followup.user},
         ]
+        before = asked[followup.sample_id] = asked[followup.after]
+        rendered = render(messages[followup.sample_id], before.tools, before.mode)
         answers = followup.turn - 1
-        longest = max(
-            longest, len(render(messages[followup.sample_id])) + 2 * answers * max_new_tokens
-        )
+        longest = max(longest, len(rendered) + 2 * answers * max_new_tokens)
     return longest

@@ -2,7 +2,9 @@
 
 Written atomically into a directory that appears only once the artifact validates against
 ``schemas/eval_report`` (v2: figures per prompt set and category); an invalid report is never
-published. v1 reports (no groups) are read as one group, their whole prompt set.
+published. v1 reports (no groups) are read as one group, their whole prompt set. Online reports
+also give ``kinds``: the same figures per kind of traffic (instant, thinking, agent), each
+sample's kind in samples.parquet's ``kind`` column (an addition v2's header and columns allow).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eagle3_eval.acceptance import SampleCounts, Summary
-from eagle3_eval.groups import FIGURES, GroupKey, group_figures, group_label
+from eagle3_eval.groups import FIGURES, TimedKey, group_figures, group_label, kind_figures
 from eagle3_schemas.atomic import atomic_directory
 from eagle3_schemas.header import make_header, write_json_header, write_parquet
 from eagle3_schemas.model_card import ACCEPTANCE_DEFINITIONS
@@ -38,7 +40,7 @@ class Baseline:
 
     tokens_per_second: float
     per_sample: dict[str, tuple[int, float | None, list[int] | None]] = field(default_factory=dict)
-    group_seconds: dict[GroupKey, float] = field(default_factory=dict)
+    group_seconds: dict[TimedKey, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,7 +54,7 @@ class EvalResult:
     tokens_per_second: float | None = None
     baseline: Baseline | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # prompts, sampling, inputs, checks
-    group_seconds: dict[GroupKey, float] = field(default_factory=dict)  # generation time
+    group_seconds: dict[TimedKey, float] = field(default_factory=dict)  # generation time
 
     @property
     def speedup(self) -> float | None:
@@ -97,6 +99,8 @@ def _samples_table(result: EvalResult) -> pa.Table:
         "category": col([s.extra.get("category") for s in rows], pa.string()),
         # 1 for a first prompt; 2 for MT-Bench's second turn, asked after the target's answer.
         "turn": col([int(s.extra.get("turn", 1)) for s in rows], pa.int64()),
+        # instant, thinking or agent (prompt_files.KINDS); null offline, where there are no prompts.
+        "kind": col([s.extra.get("kind") for s in rows], pa.string()),
         # The generated tokens themselves: two reports can be compared prompt by prompt.
         "output_token_ids": col([s.output_token_ids for s in rows], pa.list_(pa.int32())),
     }
@@ -125,6 +129,11 @@ def _samples_table(result: EvalResult) -> pa.Table:
 
 def header_fields(result: EvalResult) -> dict[str, Any]:
     s = result.summary
+    timing = (
+        result.group_seconds,
+        {k: v[0] for k, v in result.baseline.per_sample.items()} if result.baseline else None,
+        result.baseline.group_seconds if result.baseline else None,
+    )
     fields: dict[str, Any] = {
         "mode": result.mode,
         **s.fields(),
@@ -137,15 +146,12 @@ def header_fields(result: EvalResult) -> dict[str, Any]:
             result.baseline.tokens_per_second if result.baseline is not None else None
         ),
         "speedup": result.speedup,
-        "groups": group_figures(
-            result.samples,
-            s.num_speculative_tokens,
-            result.group_seconds,
-            {k: v[0] for k, v in result.baseline.per_sample.items()} if result.baseline else None,
-            result.baseline.group_seconds if result.baseline else None,
-        ),
+        "groups": group_figures(result.samples, s.num_speculative_tokens, *timing),
         **result.extra,
     }
+    kinds = kind_figures(result.samples, s.num_speculative_tokens, *timing)
+    if kinds:
+        fields["kinds"] = kinds
     if result.baseline is not None and result.temperature == 0:
         table = _samples_table(result)
         same = [v for v in table.column("same_output_as_baseline").to_pylist() if v is not None]
@@ -181,6 +187,11 @@ class Report:
     path: Path
     fields: dict[str, Any]
     samples: pa.Table
+
+    @property
+    def kinds(self) -> list[dict[str, Any]]:
+        """Figures per kind of traffic; none in offline reports and reports written before."""
+        return list(self.fields.get("kinds") or [])
 
     @property
     def groups(self) -> list[dict[str, Any]]:
@@ -255,6 +266,14 @@ def format_table(report: Report) -> str:
             positions = " ".join(_num(x, 2) for x in g["per_position_acceptance"])
             lines.append(
                 f"    {group_label(g):<19}{g['num_prompts']:>7}{g['num_drafts']:>8}  "
+                f"{g['acceptance_length']:.3f}   {positions:<20} {_num(g.get('speedup'), 2)}"
+            )
+    if report.kinds:
+        lines.append("  per kind of traffic  prompts  drafts  AL      per position         speedup")
+        for g in report.kinds:
+            positions = " ".join(_num(x, 2) for x in g["per_position_acceptance"])
+            lines.append(
+                f"    {g['kind']:<19}{g['num_prompts']:>7}{g['num_drafts']:>8}  "
                 f"{g['acceptance_length']:.3f}   {positions:<20} {_num(g.get('speedup'), 2)}"
             )
     prompts = f.get("prompts")

@@ -1,4 +1,5 @@
-"""Several drafts, one table: a row per draft, a column per prompt set and category.
+"""Several drafts, one table: a row per draft, a column per prompt set and category, and one
+per kind of traffic (``kind:instant``, ``kind:thinking``, ``kind:agent``, those measured).
 
 Written beside the drafts' own reports (``--out/<draft>/``) as ``table.md`` (what a model card
 shows: acceptance length per benchmark, speedup beside it), ``table.json`` (the same cells, with
@@ -19,6 +20,7 @@ from eagle3_schemas.atomic import atomic_path, write_json_atomic
 
 TABLE_MD, TABLE_JSON, TABLE_PNG = "table.md", "table.json", "table.png"
 OVERALL = "all"
+KIND_COLUMN = "kind:{}"  # a set's NAME holds no ':': no set's column is taken
 SHARED = ("mode", "num_speculative_tokens")
 SHARED_LINEAGE = ("target_fingerprint", "prompts_fingerprint")
 FIELDS = (
@@ -32,11 +34,13 @@ FIELDS = (
 
 
 def cells(report: Report) -> dict[str, dict[str, Any]]:
-    """Column -> figures: every prompt together (``all``), then each set and category."""
+    """Column -> figures: every prompt together (``all``), each set and category, each kind."""
     f = report.fields
     out = {OVERALL: {key: f.get(key) for key in FIELDS}}
     for group in report.groups:
         out[group_label(group)] = {key: group.get(key) for key in FIELDS}
+    for kind in report.kinds:
+        out[KIND_COLUMN.format(kind["kind"])] = {key: kind.get(key) for key in FIELDS}
     return out
 
 

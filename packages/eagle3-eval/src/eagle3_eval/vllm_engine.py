@@ -96,8 +96,8 @@ def sampling(job: dict[str, Any], temperature: float, index: int) -> Any:
 
 
 def batches(job: dict[str, Any]) -> list[list[int]]:
-    """Prompt indices in batches of ``concurrency`` that never mix groups (set, category), so
-    each group's generation time is its own batches' time."""
+    """Prompt indices in batches of ``concurrency`` that never mix groups (set, category, kind),
+    so each group's generation time is its own batches' time."""
     step = max(1, int(job["concurrency"]))
     by_group: dict[str, list[int]] = {}
     for index, prompt in enumerate(job["prompts"]):

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from eagle3_eval.acceptance import SampleCounts, positions_from_histogram
 from eagle3_eval.draft_spec import vllm_view
-from eagle3_eval.groups import GroupKey
+from eagle3_eval.groups import TimedKey
 from eagle3_eval.online import OnlineInputs, assemble
 from eagle3_eval.prompts import Prompt, awaiting_answer, longest_follow_up
 from eagle3_eval.report import Baseline, EvalResult, versions
@@ -63,7 +63,8 @@ def job_prompt(prompt: Prompt) -> dict[str, Any]:
     return {
         "id": prompt.sample_id,
         "token_ids": prompt.token_ids,
-        "group": [prompt.prompt_set, prompt.category],
+        # batches never mix these: each set, category and kind is timed on its own
+        "group": [prompt.prompt_set, prompt.category, prompt.kind],
     }
 
 
@@ -321,8 +322,8 @@ def run_vllm(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:
     return out
 
 
-def group_seconds(run: dict[str, Any]) -> dict[GroupKey, float]:
-    return {(name, category): seconds for name, category, seconds in run["group_seconds"]}
+def group_seconds(run: dict[str, Any]) -> dict[TimedKey, float]:
+    return {(name, category, kind): secs for name, category, kind, secs in run["group_seconds"]}
 
 
 def baseline_of(run: dict[str, Any]) -> Baseline:

@@ -118,6 +118,31 @@ def conversation_id(
     return hashlib.sha256(canonical_json(whole)).hexdigest()[:32]
 
 
+def template_kwargs(tools: str, mode: str) -> dict[str, Any]:
+    """What the target's chat template is given for a row: its declared tools (JSON text, None
+    when there are none) and its mode, under both names templates use for it (Kimi's
+    ``thinking``, Qwen3's ``enable_thinking``)."""
+    declared = json.loads(tools)
+    thinking = mode == "thinking"
+    return {"tools": declared or None, "thinking": thinking, "enable_thinking": thinking}
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: str,
+    mode: str,
+    defaults: Mapping[str, Any] | None = None,
+) -> str:
+    """A generation event's prompt as served: ``messages`` rendered by the tokenizer's chat
+    template with the row's tools and mode (over ``defaults``, other template kwargs) and the
+    generation prompt. The data stage tokenizes events from it, eval renders its prompts by it."""
+    kwargs = {**(defaults or {}), **template_kwargs(tools, mode)}
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=True, **kwargs
+    )
+
+
 def tools_problem(tools: Any) -> str | None:
     """Why ``tools`` (the JSON text of the declared tools) is not a list of named function
     tools, or None."""
