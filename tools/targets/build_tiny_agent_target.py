@@ -78,7 +78,7 @@ MAX_SEQ_LEN = 1024  # sequences with more tokens are left out (counted in build_
 MODEL_SIZES = {
     "hidden_size": 128,
     "intermediate_size": 384,
-    "num_hidden_layers": 6,  # EAGLE-3's aux layers [2, 3, 3] by the [2, N//2, N-3] rule
+    "num_hidden_layers": 6,  # as the tiny Llama target: the same aux layers are captured
     "num_attention_heads": 2,
     "num_key_value_heads": 1,  # head size 64: a size every vLLM CPU attention kernel runs
 }
