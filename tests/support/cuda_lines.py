@@ -1,7 +1,6 @@
 """How many CUDA-only lines of eagle3_train the cuda_dry_run tier runs (issue 44's measure).
 
-    PYTHONPATH=tests uv run python -m support.cuda_lines     # both runs: ~10 min on 2 cores
-    PYTHONPATH=tests uv run python -m support.cuda_lines --tier-only    # the static count, ~1 min
+    PYTHONPATH=tests uv run python -m support.cuda_lines     # ~2 min on 2 cores; exit 1 below FLOOR
 
 Two runs of pytest, each in its own process under a line tracer on eagle3_train's files (the
 lines each run executed, as coverage.py's line coverage would record them; coverage.py is not
@@ -12,19 +11,21 @@ in uv.lock and a ``sys.settrace`` tracer is what it does on Python 3.11):
   line of eagle3_train a CPU test executes in the test process;
 - the tier: ``-m cuda_dry_run tests/test_cuda_dry_run.py``.
 
-A CUDA-only line is the union of two sets, both printed with their source so they can be read:
+A CUDA-only line is a statement under a branch whose test is a CUDA decision, that the CPU run
+does not execute:
 
-- static: a statement in the body of an ``if`` whose test names CUDA (``is_cuda``,
-  ``device.type == "cuda"``, ``torch.cuda...``, a variable named ``cuda``), in the ``else`` of
-  one that tests for not-CUDA (``if not x.is_cuda``, ``device.type != "cuda"``), after an
-  ``if not cuda: return``, or the CUDA arm of a conditional expression on CUDA;
-- dynamic: a line the tier executes that the CPU run does not (a line reached there only
-  through code that is not under such an ``if``, e.g. the FlashAttention-2 wrapper chosen by
-  ``resolve_attention``, or the bf16 GEMM branch chosen by a dtype).
+- the branch: the body of an ``if`` whose test names CUDA (``is_cuda``, ``device.type ==
+  "cuda"``, ``torch.cuda...``, a variable named ``cuda``), the ``else`` of one that tests for
+  not-CUDA (``if not x.is_cuda``, ``device.type != "cuda"``), the rest of a block after
+  ``if not cuda: return``, the CUDA arm of a conditional expression on CUDA; and three tests
+  that decide CUDA under other names: ``device.type != "cpu"``, ``mixed_precision == "bf16"``
+  (``auto`` is bf16 only on CUDA) and ``compile_enabled(...)`` (``auto`` compiles only on CUDA);
+- minus every line the CPU run executed (printed: a branch that also runs on CPU is not
+  CUDA-only, e.g. a conditional expression's line runs whichever arm is taken).
 
-The count is the CUDA-only lines the tier executed. Lines executed only in the child processes
-of the excluded tiers are not seen by the CPU run: a dynamic line could be one of those (read
-the printed list); none of the static ones can, by their ``if``.
+Also printed, not counted: the lines only the tier executes that are under no such branch
+(reached through a CUDA decision taken in another function, or simply not run in-process by a
+CPU test, e.g. DeepSpeed's Muon builder, which the distributed tier runs in its own processes).
 """
 
 from __future__ import annotations
@@ -51,13 +52,18 @@ TIER_RUN = ["-m", "cuda_dry_run", "tests/test_cuda_dry_run.py"]
 FLOOR = 38  # issue 44: the tier covers at least this many CUDA-only lines
 
 
-def _names_cuda(node: ast.expr) -> bool:
-    return "cuda" in ast.unparse(node)
+OTHER_GATES = ('!= "cpu"', 'mixed_precision == "bf16"', "compile_enabled(")
 
 
-def _negated(test: ast.expr) -> bool:
+def _cuda_arm(test: ast.expr) -> str | None:
+    """Which arm of an ``if`` on ``test`` runs only on CUDA: "body", "orelse" or None."""
     text = ast.unparse(test)
-    return (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)) or "!=" in text
+    negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+    if "cuda" in text:
+        return "orelse" if negated or "!=" in text else "body"
+    if any(gate in text for gate in OTHER_GATES):
+        return "orelse" if negated else "body"
+    return None
 
 
 def _lines(stmts: list[ast.stmt]) -> set[int]:
@@ -78,22 +84,21 @@ def _blocks(node: ast.AST) -> list[list[ast.stmt]]:
 
 
 def static_cuda_lines(path: Path) -> set[int]:
-    """The lines of ``path`` under a CUDA ``if`` (the static definition above)."""
+    """The statements of ``path`` under a CUDA decision (the branch rule above)."""
     tree = ast.parse(path.read_text())
     lines: set[int] = set()
     for node in ast.walk(tree):
         for block in _blocks(node):
             for i, stmt in enumerate(block):
-                if not (isinstance(stmt, ast.If) and _names_cuda(stmt.test)):
-                    continue
-                if not _negated(stmt.test):
+                arm = _cuda_arm(stmt.test) if isinstance(stmt, ast.If) else None
+                if arm == "body":
                     lines |= _lines(stmt.body)
-                elif stmt.orelse:
+                elif arm == "orelse" and stmt.orelse:
                     lines |= _lines(stmt.orelse)
-                elif isinstance(stmt.body[-1], ast.Return):  # ``if not cuda: return``: the rest
-                    lines |= _lines(block[i + 1 :])
-        if isinstance(node, ast.IfExp) and _names_cuda(node.test):
-            lines.add(node.lineno if not _negated(node.test) else node.orelse.lineno)
+                elif arm == "orelse" and isinstance(stmt.body[-1], ast.Return):
+                    lines |= _lines(block[i + 1 :])  # ``if not cuda: return``: the rest
+        if isinstance(node, ast.IfExp) and (arm := _cuda_arm(node.test)):
+            lines.add(node.body.lineno if arm == "body" else node.orelse.lineno)
     return lines
 
 
@@ -156,9 +161,12 @@ def _report(kind: str, lines: Lines, ran: Lines) -> int:
     return hit_total
 
 
+def _nonempty(lines: Lines) -> Lines:
+    return {f: v for f, v in lines.items() if v}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tier-only", action="store_true", help="the static count only")
     parser.add_argument("--trace", type=Path, help=argparse.SUPPRESS)  # a child run
     parser.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
@@ -167,25 +175,25 @@ def main(argv: list[str] | None = None) -> int:
         a.trace.write_text(json.dumps({f: sorted(v) for f, v in ran.items()}))
         return rc
 
-    static = {
-        str(p.relative_to(ROOT)): lines
-        for p in sorted(ROOT.rglob("*.py"))
-        if (lines := static_cuda_lines(p))
-    }
+    branch = _nonempty(
+        {str(p.relative_to(ROOT)): static_cuda_lines(p) for p in sorted(ROOT.rglob("*.py"))}
+    )
     tier, tier_s = _run_traced(TIER_RUN)
-    print(f"the tier under the tracer: {tier_s:.0f} s")
-    static_hit = _report("static", static, tier)
-    if a.tier_only:
-        return 0
     cpu, cpu_s = _run_traced(CPU_RUN)
-    print(f"the CPU run under the tracer: {cpu_s:.0f} s")
-    dynamic = {f: v - cpu.get(f, set()) for f, v in tier.items()}
-    _report("dynamic (tier, not CPU)", {f: v for f, v in dynamic.items() if v}, tier)
-    static_run_on_cpu = sum(len(v & cpu.get(f, set())) for f, v in static.items())
-    print(f"static lines the CPU run executed (0 expected): {static_run_on_cpu}")
-    union = {f: static.get(f, set()) | dynamic.get(f, set()) for f in set(static) | set(dynamic)}
-    count = _report("CUDA-only (static | dynamic)", {f: v for f, v in union.items() if v}, tier)
-    print(f"CUDA-only lines run by the cuda_dry_run tier: {count} (floor {FLOOR}), static {static_hit}")
+    print(f"under the tracer: the tier {tier_s:.0f} s, the CPU run {cpu_s:.0f} s")
+    _report(
+        "under a CUDA branch but run on CPU too (not counted)",
+        _nonempty({f: v & cpu.get(f, set()) for f, v in branch.items()}),
+        tier,
+    )
+    _report(
+        "only the tier runs, under no CUDA branch (not counted)",
+        _nonempty({f: v - cpu.get(f, set()) - branch.get(f, set()) for f, v in tier.items()}),
+        tier,
+    )
+    only = _nonempty({f: v - cpu.get(f, set()) for f, v in branch.items()})
+    count = _report("CUDA-only", only, tier)
+    print(f"CUDA-only lines run by the cuda_dry_run tier: {count} (floor {FLOOR})")
     return 0 if count >= FLOOR else 1
 
 
