@@ -20,12 +20,14 @@ does not execute:
   ``if not cuda: return``, the CUDA arm of a conditional expression on CUDA; and three tests
   that decide CUDA under other names: ``device.type != "cpu"``, ``mixed_precision == "bf16"``
   (``auto`` is bf16 only on CUDA) and ``compile_enabled(...)`` (``auto`` compiles only on CUDA);
+- and, transitively, the body of a function of eagle3_train whose every use (a call or a
+  reference, by its name, anywhere in the package) is such a statement, e.g.
+  ``Eagle3Draft.store_frozen_as``, used only under ``mixed_precision == "bf16"``;
 - minus every line the CPU run executed (printed: a branch that also runs on CPU is not
   CUDA-only, e.g. a conditional expression's line runs whichever arm is taken).
 
 Also printed, not counted: the lines only the tier executes that are under no such branch
-(reached through a CUDA decision taken in another function, or simply not run in-process by a
-CPU test, e.g. DeepSpeed's Muon builder, which the distributed tier runs in its own processes).
+(not run in-process by a CPU test, e.g. DeepSpeed's Muon builder, which the distributed tier runs in its own processes).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ TIER_RUN = ["-m", "cuda_dry_run", "tests/test_cuda_dry_run.py"]
 FLOOR = 38  # issue 44: the tier covers at least this many CUDA-only lines
 
 
-OTHER_GATES = ('!= "cpu"', 'mixed_precision == "bf16"', "compile_enabled(")
+# as ast.unparse writes them (single quotes)
+OTHER_GATES = ("!= 'cpu'", "mixed_precision == 'bf16'", "compile_enabled(")
 
 
 def _cuda_arm(test: ast.expr) -> str | None:
@@ -84,7 +87,7 @@ def _blocks(node: ast.AST) -> list[list[ast.stmt]]:
 
 
 def static_cuda_lines(path: Path) -> set[int]:
-    """The statements of ``path`` under a CUDA decision (the branch rule above)."""
+    """The statements of ``path`` under a CUDA ``if`` or conditional expression."""
     tree = ast.parse(path.read_text())
     lines: set[int] = set()
     for node in ast.walk(tree):
@@ -100,6 +103,56 @@ def static_cuda_lines(path: Path) -> set[int]:
         if isinstance(node, ast.IfExp) and (arm := _cuda_arm(node.test)):
             lines.add(node.body.lineno if arm == "body" else node.orelse.lineno)
     return lines
+
+
+def _statement_of(tree: ast.Module) -> dict[ast.AST, int]:
+    """Each node's innermost enclosing statement's line."""
+    out: dict[ast.AST, int] = {}
+
+    def visit(node: ast.AST, line: int) -> None:
+        for child in ast.iter_child_nodes(node):
+            here = child.lineno if isinstance(child, ast.stmt) else line
+            out[child] = here
+            visit(child, here)
+
+    visit(tree, 0)
+    return out
+
+
+def cuda_only_branches(files: list[Path]) -> dict[str, set[int]]:
+    """Every file's statements under a CUDA decision, with the bodies of the functions used
+    only there (to a fixed point)."""
+    trees = {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in files}
+    lines = {f: static_cuda_lines(ROOT / f) for f in trees}
+    defs: dict[str, list[tuple[str, ast.AST]]] = {}
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for f, tree in trees.items():
+        where = _statement_of(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                defs.setdefault(node.name, []).append((f, node))
+            name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+            if isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Load):
+                uses.setdefault(name, []).append((f, where[node]))
+    grew = True
+    while grew:
+        grew = False
+        for name, found in defs.items():
+            if len(found) != 1 or not uses.get(name):  # one definition of the name, used
+                continue
+            f, node = found[0]
+            body = _lines(
+                [
+                    s
+                    for s in node.body  # no line event: the docstring, ``global``
+                    if not isinstance(s, ast.Global | ast.Nonlocal)
+                    and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+                ]
+            )
+            if all(line in lines[uf] for uf, line in uses[name]) and not body <= lines[f]:
+                lines[f] |= body
+                grew = True
+    return {f: v for f, v in lines.items() if v}
 
 
 Lines = dict[str, set[int]]  # file relative to eagle3_train -> line numbers
@@ -175,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         a.trace.write_text(json.dumps({f: sorted(v) for f, v in ran.items()}))
         return rc
 
-    branch = _nonempty(
-        {str(p.relative_to(ROOT)): static_cuda_lines(p) for p in sorted(ROOT.rglob("*.py"))}
-    )
+    branch = cuda_only_branches(sorted(ROOT.rglob("*.py")))
     tier, tier_s = _run_traced(TIER_RUN)
     cpu, cpu_s = _run_traced(CPU_RUN)
     print(f"under the tracer: the tier {tier_s:.0f} s, the CPU run {cpu_s:.0f} s")
