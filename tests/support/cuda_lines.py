@@ -1,6 +1,6 @@
 """How many CUDA-only lines of eagle3_train the cuda_dry_run tier runs (issue 44's measure).
 
-    PYTHONPATH=tests uv run python -m support.cuda_lines     # ~2 min on 2 cores; exit 1 below FLOOR
+    PYTHONPATH=tests uv run python -m support.cuda_lines     # ~2 min; exit 1 below FLOOR
 
 Two runs of pytest, each in its own process under a line tracer on eagle3_train's files (the
 lines each run executed, as coverage.py's line coverage would record them; coverage.py is not
@@ -17,9 +17,10 @@ does not execute:
 - the branch: the body of an ``if`` whose test names CUDA (``is_cuda``, ``device.type ==
   "cuda"``, ``torch.cuda...``, a variable named ``cuda``), the ``else`` of one that tests for
   not-CUDA (``if not x.is_cuda``, ``device.type != "cuda"``), the rest of a block after
-  ``if not cuda: return``, the CUDA arm of a conditional expression on CUDA; and three tests
-  that decide CUDA under other names: ``device.type != "cpu"``, ``mixed_precision == "bf16"``
-  (``auto`` is bf16 only on CUDA) and ``compile_enabled(...)`` (``auto`` compiles only on CUDA);
+  ``if not cuda: return``, the CUDA arm of a conditional expression on CUDA when on a line of
+  its own; and three tests that decide CUDA under other names: ``device.type != "cpu"``,
+  ``mixed_precision == "bf16"`` (``auto`` is bf16 only on CUDA) and ``compile_enabled(...)``
+  (``auto`` compiles only on CUDA);
 - and, transitively, the body of a function of eagle3_train whose every use (a call or a
   reference, by its name, anywhere in the package) is such a statement, e.g.
   ``Eagle3Draft.store_frozen_as``, used only under ``mixed_precision == "bf16"``;
@@ -101,7 +102,9 @@ def static_cuda_lines(path: Path) -> set[int]:
                 elif arm == "orelse" and isinstance(stmt.body[-1], ast.Return):
                     lines |= _lines(block[i + 1 :])  # ``if not cuda: return``: the rest
         if isinstance(node, ast.IfExp) and (arm := _cuda_arm(node.test)):
-            lines.add(node.body.lineno if arm == "body" else node.orelse.lineno)
+            line = node.body.lineno if arm == "body" else node.orelse.lineno
+            if line != node.test.lineno:  # on one line with its test, both arms run it
+                lines.add(line)
     return lines
 
 
