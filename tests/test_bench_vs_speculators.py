@@ -40,6 +40,11 @@ def test_each_temperature_is_named_and_keyed_apart(bench) -> None:
     assert bench.result_suffix(5, False, warm) == "-k5-T0.6-reference"
     # the same temperature with other draws is another key (the file is then measured again)
     assert hot.key() != bench.Sampling(1.0, 8, 0).key() != bench.Sampling(1.0, 8, 1).key()
+    # drafts drawn from (accepted with 1 - TV) against the argmax proposal: named apart too,
+    # while the argmax proposal keeps the key its readings were kept under
+    drawn = bench.Sampling(1.0, 4, 0, "sample")
+    assert bench.result_suffix(3, False, drawn) == "-T1-draft-sampled-reference"
+    assert "draft_proposal" not in hot.key() and drawn.key()["draft_proposal"] == "sample"
 
 
 def test_a_sampled_reading_asks_the_reference_loop_for_its_draws(bench, tmp_path: Path) -> None:
@@ -48,7 +53,8 @@ def test_a_sampled_reading_asks_the_reference_loop_for_its_draws(bench, tmp_path
     sampled = bench.eval_command(*args, None, bench.Sampling(1.0, 4, 7))
     assert sampled[4] == "reference"
     i = sampled.index("--temperature")
-    assert sampled[i : i + 6] == ["--temperature", "1.0", "--samples", "4", "--seed", "7"]
+    expected = "--temperature 1.0 --samples 4 --seed 7 --draft-proposal greedy".split()
+    assert sampled[i : i + 8] == expected
     assert {"--split", "--heldout-sources"} <= set(sampled)  # the held-out proof is kept
     greedy = bench.eval_command(*args, "/usr/bin/python3", bench.Sampling())
     assert greedy[4] == "vllm" and "--temperature" not in greedy
@@ -117,6 +123,8 @@ def test_a_kept_reading_stands_only_for_its_own_temperature(
     [
         (["--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
         (["--temperature", "1", "--samples", "0"], "--samples must be >= 1, got 0"),
+        (["--draft-proposal", "sample"], "--draft-proposal sample needs a --temperature > 0"),
+        (["--temperature", "1", "--draft-proposal", "top"], "--draft-proposal 'top': greedy or"),
     ],
 )
 def test_bad_sampling_is_refused(

