@@ -53,7 +53,16 @@ def test_a_sampled_reading_asks_the_reference_loop_for_its_draws(bench, tmp_path
     sampled = bench.eval_command(*args, None, bench.Sampling(1.0, 4, 7))
     assert sampled[4] == "reference"
     i = sampled.index("--temperature")
-    expected = "--temperature 1.0 --samples 4 --seed 7 --draft-proposal greedy".split()
+    expected = [
+        "--temperature",
+        "1.0",
+        "--samples",
+        "4",
+        "--seed",
+        "7",
+        "--draft-proposal",
+        "greedy",
+    ]
     assert sampled[i : i + 8] == expected
     assert {"--split", "--heldout-sources"} <= set(sampled)  # the held-out proof is kept
     greedy = bench.eval_command(*args, "/usr/bin/python3", bench.Sampling())
