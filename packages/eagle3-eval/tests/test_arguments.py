@@ -100,6 +100,10 @@ CASES = {
         REFERENCE + " --prompts {tmp}/notes.txt --out {tmp}/r",
         "--prompts {tmp}/notes.txt: has the suffix '.txt'",
     ),
+    "reference no samples per prompt": (
+        REFERENCE + " --prompts {prompts} --out {tmp}/r --temperature 1 --samples 0",
+        "--samples must be >= 1, got 0",
+    ),
     "reference held-out sources missing": (
         REFERENCE + " --prompts {prompts} --heldout-sources {tmp}/nope.json --out {tmp}/r",
         "--heldout-sources {tmp}/nope.json: does not exist; expected a JSON file",

@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3_eval.draft_spec import DraftSpec
-from eagle3_eval.reference import DecodeSettings, Request, SpeculativeDecoder
+from eagle3_eval.reference import DecodeSettings, Request, SpeculativeDecoder, drawn, run_requests
 from eagle3_eval.rejection import verify_greedy, verify_sampled
 from eagle3_eval.target import Target
 
@@ -168,3 +168,27 @@ def test_reference_loop_samples_from_the_target(proposal: str) -> None:
     assert 0 < accepted < n
     assert chi_square_pvalue(observed, expected, n) > 1 - CONFIDENCE
     assert set(itertools.chain.from_iterable(observed)) <= set(range(4))
+
+
+def test_several_draws_per_prompt_keep_the_first_draw_and_differ_after() -> None:
+    """--samples N: the first draw of each prompt is the run without copies (same ids, seeds,
+    counts); the later draws are other continuations (seeds of their own), not copies of it."""
+    _, decoder, prompt = tiny_pair()
+    requests = [Request("a", prompt.tolist()), Request("b", [1, 2])]
+    tags = {"a": {"turn": 0}, "b": {"turn": 1}}
+    settings = DecodeSettings(6, 1.0, 5, (), "greedy")
+    once = run_requests(decoder, requests, settings)
+    draws, draw_tags = drawn(requests, tags, 8)
+    assert [r.sample_id for r in draws[:4]] == ["a", "b", "a#1", "b#1"]
+    assert len(draws) == 16 and draw_tags["b#7"] == {"turn": 1}
+    many = run_requests(decoder, draws, settings)
+
+    def seen(counts):
+        return [(c.sample_id, c.output_token_ids, c.accepted_per_position) for c in counts]
+
+    assert seen(many[:2]) == seen(once)
+    # negative control: with one seed for every draw, all 8 continuations of "a" would be one
+    outputs = {tuple(c.output_token_ids or []) for c in many if c.sample_id.startswith("a")}
+    assert len(outputs) > 1
+    with pytest.raises(ValueError, match="draws must be >= 1"):
+        drawn(requests, tags, 0)

@@ -125,6 +125,14 @@ def _parser() -> argparse.ArgumentParser:
         choices=["greedy", "sample"],
         help="greedy: draft argmax, as vLLM; sample: draw from the draft at the temperature",
     )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="continuations drawn per prompt at a temperature > 0, each with its own seed "
+        "(--seed + its index among all draws; the first draw of each prompt is the one drawn "
+        "without this option); one at temperature 0",
+    )
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--device", default="cpu", help="where target and draft run (cpu, cuda)")
 

@@ -119,6 +119,7 @@ class OnlineConfig:
     # reference mode
     dtype: str = "float32"
     draft_proposal: str = "greedy"
+    samples: int = 1  # continuations drawn per prompt at a temperature > 0 (one at greedy)
     threads: int | None = None
     device: str = "cpu"  # where target and draft run (cpu, cuda, cuda:N)
     # vllm mode
@@ -141,6 +142,12 @@ class OnlineConfig:
             )
         if self.concurrency < 1:
             raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.samples < 1:
+            raise ConfigError(f"--samples must be >= 1, got {self.samples}")
+
+    def draws(self, temperature: float) -> int:
+        """Continuations per prompt at ``temperature``: greedy decoding draws the same one."""
+        return self.samples if temperature > 0 else 1
 
     def check_paths(self) -> None:
         """Refuse bad paths before the target is loaded or an engine started."""

@@ -184,6 +184,7 @@ def assemble(
                 "max_new_tokens": config.max_new_tokens,
                 "stop_token_ids": inputs.stop_token_ids,
                 "draft_proposal": config.draft_proposal if mode == "reference" else "greedy",
+                "samples_per_prompt": config.draws(temperature) if mode == "reference" else 1,
                 "chat_template_kwargs": config.chat_template_kwargs,
                 # MT-Bench's later turns follow the target's own greedy answer to the turn before.
                 "follow_up_turns_after": "the target's greedy answer",

@@ -243,8 +243,8 @@ def run_requests(
 
 
 def run_reference(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:
-    """Per draft, every temperature; the target alone (unless disabled) once per temperature
-    as every draft's baseline. Later turns (MT-Bench) are asked after the target's own answer
+    """Per draft, every temperature, each prompt drawn config.draws(temperature) times; the
+    target alone (unless disabled) the same way, once per temperature, as every draft's baseline. Later turns (MT-Bench) are asked after the target's own answer
     to the turn before: its greedy output, decoded here by the target alone, first."""
     config = inputs.config
     if config.threads is not None:
@@ -278,8 +278,9 @@ def run_reference(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:
     baselines: dict[float, Baseline] = {}
     if config.baseline:
         for temperature in config.temperatures:
+            drawn_requests, drawn_tags = drawn(requests, tags, config.draws(temperature))
             with device:
-                alone = run_requests(plain, requests, settings(temperature))
+                alone = run_requests(plain, drawn_requests, settings(temperature))
             baselines[temperature] = Baseline(
                 tokens_per_second=sum(s.num_generated_tokens for s in alone)
                 / sum(s.seconds or 0.0 for s in alone),
@@ -287,7 +288,7 @@ def run_reference(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:
                     s.sample_id: (s.num_generated_tokens, s.seconds, s.output_token_ids)
                     for s in alone
                 },
-                group_seconds=timed_per_sample(tag(alone, tags)),
+                group_seconds=timed_per_sample(tag(alone, drawn_tags)),
             )
     out: dict[str, list[EvalResult]] = {}
     for measured in inputs.drafts:
@@ -295,8 +296,10 @@ def run_reference(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:
         speculative = SpeculativeDecoder(target, draft.to(device, DTYPES[config.dtype]), config.k)
         out[measured.name] = []
         for temperature in config.temperatures:
+            drawn_requests, drawn_tags = drawn(requests, tags, config.draws(temperature))
             with device:  # the decoders' step tensors are made where the models are
-                samples = tag(run_requests(speculative, requests, settings(temperature)), tags)
+                samples = run_requests(speculative, drawn_requests, settings(temperature))
+            samples = tag(samples, drawn_tags)
             timing = (sum(s.seconds or 0.0 for s in samples), timed_per_sample(samples))
             out[measured.name].append(
                 assemble(
@@ -309,10 +312,26 @@ def run_reference(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:
                     baselines.get(temperature),
                     engine,
                     {},
-                    tags,
+                    drawn_tags,
                 )
             )
     return out
+
+
+def drawn(
+    requests: list[Request], tags: dict[str, dict[str, Any]], draws: int
+) -> tuple[list[Request], dict[str, dict[str, Any]]]:
+    """Each request ``draws`` times, draw after draw, with each draw's tags. The first draw keeps
+    the ids (and, by run_requests' seed + index, the seeds) of a run without copies; draw j > 0
+    of a request is ``ID#j``."""
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    out = [
+        Request(r.sample_id if j == 0 else f"{r.sample_id}#{j}", r.prompt_token_ids)
+        for j in range(draws)
+        for r in requests
+    ]
+    return out, {d.sample_id: tags[r.sample_id] for d, r in zip(out, requests * draws, strict=True)}
 
 
 def requests_of(prompts: list[Prompt]) -> list[Request]:
