@@ -12,19 +12,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from support import agent_corpus
+from support import agent_target as target
 from support.kimi_standin import FILES as KIMI_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET = ROOT / "recipes" / "tiny-agent" / "target"
-sys.path.insert(0, str(ROOT / "tools" / "targets"))
-import build_tiny_agent_target as builder  # noqa: E402  (a tool, not a package)
+TARGET = target.TARGET_DIR
 
 # vLLM's parsers read 30 of 30 at the build (1.0); the floor leaves 3 of 30 to library updates.
 TOOL_CALLS_READ_FLOOR = 0.9
@@ -32,13 +30,13 @@ TOOL_CALLS_READ_FLOOR = 0.9
 
 @pytest.fixture(scope="module")
 def build_info() -> dict:
-    return json.loads((TARGET / builder.BUILD_INFO).read_text())
+    return json.loads((TARGET / target.BUILD_INFO).read_text())
 
 
 @pytest.fixture(scope="module")
 def shipped() -> tuple:
     torch.set_num_threads(2)
-    return builder.load_target(TARGET)
+    return target.load_target(TARGET)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +46,7 @@ def rows(build_info: dict) -> list[dict]:
 
 def test_kimis_special_tokens_are_single_tokens_and_its_template_is_kimis(shipped: tuple) -> None:
     _, tokenizer = shipped
-    for token in builder.SPECIAL_TOKENS:
+    for token in target.SPECIAL_TOKENS:
         assert tokenizer.convert_ids_to_tokens(tokenizer.encode(token, add_special_tokens=False)) == [token]  # fmt: skip
     assert tokenizer.chat_template == (KIMI_FILES / "chat_template.jinja").read_text()
     assert tokenizer.eos_token == "<|im_end|>"
@@ -75,12 +73,12 @@ def test_an_events_prompt_extends_the_previous_events_text(shipped: tuple, rows:
     loop = next(
         r for r in rows
         if r["kind"] == "agent" and sum(m["role"] == "user" for m in r["messages"]) > 1
-        and builder.thinking(r)
+        and target.thinking(r)
     )  # fmt: skip
-    events = builder.events(tokenizer, loop)
+    events = target.events(tokenizer, loop)
     joined = [events[i + 1][0].startswith(p + c) for i, (p, c) in enumerate(events[:-1])]
     assert joined[0] and not all(joined)
-    encoded = builder.encode_row(tokenizer, loop)
+    encoded = target.encode_row(tokenizer, loop)
     assert len(encoded) == joined.count(False) + 1
     completions = sum(len(tokenizer.encode(c, add_special_tokens=False)) for _, c in events)
     assert sum(sum(e.answer_mask) for e in encoded) == completions
@@ -88,9 +86,9 @@ def test_an_events_prompt_extends_the_previous_events_text(shipped: tuple, rows:
 
 def test_it_learned_each_kind_of_traffic(shipped: tuple, rows: list, build_info: dict) -> None:
     model, tokenizer = shipped
-    ce = builder.ce_per_kind(model, tokenizer, rows)
+    ce = target.ce_per_kind(model, tokenizer, rows)
     assert ce == pytest.approx(build_info["heldout_ce_per_kind"], abs=1e-3)
-    assert builder.check_failures(ce, build_info["unigram_ce_per_kind"]) == []
+    assert target.check_failures(ce, build_info["unigram_ce_per_kind"]) == []
     # and its tool calls: every held-out first call well formed at the build (79 of 79)
     assert build_info["tool_calls"]["tool_calls_well_formed"] == 1.0
 
@@ -105,10 +103,10 @@ def test_vllms_kimi_k2_parsers_read_its_own_tool_calls(
     and the reasoning before </think> comes back as reasoning."""
     model, tokenizer = shipped
     items = []
-    for row in builder.heldout_events(rows, "agent", 30):
-        text = builder.greedy_completion(model, tokenizer, row, builder.first_call(row))
-        completion = text.removesuffix(builder.IM_END)
-        items.append({"completion": completion, "tools": row["tools"], "thinking": builder.thinking(row)})  # fmt: skip
+    for row in target.heldout_events(rows, "agent", 30):
+        text = target.greedy_completion(model, tokenizer, row, target.first_call(row))
+        completion = text.removesuffix(target.IM_END)
+        items.append({"completion": completion, "tools": row["tools"], "thinking": target.thinking(row)})  # fmt: skip
     path = tmp_path / "completions.json"
     path.write_text(json.dumps(items))
     done = subprocess.run(
@@ -120,8 +118,8 @@ def test_vllms_kimi_k2_parsers_read_its_own_tool_calls(
     parsed = json.loads(done.stdout.strip().splitlines()[-1])
     read = 0
     for item, got in zip(items, parsed, strict=True):
-        if item["thinking"] and builder.THINK_END in item["completion"]:
-            assert got["reasoning"] == item["completion"].split(builder.THINK_END)[0]
+        if item["thinking"] and target.THINK_END in item["completion"]:
+            assert got["reasoning"] == item["completion"].split(target.THINK_END)[0]
         calls = got["tool_calls"]
         read += bool(calls) and all(
             c["name"] in agent_corpus.TOOL_NAMES and isinstance(json.loads(c["arguments"]), dict)

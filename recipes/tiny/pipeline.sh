@@ -22,7 +22,9 @@
 # (40), HELDOUT_STATES held-out conversations whose states the offline figure reads (64),
 # REGENERATE=0 trains (and scores offline) on the corpus answers as written instead of the
 # target's own, BENCH=NAME=PATH a benchmark prompt file (e.g. MT-Bench's question.jsonl) that vLLM
-# also measures, per category.
+# also measures, per category. TRAIN_KINDS=thinking,agent trains only on rows of those kinds (a
+# row's 'kind' field, as the agent corpus has it; default every row) and TRAIN_SEED (0) seeds the
+# draft's training: with them, one run folder per arm of a traffic-mix comparison.
 #
 # Every stage validates its inputs and lineage before it runs and its output before it reports
 # success; rerunning resumes where a stage left off or reuses what is already complete.
@@ -76,10 +78,12 @@ cpu_engine=(); for a in "${CPU_ENGINE_ARGS[@]}"; do cpu_engine+=(--engine-arg "$
 
 step "data: the corpus (${CORPUS[*]})"
 [ -f "$out/corpus.jsonl" ] || "${CORPUS[@]}" "$out/corpus.jsonl"
-for split in train heldout; do
-  [ -f "$out/$split.conversations.parquet" ] || uv run --frozen eagle3-data ingest "$out/corpus.jsonl" \
-    --keep "split=$split" --out "$out/$split.conversations.parquet"
-done
+train_kinds=(); IFS=, read -ra kinds <<< "${TRAIN_KINDS:-}"
+for kind in "${kinds[@]}"; do train_kinds+=(--keep "kind=$kind"); done
+[ -f "$out/train.conversations.parquet" ] || uv run --frozen eagle3-data ingest "$out/corpus.jsonl" \
+  --keep split=train "${train_kinds[@]}" --out "$out/train.conversations.parquet"
+[ -f "$out/heldout.conversations.parquet" ] || uv run --frozen eagle3-data ingest "$out/corpus.jsonl" \
+  --keep split=heldout --out "$out/heldout.conversations.parquet"
 train_conversations="$out/train.conversations.parquet"
 heldout_conversations="$out/heldout.conversations.parquet"
 if [ "$regenerate" = 1 ] && [ -n "$vllm_python" ]; then
@@ -119,7 +123,7 @@ step "train: the draft (single process; see recipes/accelerate/ for DDP and ZeRO
 [ -d "$out/train/draft" ] || uv run --frozen accelerate launch --config_file recipes/accelerate/single.yaml \
   -m eagle3_train --config "$recipe/train.yaml" --output-dir "$out/train" \
   --set data.hidden_states="$out/hidden_states" --set data.vocab_map="$out/vocab_map.safetensors" \
-  "${max_steps[@]}"
+  --set train.seed="${TRAIN_SEED:-0}" "${max_steps[@]}"
 
 step "eval: acceptance length (offline on held-out states: the estimate; vLLM speculative decoding, k=3, greedy: the measure)"
 draft="$out/train/draft"

@@ -170,8 +170,38 @@ def test_keep_selects_records_by_field(tmp_path: Path) -> None:
     records = [{**GOOD_SHAREGPT, "split": "train"}, {**GOOD_OPENAI, "split": "heldout"}]
     raw.write_text("\n".join(json.dumps(r) for r in records))
     summary = run(
-        IngestConfig([raw], tmp_path / "c.parquet", tmp_path / "r.jsonl", keep={"split": "heldout"})
+        IngestConfig(
+            [raw], tmp_path / "c.parquet", tmp_path / "r.jsonl", keep={"split": ("heldout",)}
+        )
     )
     assert (summary.written, summary.skipped) == (1, 1)
     assert pq.read_table(tmp_path / "c.parquet").column("source").to_pylist() == ["corpus.jsonl:2"]
-    assert read_header(tmp_path / "c.parquet").fields["keep"] == {"split": "heldout"}
+    assert read_header(tmp_path / "c.parquet").fields["keep"] == {"split": ["heldout"]}
+
+
+def test_keep_repeated_for_one_field_keeps_any_of_its_values(tmp_path: Path, capsys) -> None:
+    """--keep kind=thinking --keep kind=agent keeps both kinds (it once kept the last alone);
+    fields named apart must all match."""
+    raw = tmp_path / "corpus.jsonl"
+    kinds = ["instant", "thinking", "agent", "thinking"]
+    splits = ["train", "train", "train", "heldout"]
+    records = [
+        {"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": "A"}],
+         "kind": kind, "split": split}
+        for i, (kind, split) in enumerate(zip(kinds, splits, strict=True))
+    ]  # fmt: skip
+    raw.write_text("\n".join(json.dumps(r) for r in records))
+    out = tmp_path / "c.parquet"
+    argv = [
+        "ingest",
+        str(raw),
+        "--out",
+        str(out),
+        "--keep",
+        "kind=thinking",
+        "--keep",
+        "kind=agent",
+    ]
+    assert main([*argv, "--keep", "split=train"]) == 0
+    assert pq.read_table(out).column("source").to_pylist() == ["corpus.jsonl:2", "corpus.jsonl:3"]
+    assert read_header(out).fields["keep"] == {"kind": ["thinking", "agent"], "split": ["train"]}

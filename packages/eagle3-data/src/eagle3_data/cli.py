@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="keep only records whose top-level FIELD equals VALUE (e.g. split=train)",
+        help="keep only records whose top-level FIELD equals VALUE (e.g. split=train); "
+        "repeated for one FIELD, any of its values (kind=thinking --keep kind=agent)",
     )
 
     p = sub.add_parser("regenerate", help="replace assistant turns with the target's own answers")
@@ -175,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "ingest":
-            keep = dict(_key_value(k, "--keep") for k in args.keep)
+            keep: dict[str, tuple[str, ...]] = {}
+            for field, value in (_key_value(k, "--keep") for k in args.keep):
+                keep[field] = (*keep.get(field, ()), value)
             summary = asdict(
                 ingest.run(IngestConfig(args.inputs, args.out, _rejects(args), keep=keep))
             )

@@ -48,9 +48,8 @@ class IngestConfig:
     output: Path
     rejects: Path
     batch_rows: int = 2048  # rows per Parquet row group: bounds memory
-    keep: dict[str, str] = field(
-        default_factory=dict
-    )  # keep only records whose field equals the value
+    # keep only records whose field equals one of its values (every field named must match)
+    keep: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def check(self) -> None:
         for path in self.inputs:

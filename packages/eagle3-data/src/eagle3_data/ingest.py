@@ -119,13 +119,13 @@ def run(config: IngestConfig) -> IngestSummary:
             inputs=[str(p) for p in config.inputs],
             duplicates=summary.duplicates,
             skipped=summary.skipped,
-            keep=config.keep,
+            keep={k: list(v) for k, v in config.keep.items()},
         )
     return summary
 
 
-def _selected(record: Any, keep: dict[str, str]) -> bool:
-    return isinstance(record, dict) and all(str(record.get(k)) == v for k, v in keep.items())
+def _selected(record: Any, keep: dict[str, tuple[str, ...]]) -> bool:
+    return isinstance(record, dict) and all(str(record.get(k)) in v for k, v in keep.items())
 
 
 def source_fingerprint(inputs: list[Path]) -> str:
