@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 # The tiny target's builder beside this file; the corpus and the target's shared code with the tests.
@@ -102,18 +102,8 @@ def train_tokenizer(rows: Sequence[dict[str, Any]]) -> PreTrainedTokenizerFast:
         for piece in SPLIT_ON_SPECIALS.split(prompt + completion)
         if piece
     ]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=tiny.train_bpe(texts, VOCAB_SIZE, SPECIAL_TOKENS),
         bos_token=BOS,
         eos_token=IM_END,
         pad_token=PAD,

@@ -106,18 +106,24 @@ WEIGHT_DECAY = 0.1
 # --- Tokenizer ---------------------------------------------------------------------------------
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer with the ChatML special tokens and chat template."""
+def train_bpe(texts: Sequence[str], vocab_size: int, special_tokens: Sequence[str]) -> Tokenizer:
+    """A byte-level BPE of ``vocab_size`` tokens, ``special_tokens`` first (the embedded targets')."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with the ChatML special tokens and chat template."""
+    tok = train_bpe(texts, vocab_size, SPECIAL_TOKENS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
