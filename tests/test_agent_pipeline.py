@@ -12,7 +12,9 @@ that thinks and calls tools in Kimi-K2.5's chat format, gated by vLLM on each ki
 - Speculative decoding is lossless at temperature 0 on every kind, tool calls included: vLLM's
   greedy tokens with the draft equal the target's alone.
 - The draft trained on the traffic it is measured on: the tokenized training set holds samples
-  of each kind (reasoning inside <think>, tool calls), and the draft's lineage is that set's.
+  of each kind (reasoning inside <think>, tool calls), the draft's lineage is that set's, and it
+  took the pipeline's STEPS (a draft of instant rows alone stopped at 96 of 150 steps, its 4
+  epochs, before pipeline.sh set the epochs from STEPS).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "tiny-agent"
 THINKING_FLOOR, K = 2.6, 3
+STEPS = 150  # pipeline.sh's default
 PROMPTS = 60
 PROMPTS_PER_KIND = {"instant": 14, "thinking": 20, "agent": 26}
 
@@ -120,6 +123,11 @@ def test_the_draft_trained_on_instant_answers_reasoning_and_tool_calls(
         counts["reasoning"] += think_end in completion[1:]
         counts["tool call"] += call in completion
     assert all(n > 0 for n in counts.values()), counts
+    # STEPS steps taken (the recipe's 4 epochs alone stop a small training set short of them).
+    events = [
+        json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [e["step"] for e in events if e["event"] == "done"] == [STEPS]
     trained = read_header(out / "train" / "draft").lineage
     dataset = read_header(out / "hidden_states").lineage
     assert trained["hidden_states_fingerprint"] == fingerprint_artifact(out / "hidden_states")

@@ -18,7 +18,8 @@
 # Where vLLM cannot be installed it measures with the transformers reference loop and says so.
 #
 # Knobs (environment): SAMPLES conversations regenerated and trained on (default 2000; a seeded
-# random draw), STEPS optimizer steps (150; 0 = the recipe's epochs), PROMPTS held-out prompts
+# random draw), STEPS optimizer steps, taken however many epochs they need (150; 0 = the recipe's
+# epochs), PROMPTS held-out prompts
 # (40), HELDOUT_STATES held-out conversations whose states the offline figure reads (64),
 # REGENERATE=0 trains (and scores offline) on the corpus answers as written instead of the
 # target's own, BENCH=NAME=PATH a benchmark prompt file (e.g. MT-Bench's question.jsonl) that vLLM
@@ -41,7 +42,10 @@ regenerate="${REGENERATE:-1}"
 bench="${BENCH:-}"
 seed=0
 target="$recipe/target"
-max_steps=(); [ "$steps" = 0 ] || max_steps=(--max-steps "$steps")
+# STEPS steps are taken whatever the training set's size: the recipe's epochs alone stop a small
+# set short (4 epochs of the agent corpus's instant rows are 96 steps). An epoch has at least one
+# step, so STEPS epochs reach STEPS steps; the schedule spans exactly STEPS.
+max_steps=(); [ "$steps" = 0 ] || max_steps=(--max-steps "$steps" --set train.epochs="$steps")
 mkdir -p "$out"
 # Subprocesses import torch/transformers many times: let them cache bytecode.
 unset PYTHONDONTWRITEBYTECODE
