@@ -38,9 +38,22 @@ PLAN_ARGS=(--storage-dtype "$STORAGE_DTYPE" --tensor-parallel-size "$NGPU" --gpu
 # chat_template_kwargs thinking=false, and vLLM's kimi_k2 reasoning parser reads
 # `thinking = chat_kwargs.get("thinking", True)`), and its users run it as an agent. So 3 rows in 4
 # are regenerated in thinking mode (--thinking-fraction 0.75, drawn per row by a seeded hash of
-# its id) and 1 in 4 in instant mode: a draft trained on instant answers alone never sees the
-# reasoning that dominates served tokens, nor a tool call. 0.75 is a prior, not a measurement:
-# issue 43 measures instant / thinking+agent / mix drafts on each kind of traffic and sets it.
+# its id) and 1 in 4 in instant mode. Measured on the agent target (recipes/tiny-agent, README
+# "The agent target"; tools/bench/bench_traffic_mix.sh, vLLM, k = 3, greedy, 150 steps, means of
+# seeds 0-2, AL on instant / thinking / agent traffic):
+#   (a) instant rows only        2.344 / 1.163 / 1.106
+#   (b) thinking + agent only    1.073 / 2.898 / 2.607
+#   (c) mix, 30 % instant rows   1.740 / 2.977 / 2.428   (k = 5: 1.747 / 3.480 / 2.624)
+# A draft trained on one mode accepts almost nothing on the other, so the mix keeps both. (c)
+# is best on thinking and over all prompts; it trails (b) on agent by 7 % and (a) on instant by
+# 26 %. No mix met "best on each kind", so the served share decides: with thinking and agent
+# served alike, (c) is ahead of (b) once instant is >= 7 % of requests (and always ahead of (a)
+# unless instant is nearly all of it). 0.75 thinking is (c)'s 30 % instant, rounded to Kimi's
+# default-thinking traffic; set 1.0 only where no instant request is served.
+# Tool data: agent rows are rows that declare tools (the source's `tools`, OpenAI format, and its
+# tool results); give the data as many agent loops as the served traffic has (the measured mix
+# had 40 %), with their tool results (spliced under the target's own call ids when regenerated):
+# a draft that never saw a tool call reads agent traffic at ~1.1.
 # The reasoning and tool-call parsers return `reasoning_content` and `tool_calls`, which
 # regenerate keeps with vLLM's token ids (the prompt as served, the completion with <think>,
 # </think> and the tool-call markers), and tokenize trains one sample per generation event
@@ -82,11 +95,13 @@ VERIFY_SKIPPED="Kimi-K2.5's INT4 experts do not run in transformers; vLLM's capt
 TRAIN_CONFIG="recipes/$RECIPE_NAME/train.yaml"
 ACCELERATE_ARGS=(--config_file recipes/accelerate/zero2.yaml --num_processes "$NGPU")
 
-# ---- eval: vLLM speculative decoding, k = 3, greedy, prompts rendered in instant mode ----
-# Still instant mode and without tools: eagle3-eval refuses tool-role prompts for now; acceptance
-# per kind of traffic (instant, thinking, agent) is issue 43's.
+# ---- eval: vLLM speculative decoding, k = 3, greedy, per kind of traffic ----
+# Prompts are rendered as served: a held-out row that declares tools is agent traffic (its tools
+# and tool results rendered), any other in its own mode, else in K2.5's default, thinking, the
+# traffic its users serve most. The report gives acceptance per kind (instant / thinking /
+# agent) beside the whole set; add `--chat-template-kwarg thinking=false` to read instant mode.
 EVAL_ARGS=(--k 3 --temperature 0 --max-new-tokens 512 --max-prompt-tokens 4096
-  --limit "$PROMPTS" --concurrency 16 "${TRUST[@]}" --chat-template-kwarg thinking=false
+  --limit "$PROMPTS" --concurrency 16 "${TRUST[@]}"
   --engine-arg dtype=bfloat16 --engine-arg enforce_eager=false --engine-arg language_model_only=true
   --engine-arg tensor_parallel_size="$NGPU" --engine-arg gpu_memory_utilization=0.85
   --engine-arg max_model_len=8192)
