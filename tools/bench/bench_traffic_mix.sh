@@ -5,10 +5,11 @@
 #
 #   bash tools/bench/bench_traffic_mix.sh [OUT_DIR] [SEEDS]     (default runs/traffic-mix, "0 1 2")
 #
-# Arms, drafts of the same size and steps (STEPS, 150): (a) instant rows only, (b) thinking +
-# agent rows only, (c) every row (the corpus's mix, 30 % / 30 % / 40 %). A later seed reuses its
-# arm's data and hidden states (hard links) and trains and measures anew (TRAIN_SEED).
-# Run it on a quiet machine: one arm at a time, nothing beside it.
+# Arms, drafts of the same size and steps (STEPS, 150, taken whatever an arm's data size): (a)
+# instant rows only, (b) thinking + agent rows only, (c) every row (the corpus's mix, 30 % / 30 % /
+# 40 %). A later seed reuses its arm's data and hidden states (hard links) and trains and
+# measures anew (TRAIN_SEED). The drafts of the arms in K5_ARMS ("c-mix") are also measured at
+# k = 5 (eval-vllm-k5/). Run it on a quiet machine: one arm at a time, nothing beside it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-runs/traffic-mix}"
@@ -28,6 +29,14 @@ for seed in $seeds; do
     echo "== $arm seed $seed ($(date +%T))"
     TRAIN_KINDS="${kinds[$arm]}" TRAIN_SEED="$seed" PROMPTS="${PROMPTS:-60}" \
       bash recipes/tiny-agent/pipeline.sh "$run" > "$run.log" 2>&1 || { tail -20 "$run.log"; exit 1; }
+    if [[ " ${K5_ARMS-c-mix} " == *" $arm "* ]] && [ ! -d "$run/eval-vllm-k5" ]; then
+      target=recipes/tiny-agent/target  # the pipeline's held-out prompts, at k = 5
+      uv run --frozen eagle3-eval vllm --draft "$run/train/draft" --target "$target" --k 5 \
+        --prompts "$run/corpus.jsonl" --split none --heldout-sources "$target/build_info.json" \
+        --limit "${PROMPTS:-60}" --max-new-tokens 128 --concurrency "${PROMPTS:-60}" --no-card \
+        --vllm-python "${EAGLE3_VLLM_PYTHON:-$(tools/ci/setup_vllm_cpu.sh)}" \
+        --out "$run/eval-vllm-k5" >> "$run.log" 2>&1 || { tail -20 "$run.log"; exit 1; }
+    fi
   done
 done
 uv run --frozen python - "$out" <<'PY'
@@ -36,11 +45,19 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 kinds = ("instant", "thinking", "agent")
-print(f"{'arm':18} {'seed':>4}  " + "  ".join(f"{k:>22}" for k in (*kinds, "all")))
-for arm in sorted(p for p in out.iterdir() if p.is_dir()):
+
+
+def steps_taken(run: Path) -> int:
+    events = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    return next(e["step"] for e in events if e["event"] == "done")
+
+
+print(f"{'arm':22} {'seed':>4} {'steps':>5}  " + "  ".join(f"{k:>22}" for k in (*kinds, "all")))
+for arm, reading in sorted((a, e) for a in out.iterdir() if a.is_dir() for e in ("eval-vllm", "eval-vllm-k5")):
     per = {k: [] for k in (*kinds, "all")}
+    name = arm.name + (" k=5" if reading.endswith("k5") else "")
     for run in sorted(arm.glob("seed-*")):
-        report = run / "eval-vllm" / "report.json"
+        report = run / reading / "report.json"
         if not report.is_file():
             continue
         r = json.loads(report.read_text())
@@ -51,7 +68,7 @@ for arm in sorted(p for p in out.iterdir() if p.is_dir()):
             per[k].append(g["acceptance_length"])
             pos = "/".join(f"{p:.2f}" for p in g["per_position_acceptance"])
             cells.append(f"{g['acceptance_length']:.3f} ({pos})")
-        print(f"{arm.name:18} {run.name[5:]:>4}  " + "  ".join(f"{c:>22}" for c in cells))
+        print(f"{name:22} {run.name[5:]:>4} {steps_taken(run):>5}  " + "  ".join(f"{c:>22}" for c in cells))
     if len(per["all"]) > 1:
-        print(f"{arm.name:18} mean  " + "  ".join(f"{statistics.mean(v):>22.3f}" for v in per.values()))
+        print(f"{name:22} mean        " + "  ".join(f"{statistics.mean(v):>22.3f}" for v in per.values()))
 PY
