@@ -170,8 +170,38 @@ def render_prompt(
     generation prompt. The data stage tokenizes events from it, eval renders its prompts by it."""
     kwargs = {**(defaults or {}), **template_kwargs(tools, mode)}
     return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=True, **kwargs
+        served_messages(messages), tokenize=False, add_generation_prompt=True, **kwargs
     )
+
+
+def served_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The turns of a request as vLLM's chat endpoint gives them to the template: each tool
+    call's arguments parsed into an object (a non-object or unreadable one becomes {}), which
+    templates render with ``tojson`` (vllm 0.32, renderers/chat_utils._postprocess_messages).
+    So a call in a prompt's history reads as ``json.dumps`` writes it, whatever its source's
+    spacing or escapes."""
+    served = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and calls:
+            message = {
+                **message,
+                "tool_calls": [
+                    {**c, "function": {**c["function"], "arguments": _arguments(c["function"])}}
+                    for c in calls
+                ],
+            }
+        served.append(dict(message))
+    return served
+
+
+def _arguments(function: Mapping[str, Any]) -> dict[str, Any]:
+    arguments = function.get("arguments")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) and arguments else arguments
+    except json.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def tools_problem(tools: Any) -> str | None:
