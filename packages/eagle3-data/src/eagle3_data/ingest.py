@@ -239,7 +239,7 @@ def _tools(tools: Any) -> str | tuple[str]:
         ]
     text = json.dumps(tools, ensure_ascii=False)
     problem = tools_problem(text)
-    return (problem.replace("tools", "field tools", 1),) if problem else text
+    return (problem.replace("bad_tools: tools", "bad_tools: field tools", 1),) if problem else text
 
 
 def _arguments(where: str, arguments: Any) -> str | tuple[str]:
