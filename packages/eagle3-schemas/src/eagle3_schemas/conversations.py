@@ -120,8 +120,8 @@ def conversation_id(
 
 def template_kwargs(tools: str, mode: str) -> dict[str, Any]:
     """What the target's chat template is given for a row: its declared tools (JSON text) as
-    vLLM serves them (``served_tools``; None when there are none) and its mode, under both names templates use for it (Kimi's
-    ``thinking``, Qwen3's ``enable_thinking``)."""
+    vLLM serves them (``served_tools``; None when there are none) and its mode, under both
+    names templates use for it (Kimi's ``thinking``, Qwen3's ``enable_thinking``)."""
     thinking = mode == "thinking"
     return {"tools": served_tools(tools) or None, "thinking": thinking, "enable_thinking": thinking}
 
