@@ -25,6 +25,14 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 ]
 DECLARE = "<|im_system|>tool_declare<|im_middle|>" + json.dumps(TOOLS) + "<|im_end|>"
+# What vLLM hands the template for TOOLS (ChatCompletionToolsParam.model_dump()): a missing
+# description is null (tests/test_tools_as_served.py checks against vLLM itself).
+SERVED_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": None, "parameters": {"type": "object"}},
+    }
+]
 CALL = {
     "id": "functions.get_weather:0",
     "type": "function",
@@ -127,7 +135,7 @@ def test_tokenize_renders_each_event_as_served() -> None:
     for turn, completion in ((2, "Look it up.</think>" + CALL_TEXT), (4, "read</think>12 C.")):
         prompt, got = event_texts(renderer, done, turn, tools, "thinking")
         served = tokenizer.apply_chat_template(
-            done[:turn], tools=TOOLS, add_generation_prompt=True, tokenize=False
+            done[:turn], tools=SERVED_TOOLS, add_generation_prompt=True, tokenize=False
         )
         assert prompt == served and prompt.endswith("<think>")
         assert got == completion + "<|im_end|>"

@@ -20,6 +20,7 @@ from eagle3_schemas.conversations import (
     conversation_id,
     conversation_problem,
     iter_rows,
+    template_kwargs,
 )
 from eagle3_schemas.fingerprint import canonical_json
 from eagle3_schemas.header import Header, write_parquet
@@ -94,6 +95,38 @@ def test_openai_agent_record_round_trips(tmp_path: Path) -> None:
     assert row["id"] == conversation_id(want, row["tools"], "thinking")
 
 
+def test_tools_keep_the_sources_key_order_and_render_as_vllm_serves_them(
+    tmp_path: Path,
+) -> None:
+    """Stored as written (vLLM keeps a request's order inside parameters); rendered in vLLM's
+    order: type, function {name, description, parameters}, null where missing, unknown keys
+    dropped (tests/test_tools_as_served.py checks the ids against vLLM itself)."""
+    parameters = {"required": ["city"], "type": "object", "properties": {"city": {}}}
+    tools = [
+        {"function": {"parameters": parameters, "name": "get_weather"}, "x-owner": "me"},
+        {"type": "function", "function": {"strict": True, "description": "Now.", "name": "now"}},
+    ]
+    (row,), _ = _ingest(tmp_path, [{**AGENT, "tools": tools}])
+    assert row["tools"] == json.dumps(tools)
+    assert json.dumps(template_kwargs(row["tools"], row["mode"])["tools"]) == json.dumps(
+        [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "description": None, "parameters": parameters},
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "now",
+                    "description": "Now.",
+                    "parameters": None,
+                    "strict": True,
+                },
+            },
+        ]
+    )
+
+
 def test_sharegpt_function_call_and_observation(tmp_path: Path) -> None:
     (row,), rejected = _ingest(tmp_path, [SHAREGPT_AGENT])
     assert rejected == []
@@ -144,6 +177,14 @@ BAD = [
         "not_alternating: message 4: role 'user' while calls ['functions.get_weather:0'] have no tool result",
     ),
     (_broken(lambda r: r.__setitem__("tools", "[{")), "bad_tools: field tools: not JSON"),
+    (
+        _broken(lambda r: r["tools"][0]["function"].__setitem__("description", 7)),
+        "bad_tools: field tools[0].function.description: expected text or null, found int",
+    ),
+    (
+        _broken(lambda r: r["tools"][0].__setitem__("type", "retrieval")),
+        "bad_tools: field tools[0].type: 'retrieval' (vLLM serves only 'function')",
+    ),
     (
         {"conversations": [{"from": "human", "value": "x"}, {"from": "observation", "value": "y"}]},
         "unmatched_tool_result: turn 1 (observation): no call is waiting for a result",

@@ -31,6 +31,14 @@ KIMI_TEMPLATE = (
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 ]
+# What vLLM hands the template for TOOLS (ChatCompletionToolsParam.model_dump()): a missing
+# description is null (tests/test_tools_as_served.py checks against vLLM itself).
+SERVED_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": None, "parameters": {"type": "object"}},
+    }
+]
 CALL = {
     "id": "functions.get_weather:0",
     "type": "function",
@@ -107,15 +115,17 @@ def test_one_file_holds_all_three_kinds_each_rendered_as_the_template_does(
     gen = {"add_generation_prompt": True}
     assert by["i"].token_ids == as_served(kimi, user, thinking=False, **gen)
     assert by["t"].token_ids == as_served(kimi, [{"role": "user", "content": "Mul?"}], **gen)
-    assert by["a"].token_ids == as_served(kimi, AGENT[:3], tools=TOOLS, **gen)
-    assert by["b"].token_ids == as_served(kimi, AGENT[:3], tools=TOOLS, thinking=False, **gen)
+    assert by["a"].token_ids == as_served(kimi, AGENT[:3], tools=SERVED_TOOLS, **gen)
+    assert by["b"].token_ids == as_served(
+        kimi, AGENT[:3], tools=SERVED_TOOLS, thinking=False, **gen
+    )
     text = {k: kimi.decode(p.token_ids) for k, p in by.items()}
     # thinking vs instant as the template defines them: an open think block or an empty one
     assert text["i"].endswith(GENERATION + "<think></think>")
     assert text["t"].endswith(GENERATION + "<think>")
     # agent: the tools are declared, the prompt ends after the tool result; in thinking mode the
     # loop's reasoning stays before its call, in instant mode it goes
-    declare = "<|im_system|>tool_declare<|im_middle|>" + json.dumps(TOOLS) + "<|im_end|>"
+    declare = "<|im_system|>tool_declare<|im_middle|>" + json.dumps(SERVED_TOOLS) + "<|im_end|>"
     result = "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n12 C<|im_end|>"
     assert text["a"].startswith(declare) and text["b"].startswith(declare)
     assert text["a"].endswith(result + GENERATION + "<think>")

@@ -218,7 +218,11 @@ def _text(content: Any) -> str:
 
 
 def _tools(tools: Any) -> str | tuple[str]:
-    """The declared tools as canonical JSON text ('[]' when none), or (reason,)."""
+    """The declared tools as JSON text in the source's key order ('[]' when none), or (reason,).
+
+    Not sorted: a template renders the tools key by key, and vLLM keeps a request's order inside
+    ``parameters`` (``served_tools`` gives the rest vLLM's order at render time); the content id
+    hashes canonical JSON anyway."""
     if tools is None or tools == "" or tools == []:
         return NO_TOOLS
     if isinstance(tools, str):
@@ -233,9 +237,9 @@ def _tools(tools: Any) -> str | tuple[str]:
             else t
             for t in tools
         ]
-    text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
+    text = json.dumps(tools, ensure_ascii=False)
     problem = tools_problem(text)
-    return (problem.replace("tools", "field tools", 1),) if problem else text
+    return (problem.replace("bad_tools: tools", "bad_tools: field tools", 1),) if problem else text
 
 
 def _arguments(where: str, arguments: Any) -> str | tuple[str]:

@@ -34,7 +34,12 @@ import pyarrow as pa
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import THINK_CLOSE, THINK_OPEN, ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
-from eagle3_schemas.conversations import iter_rows, render_prompt, template_kwargs
+from eagle3_schemas.conversations import (
+    iter_rows,
+    render_prompt,
+    served_messages,
+    template_kwargs,
+)
 from eagle3_schemas.header import make_header, parquet_stream, read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
 from eagle3_schemas.remote_code import remote_code_record
@@ -191,8 +196,9 @@ def event_texts(
     produced after the prompt's ``<think>``.
     """
     prompt = render_prompt(renderer.tokenizer, messages[:turn], tools, mode)
+    # The turn itself keeps its calls' arguments as written: that text is the completion.
     full = renderer.tokenizer.apply_chat_template(
-        messages[: turn + 1],
+        [*served_messages(messages[:turn]), messages[turn]],
         tokenize=False,
         add_generation_prompt=False,
         **template_kwargs(tools, mode),

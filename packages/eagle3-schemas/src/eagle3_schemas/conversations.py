@@ -119,12 +119,43 @@ def conversation_id(
 
 
 def template_kwargs(tools: str, mode: str) -> dict[str, Any]:
-    """What the target's chat template is given for a row: its declared tools (JSON text, None
-    when there are none) and its mode, under both names templates use for it (Kimi's
-    ``thinking``, Qwen3's ``enable_thinking``)."""
-    declared = json.loads(tools)
+    """What the target's chat template is given for a row: its declared tools (JSON text) as
+    vLLM serves them (``served_tools``; None when there are none) and its mode, under both
+    names templates use for it (Kimi's ``thinking``, Qwen3's ``enable_thinking``)."""
     thinking = mode == "thinking"
-    return {"tools": declared or None, "thinking": thinking, "enable_thinking": thinking}
+    return {"tools": served_tools(tools) or None, "thinking": thinking, "enable_thinking": thinking}
+
+
+def served_tools(tools: str) -> list[dict[str, Any]]:
+    """The declared tools (JSON text that ``tools_problem`` passes) as vLLM's chat endpoint gives
+    them to the chat template, which renders them key by key (Kimi's ``tools | tojson``).
+
+    vLLM passes each tool's ``ChatCompletionToolsParam.model_dump()`` (vllm 0.32,
+    entrypoints/openai/chat_completion/protocol.py), so its fields come in the model's order,
+    whatever the request's: type, function {name, description, parameters, strict,
+    defer_loading}, defer_loading. A missing description or parameters is null; strict and
+    defer_loading appear only where set (a tool's defer_loading also on its function); other
+    keys are dropped. ``parameters`` is a plain dict: it keeps the request's own order.
+    """
+    served = []
+    for tool in json.loads(tools):
+        source, defer = tool["function"], tool.get("defer_loading")
+        function = {
+            "name": source["name"],
+            "description": source.get("description"),
+            "parameters": source.get("parameters"),
+            "strict": source.get("strict"),
+            "defer_loading": defer
+            if source.get("defer_loading") is None
+            else source["defer_loading"],
+        }
+        for key in ("strict", "defer_loading"):
+            if function[key] is None:
+                del function[key]
+        served.append({"type": "function", "function": function})
+        if defer is not None:
+            served[-1]["defer_loading"] = defer
+    return served
 
 
 def render_prompt(
@@ -139,8 +170,38 @@ def render_prompt(
     generation prompt. The data stage tokenizes events from it, eval renders its prompts by it."""
     kwargs = {**(defaults or {}), **template_kwargs(tools, mode)}
     return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=True, **kwargs
+        served_messages(messages), tokenize=False, add_generation_prompt=True, **kwargs
     )
+
+
+def served_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The turns of a request as vLLM's chat endpoint gives them to the template: each tool
+    call's arguments parsed into an object (a non-object or unreadable one becomes {}), which
+    templates render with ``tojson`` (vllm 0.32, renderers/chat_utils._postprocess_messages).
+    So a call in a prompt's history reads as ``json.dumps`` writes it, whatever its source's
+    spacing or escapes."""
+    served = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and calls:
+            message = {
+                **message,
+                "tool_calls": [
+                    {**c, "function": {**c["function"], "arguments": _arguments(c["function"])}}
+                    for c in calls
+                ],
+            }
+        served.append(dict(message))
+    return served
+
+
+def _arguments(function: Mapping[str, Any]) -> dict[str, Any]:
+    arguments = function.get("arguments")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) and arguments else arguments
+    except json.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def tools_problem(tools: Any) -> str | None:
@@ -156,6 +217,19 @@ def tools_problem(tools: Any) -> str | None:
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             return f"bad_tools: tools[{i}]: expected {{type: 'function', function: {{name, ...}}}}"
+        if tool.get("type", "function") != "function":
+            return f"bad_tools: tools[{i}].type: {tool['type']!r} (vLLM serves only 'function')"
+        # What vLLM's ChatCompletionToolsParam refuses (or would coerce), refused here by name.
+        for where, value, kind, name in (
+            ("function.description", function.get("description"), str, "text"),
+            ("function.parameters", function.get("parameters"), dict, "a JSON object"),
+            ("function.strict", function.get("strict"), bool, "true or false"),
+            ("function.defer_loading", function.get("defer_loading"), bool, "true or false"),
+            ("defer_loading", tool.get("defer_loading"), bool, "true or false"),
+        ):
+            if value is not None and not isinstance(value, kind):
+                found = type(value).__name__
+                return f"bad_tools: tools[{i}].{where}: expected {name} or null, found {found}"
     return None
 
 
