@@ -144,36 +144,57 @@ class Recipe:
         return mla_draft or not self.mla_target
 
 
-def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[int, int]]]:
-    """The first ``steps`` batches of eagle3-train's plan for ``seed`` (epochs repeat with new
-    shuffles)."""
+def epoch_plans(dataset_dir: Path, steps: int, seed: int) -> list[list[list[tuple[int, int]]]]:
+    """eagle3-train's epochs for ``seed`` (each a new shuffle), as many as ``steps`` reach into."""
     from eagle3_train.data.dataset import HiddenStateDataset, plan_epoch, split_indices
 
     dataset = HiddenStateDataset(dataset_dir)
     train, _ = split_indices(dataset, VALIDATION_FRACTION)
-    batches: list[list[tuple[int, int]]] = []
-    epoch = 0
-    while len(batches) < steps:
-        batches += plan_epoch(dataset.num_tokens, train, MAX_TOKENS, seed, epoch)
-        epoch += 1
-    return batches[:steps]
+    plans: list[list[list[tuple[int, int]]]] = []
+    while sum(map(len, plans)) < steps:
+        plans.append(plan_epoch(dataset.num_tokens, train, MAX_TOKENS, seed, len(plans)))
+    return plans
+
+
+def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[int, int]]]:
+    """The first ``steps`` batches of eagle3-train's plan for ``seed``."""
+    return list(itertools.chain.from_iterable(epoch_plans(dataset_dir, steps, seed)))[:steps]
+
+
+def trained_steps(metrics: Path) -> int:
+    """The optimizer steps an eagle3-train run took: its metrics.jsonl "done" event."""
+    done = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "done"]
+    if not done:
+        raise SystemExit(f"{metrics}: no 'done' event (the run did not finish)")
+    return int(done[-1]["step"])
+
+
+def ours_sets(run: Path, steps: int, lr: float, seed: int, overrides: list[str]) -> list[str]:
+    """eagle3-train's --set values for an arm of ours (the recipe's train.yaml below them)."""
+    sets = [f"data.hidden_states={run / 'hidden_states'}", f"train.seed={seed}"]
+    sets += [f"data.vocab_map={run / 'vocab_map.safetensors'}", f"train.lr={lr}"]
+    # as many epochs as the steps reach into, so that --max-steps ends the run as it ends
+    # speculators' loop (the recipe's train.epochs would stop ours first: tiny's 4 epochs are
+    # ~310 steps); an arm may still set train.epochs itself
+    epochs = len(epoch_plans(run / "hidden_states", steps, seed))
+    return [*sets, "train.progress_bar=false", f"train.epochs={epochs}", *overrides]
 
 
 def train_ours(
     recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, overrides: list[str]
 ) -> float:
-    sets = [f"data.hidden_states={run / 'hidden_states'}", f"train.seed={seed}"]
-    sets += [f"data.vocab_map={run / 'vocab_map.safetensors'}", f"train.lr={lr}"]
-    sets += ["train.progress_bar=false", *overrides]
     command = ["uv", "run", "--frozen", "accelerate", "launch", "--config_file"]
     command += [str(ROOT / "recipes" / "accelerate" / "single.yaml"), "-m", "eagle3_train"]
     command += ["--config", str(recipe.train_yaml), "--output-dir", str(out)]
     command += ["--max-steps", str(steps)]
-    for s in sets:
+    for s in ours_sets(run, steps, lr, seed, overrides):
         command += ["--set", s]
     began = time.perf_counter()
     _run(command, out.with_suffix(".log"))
-    return time.perf_counter() - began
+    seconds = time.perf_counter() - began
+    if (took := trained_steps(out / "metrics.jsonl")) != steps:
+        raise SystemExit(f"{out}: ours took {took} optimizer steps, not {steps} (--steps)")
+    return seconds
 
 
 def train_speculators(
