@@ -95,6 +95,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS, VALIDATION_FRACTION = 2048, 0.05
@@ -144,36 +145,57 @@ class Recipe:
         return mla_draft or not self.mla_target
 
 
-def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[int, int]]]:
-    """The first ``steps`` batches of eagle3-train's plan for ``seed`` (epochs repeat with new
-    shuffles)."""
+def epoch_plans(dataset_dir: Path, steps: int, seed: int) -> list[list[list[tuple[int, int]]]]:
+    """eagle3-train's epochs for ``seed`` (each a new shuffle), as many as ``steps`` reach into."""
     from eagle3_train.data.dataset import HiddenStateDataset, plan_epoch, split_indices
 
     dataset = HiddenStateDataset(dataset_dir)
     train, _ = split_indices(dataset, VALIDATION_FRACTION)
-    batches: list[list[tuple[int, int]]] = []
-    epoch = 0
-    while len(batches) < steps:
-        batches += plan_epoch(dataset.num_tokens, train, MAX_TOKENS, seed, epoch)
-        epoch += 1
-    return batches[:steps]
+    plans: list[list[list[tuple[int, int]]]] = []
+    while sum(map(len, plans)) < steps:
+        plans.append(plan_epoch(dataset.num_tokens, train, MAX_TOKENS, seed, len(plans)))
+    return plans
+
+
+def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[int, int]]]:
+    """The first ``steps`` batches of eagle3-train's plan for ``seed``."""
+    return list(itertools.chain.from_iterable(epoch_plans(dataset_dir, steps, seed)))[:steps]
+
+
+def trained_steps(metrics: Path) -> int:
+    """The optimizer steps an eagle3-train run took: its metrics.jsonl "done" event."""
+    done = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "done"]
+    if not done:
+        raise SystemExit(f"{metrics}: no 'done' event (the run did not finish)")
+    return int(done[-1]["step"])
+
+
+def ours_sets(run: Path, steps: int, lr: float, seed: int, overrides: list[str]) -> list[str]:
+    """eagle3-train's --set values for an arm of ours (the recipe's train.yaml below them)."""
+    sets = [f"data.hidden_states={run / 'hidden_states'}", f"train.seed={seed}"]
+    sets += [f"data.vocab_map={run / 'vocab_map.safetensors'}", f"train.lr={lr}"]
+    # as many epochs as the steps reach into, so that --max-steps ends the run as it ends
+    # speculators' loop (the recipe's train.epochs would stop ours first: tiny's 4 epochs are
+    # ~310 steps); an arm may still set train.epochs itself
+    epochs = len(epoch_plans(run / "hidden_states", steps, seed))
+    return [*sets, "train.progress_bar=false", f"train.epochs={epochs}", *overrides]
 
 
 def train_ours(
     recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, overrides: list[str]
 ) -> float:
-    sets = [f"data.hidden_states={run / 'hidden_states'}", f"train.seed={seed}"]
-    sets += [f"data.vocab_map={run / 'vocab_map.safetensors'}", f"train.lr={lr}"]
-    sets += ["train.progress_bar=false", *overrides]
     command = ["uv", "run", "--frozen", "accelerate", "launch", "--config_file"]
     command += [str(ROOT / "recipes" / "accelerate" / "single.yaml"), "-m", "eagle3_train"]
     command += ["--config", str(recipe.train_yaml), "--output-dir", str(out)]
     command += ["--max-steps", str(steps)]
-    for s in sets:
+    for s in ours_sets(run, steps, lr, seed, overrides):
         command += ["--set", s]
     began = time.perf_counter()
     _run(command, out.with_suffix(".log"))
-    return time.perf_counter() - began
+    seconds = time.perf_counter() - began
+    if (took := trained_steps(out / "metrics.jsonl")) != steps:
+        raise SystemExit(f"{out}: ours took {took} optimizer steps, not {steps} (--steps)")
+    return seconds
 
 
 def train_speculators(
@@ -208,11 +230,23 @@ def speculators_layer_config(recipe: Recipe):
     )
 
 
-def speculators_child(
-    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, arm: str
-) -> None:
-    """The plain loop (runs in its own process, so its time includes its own imports)."""
-    import warnings
+@dataclass
+class SpeculatorsRun:
+    """speculators' side of a run, built as its trainer builds it: the draft, its optimizers
+    and their schedules, the resolved `speculators train` arguments and the loss."""
+
+    model: Any
+    optimizers: list
+    schedules: list
+    cli: Any
+    loss_config: Any
+
+
+def speculators_run(
+    recipe: Recipe, run: Path, steps: int, lr: float, seed: int, arm: str, batches: int
+) -> SpeculatorsRun:
+    """The draft (seeded by ``seed``) and its optimizers and schedules for ``steps`` steps over
+    ``batches`` batches, with ``arm``'s `speculators train` arguments."""
     from types import SimpleNamespace
 
     import torch
@@ -220,7 +254,6 @@ def speculators_child(
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.losses.utils import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-    from speculators.models.eagle3.data import shift_batch
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from speculators.train.config.resolution import resolve
     from speculators.train.config.schema import TrainConfig
@@ -229,7 +262,6 @@ def speculators_child(
     from transformers import get_linear_schedule_with_warmup
 
     from eagle3_train.data.dataset import HiddenStateDataset
-    from eagle3_train.data.loader import make_loader, to_device
 
     # speculators' own `speculators train` argument parsing and default resolution
     argv = ["--verifier-name-or-path", str(recipe.target), "--speculator-type", "eagle3"]
@@ -265,53 +297,83 @@ def speculators_child(
     model.load_vocab_mappings(torch.from_numpy(vocab["t2d"]), torch.from_numpy(vocab["d2t"]))
     model.load_verifier_weights()
     optimizers = build_optimizers(model, SimpleNamespace(**cli.optimizer.model_dump()))
-    plan = epoch_batches(run / "hidden_states", steps, seed)
     timing = SimpleNamespace(num_epochs=cli.trainer.epochs, max_steps=steps)
     warmup, total = _resolve_scheduler_steps(
-        SimpleNamespace(**vars(timing), **cli.scheduler.model_dump()), len(plan)
+        SimpleNamespace(**vars(timing), **cli.scheduler.model_dump()), batches
     )
     schedules = [get_linear_schedule_with_warmup(o, warmup, total) for o in optimizers]
-    loss_config = resolve_loss_config(cli.loss.loss_fn, "eager")
+    return SpeculatorsRun(
+        model, optimizers, schedules, cli, resolve_loss_config(cli.loss.loss_fn, "eager")
+    )
+
+
+def speculators_loss(s: SpeculatorsRun, batch: dict):
+    """speculators' loss of one packed batch of eagle3-train's loader (on the CPU), each
+    document shifted by its own ``shift_batch``."""
+    import warnings
+
+    import torch
+    from speculators.models.eagle3.data import shift_batch
+
+    cu = batch["cu_seqlens"].tolist()
+    parts = []
+    for start, end in itertools.pairwise(cu):  # its own per-document shift
+        n = end - start
+        parts.append(
+            shift_batch(
+                {
+                    "input_ids": batch["input_ids"][start:end],
+                    "hidden_states": batch["aux_hidden_states"][start:end].float().reshape(n, -1),
+                    "verifier_last_hidden_states": batch["last_hidden_state"][start:end].float(),
+                    "loss_mask": batch["loss_mask"][start:end],
+                    "lengths": torch.tensor([n]),
+                    "position_ids": torch.arange(n),
+                }
+            )
+        )
+    cat = {k: torch.cat([p[k] for p in parts])[None] for k in parts[0] if k != "lengths"}
+    documents = torch.cat([torch.full((len(p["input_ids"]),), i) for i, p in enumerate(parts)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, loss, _ = s.model(
+            hidden_states=cat["hidden_states"],
+            input_ids=cat["input_ids"],
+            document_ids=documents[None],
+            loss_mask=cat["loss_mask"],
+            position_ids=cat["position_ids"],
+            verifier_last_hidden_states=cat["verifier_last_hidden_states"],
+            ttt_steps=s.cli.loss.ttt_steps,
+            ttt_step_loss_decay=s.cli.loss.ttt_step_loss_decay,
+            loss_config=s.loss_config,
+        )
+    return loss
+
+
+# its trainer's fixed clip (speculators/train/trainer.py, clip_grad_norm_(..., 1.0))
+SPECULATORS_CLIP = 1.0
+
+
+def speculators_child(
+    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, arm: str
+) -> None:
+    """The plain loop (runs in its own process, so its time includes its own imports)."""
+    import torch
+
+    from eagle3_train.data.dataset import HiddenStateDataset
+    from eagle3_train.data.loader import make_loader, to_device
+
+    plan = epoch_batches(run / "hidden_states", steps, seed)
+    s = speculators_run(recipe, run, steps, lr, seed, arm, len(plan))
+    dataset = HiddenStateDataset(run / "hidden_states")
     for batch in make_loader(dataset, plan, num_workers=0):
-        b = to_device(batch, torch.device("cpu"))
-        cu = b["cu_seqlens"].tolist()
-        parts = []
-        for start, end in itertools.pairwise(cu):  # its own per-document shift
-            n = end - start
-            parts.append(
-                shift_batch(
-                    {
-                        "input_ids": b["input_ids"][start:end],
-                        "hidden_states": b["aux_hidden_states"][start:end].float().reshape(n, -1),
-                        "verifier_last_hidden_states": b["last_hidden_state"][start:end].float(),
-                        "loss_mask": b["loss_mask"][start:end],
-                        "lengths": torch.tensor([n]),
-                        "position_ids": torch.arange(n),
-                    }
-                )
-            )
-        cat = {k: torch.cat([p[k] for p in parts])[None] for k in parts[0] if k != "lengths"}
-        documents = torch.cat([torch.full((len(p["input_ids"]),), i) for i, p in enumerate(parts)])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _, loss, _ = model(
-                hidden_states=cat["hidden_states"],
-                input_ids=cat["input_ids"],
-                document_ids=documents[None],
-                loss_mask=cat["loss_mask"],
-                position_ids=cat["position_ids"],
-                verifier_last_hidden_states=cat["verifier_last_hidden_states"],
-                ttt_steps=cli.loss.ttt_steps,
-                ttt_step_loss_decay=cli.loss.ttt_step_loss_decay,
-                loss_config=loss_config,
-            )
+        loss = speculators_loss(s, to_device(batch, torch.device("cpu")))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # its trainer's fixed clip
-        for optimizer, schedule in zip(optimizers, schedules, strict=True):
+        torch.nn.utils.clip_grad_norm_(s.model.parameters(), SPECULATORS_CLIP)
+        for optimizer, schedule in zip(s.optimizers, s.schedules, strict=True):
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
-    model.save_pretrained(str(out / "draft"))
+    s.model.save_pretrained(str(out / "draft"))
 
 
 @dataclass(frozen=True)
