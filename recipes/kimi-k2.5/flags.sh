@@ -41,14 +41,15 @@ PLAN_ARGS=(--storage-dtype "$STORAGE_DTYPE" --tensor-parallel-size "$NGPU" --gpu
 # its id) and 1 in 4 in instant mode. Measured on the agent target (recipes/tiny-agent, README
 # "The agent target"; tools/bench/bench_traffic_mix.sh, vLLM, k = 3, greedy, 150 steps, means of
 # seeds 0-2, AL on instant / thinking / agent traffic):
-#   (a) instant rows only        2.344 / 1.163 / 1.106
+#   (a) instant rows only        3.158 / 1.180 / 1.099
 #   (b) thinking + agent only    1.073 / 2.898 / 2.607
 #   (c) mix, 30 % instant rows   1.740 / 2.977 / 2.428   (k = 5: 1.747 / 3.480 / 2.624)
 # A draft trained on one mode accepts almost nothing on the other, so the mix keeps both. (c)
 # is best on thinking and over all prompts; it trails (b) on agent by 7 % and (a) on instant by
-# 26 %. No mix met "best on each kind", so the served share decides: with thinking and agent
-# served alike, (c) is ahead of (b) once instant is >= 7 % of requests (and always ahead of (a)
-# unless instant is nearly all of it). 0.75 thinking is (c)'s 30 % instant, rounded to Kimi's
+# 45 %. At 600 steps (seed 0) it leads (b) on agent too and trails (a) on instant by 11 %. No mix
+# met "best on each kind", so the served share decides: with thinking and agent served alike,
+# (c) is ahead of (b) once instant is >= 7 % of requests, and ahead of (a) unless instant is more
+# than half of them. 0.75 thinking is (c)'s 30 % instant, rounded to Kimi's
 # default-thinking traffic; set 1.0 only where no instant request is served.
 # Tool data: agent rows are rows that declare tools (the source's `tools`, OpenAI format, and its
 # tool results); give the data as many agent loops as the served traffic has (the measured mix
