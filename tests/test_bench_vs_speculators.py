@@ -6,12 +6,12 @@ each row was read. The speculators arms resolve through speculators' own argumen
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "bench" / "bench_vs_speculators.py"
@@ -19,11 +19,7 @@ SCRIPT = ROOT / "tools" / "bench" / "bench_vs_speculators.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_vs_speculators", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_vs_speculators"] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_each_temperature_is_named_and_keyed_apart(bench) -> None:

@@ -5,14 +5,13 @@ control) it does not."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from safetensors.torch import load_file, save_file
 
+from support.scripts import load_script
 from support.train import make_inputs, write_target_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,11 +20,7 @@ SCRIPT = ROOT / "tools" / "bench" / "first_step_vs_speculators.py"
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("first_step_vs_speculators", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["first_step_vs_speculators"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

@@ -7,25 +7,18 @@ imported here by path, once, under its own name.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+
+from support.scripts import load_script
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def _load(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, RECIPES / f"{name}.py")
-    assert spec is not None and spec.loader is not None, name
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RECIPES / f"{name}.py")
 
 
 recipe_targets = _load("recipe_targets")
