@@ -1,8 +1,8 @@
 """Benchmark eagle3-train side by side with speculators 0.9.0, in one run.
 
 1. Training step: our Eagle3Draft vs speculators' Eagle3DraftModel at the same config (one
-   packed sequence of T tokens, H, draft vocabulary, TTT steps, AdamW; lm_head frozen in
-   both, as speculators does). speculators runs with sdpa attention and its eager kl_div loss
+   packed sequence of T tokens, H, draft vocabulary, TTT steps, AdamW, or ours with the GPU
+   recipes' Muon (``--optimizer muon``); lm_head frozen in both, as speculators does). speculators runs with sdpa attention and its eager kl_div loss
    (its defaults need a GPU). Each side runs in its own subprocess, so peak RSS is that
    side's alone; torch threads are set explicitly.
 2. Loader: eagle3-train's shard streaming vs the raw read throughput of the same shard bytes
@@ -135,7 +135,7 @@ def run_ours(args) -> dict[str, float]:
         layer.recompute = bool(args.recompute)
     model.to(args.device)
     params = model.trainable_parameters()
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=args.device == "cuda")
+    opt = _optimizer(args.optimizer, model, params, fused=args.device == "cuda")
     host = _batch(args)
     b = _on_device(host, args)
     objective, decay, max_grad_norm = _objective(args.objective)
@@ -445,6 +445,22 @@ def _device_peak_tflops() -> float | None:
     return 989.0 if ("H100" in name or "H200" in name) else None
 
 
+def _optimizer(name: str, model, params, fused: bool):
+    """Ours' optimizer. ``adamw``: AdamW on every trained tensor (what speculators' row steps
+    with). ``muon``: the GPU recipes' train.optimizer, eagle3-train's own Muon on the hidden
+    matrices and AdamW on the rest (components/build.make_muon, the 8B recipes' lrs)."""
+    import torch
+
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, fused=fused)
+    from eagle3_train.components.build import make_muon
+    from eagle3_train.config.run_config import Config
+
+    config = Config()
+    config.train.optimizer, config.train.lr, config.train.muon.lr = "muon", 1e-4, 3e-4
+    return make_muon(model, config, fused)
+
+
 def _objective(name: str):
     """(train.objective, ttt_step_loss_decay, max_grad_norm) of ours. ``plain``: what
     speculators trains — plain TTT KL (no top-k term), no step decay, gradients clipped as its
@@ -712,6 +728,12 @@ def main() -> int:
         "at 1.0); defaults = eagle3-train's train: defaults (top-k term, decay, clipping)",
     )
     p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adamw", "muon"],
+        help="ours: adamw on every tensor, or muon as the GPU recipes train (AdamW on the rest)",
+    )
+    p.add_argument(
         "--sides", default="both", choices=["both", "ours", "speculators"], help="which to run"
     )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
@@ -767,7 +789,7 @@ def main() -> int:
     c = args
     print(
         f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
-        f"V_draft={c.v_draft}, TTT={c.ttt_steps}, AdamW, {c.device} {c.dtype}, threads={c.threads}, "
+        f"V_draft={c.v_draft}, TTT={c.ttt_steps}, ours {c.optimizer}, {c.device} {c.dtype}, threads={c.threads}, "
         f"ours: attention {c.attention}, compile {c.compile}, objective {c.objective}"
     )
     memory = "peak GPU MiB" if args.device == "cuda" else "peak RSS MiB"

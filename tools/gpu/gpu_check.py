@@ -24,7 +24,8 @@ again after each one, so a run cut short keeps what it measured:
    launch, export) → eagle3-eval reference; the launches' tokens/s beside the step's.
 4. kimi: the llama row's comparison at a Kimi-K2.5 draft's shape (recipes/kimi-k2.5/train.yaml:
    H 7168, 64 heads, V 163,840 → 32,000).
-5. probes: ours with its own train: defaults (top-k term, step decay 0.8, clip 0.5); ours not
+5. probes: ours with its own train: defaults (top-k term, step decay 0.8, clip 0.5) and the
+   GPU recipes' optimizer (Muon + AdamW, under the sync check); ours not
    compiled; ours with the chunked attention, not compiled; a 32K-token sample, both sides.
 6. vllm: vLLM on CUDA where vllm imports (the image has none: the rows say so).
 
@@ -103,8 +104,9 @@ PARTS = [
     Part("whole", "whole tiny run (train.compile=never)", {"cuda": 120, "cpu": 135}),
     Part("kimi", "kimi-k2.5 draft: ours plain TTT vs speculators", {"cuda": 200, "cpu": 50},
          ["kimi", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
-    Part("defaults", "llama draft: ours, its train: defaults", {"cuda": 90, "cpu": 20},
-         ["llama", "--objective=defaults", "--sides=ours", "--attention=auto", "--compile=1"]),
+    Part("defaults", "llama draft: ours, its train: defaults, the recipes' Muon", {"cuda": 90, "cpu": 20},
+         ["llama", "--objective=defaults", "--optimizer=muon", "--sides=ours", "--attention=auto",
+          "--compile=1", "--sync-check=1"]),
     Part("eager", "llama draft: ours plain, not compiled", {"cuda": 45, "cpu": 15},
          ["llama", "--objective=plain", "--sides=ours", "--attention=auto", "--compile=0"]),
     Part("chunked", "llama draft: ours plain, chunked attention, eager", {"cuda": 50, "cpu": 15},
