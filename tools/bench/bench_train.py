@@ -2,8 +2,8 @@
 
 1. Training step: our Eagle3Draft vs speculators' Eagle3DraftModel at the same config (one
    packed sequence of T tokens, H, draft vocabulary, TTT steps, AdamW, or ours with the GPU
-   recipes' Muon (``--optimizer muon``); lm_head frozen in both, as speculators does). speculators runs with sdpa attention and its eager kl_div loss
-   (its defaults need a GPU). Each side runs in its own subprocess, so peak RSS is that
+   recipes' Muon (``--optimizer muon``); lm_head frozen in both, as speculators does).
+   speculators runs with sdpa attention and its eager kl_div loss (its defaults need a GPU). Each side runs in its own subprocess, so peak RSS is that
    side's alone; torch threads are set explicitly.
 2. Loader: eagle3-train's shard streaming vs the raw read throughput of the same shard bytes
    (sequential 8 MiB reads of the whole files, page cache warm for both, interleaved
@@ -448,17 +448,17 @@ def _device_peak_tflops() -> float | None:
 def _optimizer(name: str, model, params, fused: bool):
     """Ours' optimizer. ``adamw``: AdamW on every trained tensor (what speculators' row steps
     with). ``muon``: the GPU recipes' train.optimizer, eagle3-train's own Muon on the hidden
-    matrices and AdamW on the rest (components/build.make_muon, the 8B recipes' lrs)."""
+    matrices and AdamW on the rest (components/build.make_muon), as the Llama-3.1-8B recipe's
+    train.yaml sets it."""
     import torch
 
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, fused=fused)
     from eagle3_train.components.build import make_muon
-    from eagle3_train.config.run_config import Config
+    from eagle3_train.config.run_config import load_config
 
-    config = Config()
-    config.train.optimizer, config.train.lr, config.train.muon.lr = "muon", 1e-4, 3e-4
-    return make_muon(model, config, fused)
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "llama-3.1-8b" / "train.yaml"
+    return make_muon(model, load_config(recipe), fused)
 
 
 def _objective(name: str):
