@@ -281,6 +281,8 @@ def check_config(config: Config) -> list[str]:
         p.append(f"train.lr: {t.lr} must be > 0")
     if not 0 <= t.min_lr_ratio <= 1:
         p.append(f"train.min_lr_ratio: {t.min_lr_ratio} not in [0, 1]")
+    if t.hidden_noise < 0:
+        p.append(f"train.hidden_noise: {t.hidden_noise} must be >= 0 (0 = no noise)")
     if m.lr is not None and m.lr <= 0:
         p.append(f"train.muon.lr: {m.lr} must be > 0")
     if m.momentum < 0 or m.weight_decay < 0 or m.adamw_weight_decay < 0:

@@ -74,6 +74,12 @@ class TrainLoopConfig:
     adam_eps: float = 1e-8
     gradient_accumulation_steps: int = 1
     max_grad_norm: float = 0.5  # 0 = no clip
+    # Gaussian noise on the target's auxiliary hidden states of each training micro-batch
+    # (never validation's), std = hidden_noise x each token's RMS in that layer, so one value
+    # suits any target's scale: EAGLE-1's remedy for the error the draft's own features
+    # accumulate (speculators before 0.9.0 added uniform noise of half-width 0.05, absolute;
+    # 0.9.0 adds none). 0 = off.
+    hidden_noise: float = 0.0
     # auto = bf16 autocast on CUDA, fp32 on CPU.
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
     # On CUDA, float32 matmuls (the exact-softmax attention and the KL over the vocabulary,

@@ -179,7 +179,7 @@ class Loop:
         accelerator, state, watch, run = self.accelerator, self.state, self.watch, self.run
         metrics_path = run.metrics_path
         with accelerator.accumulate(run.model):
-            loss, stats = forward(run.model, batch, accelerator, run.config)
+            loss, stats = forward(run.model, batch, accelerator, run.config, training=True)
             where = BadStep(
                 "loss",
                 loss.detach(),
