@@ -155,6 +155,15 @@ def test_speculators_arms_resolve_through_its_own_parser(bench, arm: str, loss: 
     assert cli.optimizer.muon_lr == 5e-3
 
 
+def test_an_arm_accumulating_batches_counts_their_tokens(bench) -> None:
+    """tokens/s of an arm with train.gradient_accumulation_steps N: N packed batches a step."""
+    assert (
+        bench.micro_batches_per_step(["train.gradient_accumulation_steps=4", "train.lr=2e-3"]) == 4
+    )
+    assert bench.micro_batches_per_step(["train.lr=2e-3"]) == 1
+    assert bench.micro_batches_per_step([]) == 1
+
+
 @pytest.mark.process
 def test_ours_trains_the_steps_asked_past_the_recipes_epochs(bench, tmp_path: Path) -> None:
     """--steps beyond the recipe's train.epochs (tiny: 4 epochs, ~310 steps, against 600): the

@@ -49,7 +49,10 @@ evaluator of every row.
   `_resolve_scheduler_steps`), one schedule per optimizer; LossArgs: kl_div, ttt_steps 3,
   ttt_step_loss_decay 1.0; train/trainer.py: gradient clip 1.0. train/optimizers.py
   `build_optimizers` splits Muon (2-D matrices but embeddings / lm_head) from AdamW (torch
-  defaults betas 0.9/0.999). Two departures, both forced by the CPU: sdpa attention (its
+  defaults betas 0.9/0.999). No hidden-state noise: 0.9.0 has none (its DataArgs carry no
+  noise_std; the uniform noise of half-width 0.05 its train loader added before is gone), so
+  the default a user gets is the one measured here (ours' counterpart: train.hidden_noise).
+  Two departures, both forced by the CPU: sdpa attention (its
   FlexAttention default has no CPU backward) and the eager loss (the fused one is Triton).
   Saved with its own `save_pretrained` — the format vLLM serves.
 - speculators-adamw: the same with `--optimizer adamw --scheduler-warmup-steps 20`, the
@@ -490,6 +493,16 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     return name, [x for x in sets.split(";") if x]
 
 
+def micro_batches_per_step(overrides: list[str]) -> int:
+    """The packed batches one optimizer step of an arm of ours consumes: its
+    train.gradient_accumulation_steps override, else the recipes' 1."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.strip() == "train.gradient_accumulation_steps":
+            return int(value)
+    return 1
+
+
 def code_fingerprint(recipe: Recipe) -> str:
     """sha256 of eagle3-train's sources and the recipe ours trains with."""
     digest = hashlib.sha256()
@@ -711,8 +724,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {arm} seed {seed}: AL {r['acceptance_length']:.3f} ({r['evaluator']})",
                 flush=True,
             )
-        rows[arm] = summarize_arm(results, tokens_of, args.k) | {"overrides": overrides}
-    print(f"{args.steps} steps, lr {args.lr}, ~{tokens} packed tokens, {args.prompts} prompts,")
+
+        def arm_tokens(steps: int, per_step: int = micro_batches_per_step(overrides)) -> int:
+            return tokens_of(steps * per_step)
+
+        rows[arm] = summarize_arm(results, arm_tokens, args.k) | {"overrides": overrides}
+    print(
+        f"{args.steps} steps, lr {args.lr}, ~{tokens} packed tokens (an arm accumulating N "
+        f"batches a step: N times), {args.prompts} prompts,"
+    )
     print(
         f"seeds {seeds}; AL = acceptance length (k={args.k}, {args.sampling.describe()}), mean "
         "and min..max, by"
