@@ -78,7 +78,8 @@ class TrainLoopConfig:
     # (never validation's), std = hidden_noise x each token's RMS in that layer, so one value
     # suits any target's scale: EAGLE-1's remedy for the error the draft's own features
     # accumulate (speculators before 0.9.0 added uniform noise of half-width 0.05, absolute;
-    # 0.9.0 adds none). 0 = off.
+    # 0.9.0 adds none). 0 = off: vLLM AL at 600 steps on the tiny Llama, seed 0, 3.589 with 0.1
+    # against 3.610 without (README "How good").
     hidden_noise: float = 0.0
     # auto = bf16 autocast on CUDA, fp32 on CPU.
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
