@@ -19,6 +19,7 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 from eagle3_schemas.header import make_header, write_safetensors
 from eagle3_schemas.jsonl import complete_lines
 from eagle3_train.model.arch import DraftArch
+from eagle3_train.model.draft import Eagle3Draft
 
 from support.synthetic_states import fake_fingerprint, write_dataset
 
@@ -230,6 +231,19 @@ def small_arch(**overrides) -> DraftArch:
         rope_theta=10000.0,
     )
     return DraftArch(**(base | overrides))
+
+
+def small_draft(seed: int = 0) -> Eagle3Draft:
+    """A small_arch draft over 3 draft tokens with a random target head (40 tokens), seeded."""
+    torch.manual_seed(seed)
+    model = Eagle3Draft(small_arch(draft_vocab_size=3))
+    g = torch.Generator().manual_seed(seed + 1)
+    model.load_target_head(
+        torch.randn(40, 16, generator=g),
+        1 + 0.1 * torch.randn(16, generator=g),
+        torch.randn(3, 16, generator=g),
+    )
+    return model
 
 
 def yarn_arch(architecture: str = "llama") -> DraftArch:

@@ -12,9 +12,8 @@ from accelerate.state import AcceleratorState
 
 from eagle3_train.config.run_config import ConfigError, load_config, parse_override
 from eagle3_train.data.batch import add_relative_noise, forward
-from eagle3_train.model.draft import Eagle3Draft
 
-from support.train import make_inputs, small_arch, write_config
+from support.train import make_inputs, small_draft, write_config
 
 
 def _config(tmp_path, noise: float):
@@ -24,14 +23,8 @@ def _config(tmp_path, noise: float):
 
 
 def _draft_and_batch():
-    torch.manual_seed(0)
-    model = Eagle3Draft(small_arch(draft_vocab_size=3))
+    model = small_draft()
     g = torch.Generator().manual_seed(1)
-    model.load_target_head(
-        torch.randn(40, 16, generator=g),
-        1 + 0.1 * torch.randn(16, generator=g),
-        torch.randn(3, 16, generator=g),
-    )
     T = 90
     # layers of very different scales: the noise must follow each one's
     scales = torch.tensor([0.1, 1.0, 30.0]).view(1, 3, 1)

@@ -12,7 +12,7 @@ from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.loss import TargetTopK, fused_linear_kl, unpack_stats
 
 from support.reference_kl import reference_linear_kl
-from support.train import small_arch
+from support.train import small_draft
 
 
 def _kl_inputs(seed: int = 0):
@@ -108,16 +108,7 @@ def test_one_minus_tv_is_the_acceptance_rate_of_speculative_sampling():
 
 
 def _draft(seed: int = 0) -> Eagle3Draft:
-    arch = small_arch(draft_vocab_size=3)
-    torch.manual_seed(seed)
-    model = Eagle3Draft(arch)
-    g = torch.Generator().manual_seed(seed + 1)
-    model.load_target_head(
-        torch.randn(40, 16, generator=g),
-        1 + 0.1 * torch.randn(16, generator=g),
-        torch.randn(3, 16, generator=g),
-    )
-    return model.double()
+    return small_draft(seed).double()
 
 
 def _batch(loss_mask_fraction: float, seed: int = 0):
