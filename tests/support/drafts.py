@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from eagle3_eval.draft import Eagle3Draft
 from eagle3_eval.draft_spec import CONFIG_FILE, LINEAGE_FILE, WEIGHTS_FILE, DraftSpec
 from eagle3_schemas.atomic import atomic_directory, write_json_atomic
+from eagle3_schemas.draft_vocab import stores_vocab_map
 from eagle3_schemas.header import write_safetensors
 
 
@@ -37,14 +38,16 @@ def vocab_t2d(d2t: Tensor, target_vocab_size: int) -> Tensor:
 
 
 def checkpoint_tensors(model: Eagle3Draft) -> dict[str, Tensor]:
-    """The draft's tensors under their checkpoint names, ``t2d`` derived from ``d2t``."""
+    """The draft's tensors under their checkpoint names, ``t2d`` derived from ``d2t``; neither
+    for a full vocabulary (eagle3_schemas.draft_vocab: vLLM refuses a d2t there)."""
     out: dict[str, Tensor] = {}
     for prefix, module in model.checkpoint_modules().items():
         out[f"{prefix}.weight"] = module.weight.detach()
         if getattr(module, "bias", None) is not None:
             out[f"{prefix}.bias"] = module.bias.detach()
-    out["d2t"] = model.d2t.clone()
-    out["t2d"] = vocab_t2d(model.d2t, model.spec.target_vocab_size)
+    if stores_vocab_map(len(model.d2t), model.spec.target_vocab_size):
+        out["d2t"] = model.d2t.clone()
+        out["t2d"] = vocab_t2d(model.d2t, model.spec.target_vocab_size)
     return out
 
 

@@ -120,6 +120,7 @@ def make_inputs(
     aux_layer_ids: tuple[int, ...] = (1, 2, 3),
     hidden: int = 16,
     target_hidden: int | None = None,
+    v_draft: int = 24,
     **dataset_kwargs,
 ) -> Inputs:
     root.mkdir(parents=True, exist_ok=True)
@@ -132,7 +133,9 @@ def make_inputs(
         label=label,
         **dataset_kwargs,
     )
-    vm = write_vocab_map(root / "vocab_map.safetensors", v_target, 24, label=vocab_label or label)
+    vm = write_vocab_map(
+        root / "vocab_map.safetensors", v_target, v_draft, label=vocab_label or label
+    )
     target = write_target_config(
         root / "target",
         hidden=target_hidden or hidden,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,51 @@ def test_vllm_is_handed_the_sglang_ids_in_its_own_counting(
     assert (view / "model.safetensors").resolve() == (sglang / "model.safetensors").resolve()
     assert read_spec(view).aux_layer_ids == read_spec(sglang).aux_layer_ids
     assert vllm_view(fixture_draft, tmp_path / "job2") == str(fixture_draft)  # as it is
+
+
+def test_a_full_vocabulary_draft_reads_with_or_without_the_legacy_d2t(tmp_path: Path) -> None:
+    """A full-vocabulary draft stores no d2t (its map is the identity) and validates; one
+    written before that rule, holding the d2t vLLM refuses, still reads and loads here, with a
+    note naming the tensor and the engine, and is refused before a vLLM engine starts."""
+    from safetensors.torch import load_file, save_file
+
+    from eagle3_eval.preflight import PreflightError, check_served_by_vllm, inspect_draft
+    from eagle3_schemas.draft_vocab import identity_vocab_map
+
+    config = fixtures.draft_config()
+    vocab = config["transformer_layer_config"]["vocab_size"]
+    config["draft_vocab_size"] = vocab
+    spec = DraftSpec.from_config(config)
+    draft = random_draft(spec, _embed(spec), seed=5)
+    lineage = {
+        "target_fingerprint": fixtures.fake_fingerprint("target"),
+        "tokenizer_fingerprint": fixtures.fake_fingerprint("tokenizer"),
+        "hidden_states_fingerprint": fixtures.fake_fingerprint("hidden_states"),
+        "vocab_map_fingerprint": fingerprint_vocab_map(*identity_vocab_map(vocab)),
+    }
+    header = make_header(
+        "draft_checkpoint", lineage, aux_layer_ids=[1, 2, 3], training={}, architecture="llama"
+    )
+    out = save_draft(draft, tmp_path / "draft", config, header.to_json())
+    assert "d2t" not in load_file(str(out / "model.safetensors"))
+    info = inspect_draft(out)
+    assert info.unserved == []
+    check_served_by_vllm(info)
+    Eagle3Draft.load(out, draft.embed_tokens.weight)
+
+    legacy = tmp_path / "legacy"
+    shutil.copytree(out, legacy)
+    (legacy / "eagle3.json").unlink()  # a foreign draft: no v3 header to hold it to the rule
+    tensors = load_file(str(legacy / "model.safetensors"))
+    save_file(
+        {**tensors, "d2t": torch.zeros(vocab, dtype=torch.int64)}, str(legacy / "model.safetensors")
+    )
+    info = inspect_draft(legacy)
+    assert (
+        len(info.unserved) == 1 and "tensor d2t: vLLM's Eagle3LlamaForCausalLM" in info.unserved[0]
+    )
+    assert info.unserved[0] in info.notes
+    loaded = Eagle3Draft.load(legacy, draft.embed_tokens.weight)
+    assert torch.equal(loaded.lm_head.weight, draft.lm_head.weight)
+    with pytest.raises(PreflightError, match="vLLM would not serve this draft"):
+        check_served_by_vllm(info)

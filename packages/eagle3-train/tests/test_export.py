@@ -18,7 +18,14 @@ from eagle3_train.data.inputs import checkpoint_lineage, load_inputs, resolve_ar
 from eagle3_train.export.write import draft_config, export_weights, write_checkpoint
 from eagle3_train.model.layers import Rotary
 
-from support.train import YARN, write_config, write_target_model, yarn_arch
+from support.train import YARN, make_inputs, write_config, write_target_model, yarn_arch
+
+
+def safetensors_names(path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return set(f.keys())
 
 
 @pytest.fixture
@@ -69,12 +76,79 @@ def test_speculators_loader_reads_our_weights(exported):
 
 
 def test_export_refuses_a_lineage_that_does_not_match_its_vocab(exported, tmp_path):
-    _, model, run = exported
+    out, model, run = exported
+    config = json.loads((out / "config.json").read_text())
     lineage = {**checkpoint_lineage(run), "vocab_map_fingerprint": "sha256:" + "0" * 64}
     weights = export_weights(model.state_dict(), run.vocab.d2t, run.vocab.t2d, "float32")
-    with pytest.raises(ValueError, match="does not match the d2t/t2d"):
-        write_checkpoint(tmp_path / "bad", {}, weights, lineage, run.aux_layer_ids, {})
+    with pytest.raises(ValueError, match="does not match the vocabulary map"):
+        write_checkpoint(tmp_path / "bad", config, weights, lineage, run.aux_layer_ids, {})
     assert not (tmp_path / "bad").exists()
+
+
+def _export(run, arch, model, out):
+    cfg = draft_config(arch, run.aux_layer_ids, None, ["LlamaForCausalLM"], 3)
+    weights = export_weights(model.state_dict(), run.vocab.d2t, run.vocab.t2d, "float32")
+    lineage = checkpoint_lineage(run)
+    return cfg, weights, lineage
+
+
+@pytest.fixture
+def full_vocabulary(tmp_path):
+    """A run whose draft vocabulary is the target's whole vocabulary (64 of 64)."""
+    inputs = make_inputs(tmp_path / "inputs-full", v_draft=64)
+    run = load_inputs(load_config(write_config(inputs, tmp_path / "run-full")))
+    arch = resolve_arch(run)
+    return run, arch, build_model(run, arch, seed=0)
+
+
+def test_a_full_vocabulary_export_stores_no_vocabulary_map(full_vocabulary, tmp_path):
+    """vLLM creates draft_id_to_target_id only when draft_vocab_size differs from the target's
+    vocab_size and refuses a d2t it has no parameter for: a full-vocabulary export stores no
+    d2t (nor t2d), validates as draft_checkpoint v3, and its lineage names the data stage's map
+    (the identity), which the checks recompute without the tensors."""
+    run, arch, model = full_vocabulary
+    assert run.vocab.draft_vocab_size == arch.target_vocab_size == 64
+    cfg, weights, lineage = _export(run, arch, model, tmp_path / "draft")
+    assert "d2t" not in weights and "t2d" not in weights
+    out = write_checkpoint(tmp_path / "draft", cfg, weights, lineage, run.aux_layer_ids, {})
+    assert validate(out) == []
+    header = json.loads((out / "eagle3.json").read_text())
+    assert header["schema_version"] == 3
+    assert header["lineage"]["vocab_map_fingerprint"] == run.vocab.fingerprint
+    stored = safetensors_names(out / "model.safetensors")
+    assert "d2t" not in stored and "t2d" not in stored and "lm_head.weight" in stored
+
+
+def test_the_export_refuses_a_d2t_that_vllm_would_not_load(full_vocabulary, tmp_path):
+    run, arch, model = full_vocabulary
+    cfg, weights, lineage = _export(run, arch, model, tmp_path / "draft")
+    weights["d2t"] = torch.zeros(64, dtype=torch.int64)  # what the export wrote before
+    with pytest.raises(ValueError, match=r"tensor d2t: vLLM's Eagle3LlamaForCausalLM"):
+        write_checkpoint(tmp_path / "draft", cfg, weights, lineage, run.aux_layer_ids, {})
+    assert not (tmp_path / "draft").exists()
+
+
+def test_validation_names_a_vocabulary_map_vllm_would_misread(exported, full_vocabulary, tmp_path):
+    """The v3 check on both sides of the rule: a full-vocabulary draft holding d2t (vLLM refuses
+    to load it) and a pruned one without (vLLM maps draft id i onto target id i)."""
+    from safetensors.torch import load_file, save_file
+
+    run, arch, model = full_vocabulary
+    cfg, weights, lineage = _export(run, arch, model, tmp_path / "full")
+    full = write_checkpoint(tmp_path / "full", cfg, weights, lineage, run.aux_layer_ids, {})
+    tensors = load_file(str(full / "model.safetensors"))
+    save_file(
+        {**tensors, "d2t": torch.zeros(64, dtype=torch.int64)}, str(full / "model.safetensors")
+    )
+    found = {(v.file.split("/")[-1], v.location) for v in validate(full)}
+    assert ("model.safetensors", "tensor d2t") in found, found
+
+    pruned, _, _ = exported
+    tensors = load_file(str(pruned / "model.safetensors"))
+    del tensors["d2t"]
+    save_file(tensors, str(pruned / "model.safetensors"))
+    problems = [v for v in validate(pruned) if v.location == "tensor d2t"]
+    assert problems and "target id i" in problems[0].message, validate(pruned)
 
 
 def test_yarn_target_export_writes_one_consistent_rope_block():

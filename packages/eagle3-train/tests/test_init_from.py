@@ -179,3 +179,66 @@ def test_the_mla_layout_reads_loads_and_is_told_from_a_llama_run(tmp_path):
         torch.testing.assert_close(
             dict(target.named_parameters())[name], p.detach().to(torch.bfloat16).float()
         )
+
+
+@pytest.mark.parametrize("architecture", ["llama", "mla"])
+def test_a_full_vocabulary_draft_starts_a_run_with_or_without_the_legacy_d2t(
+    tmp_path, architecture
+):
+    """A full-vocabulary draft stores no d2t (as the public Kimi-K2.5 drafts): its map is the
+    identity, and it starts a run. One written before that rule, holding the d2t vLLM refuses,
+    still starts it, with a note naming the tensor and the engine."""
+    from eagle3_schemas.atomic import write_json_atomic
+    from eagle3_schemas.header import write_safetensors
+    from eagle3_train.export.init_from import compatibility_problems, load_into, read_init_draft
+    from eagle3_train.export.write import draft_config, export_weights
+    from eagle3_train.model.draft import Eagle3Draft
+
+    from support.train import yarn_arch
+
+    full = yarn_arch(architecture)
+    arch = dataclasses.replace(full, draft_vocab_size=full.target_vocab_size)
+    d2t = np.zeros(arch.target_vocab_size, dtype=np.int64)
+    t2d = np.ones(arch.target_vocab_size, dtype=bool)
+    torch.manual_seed(3)
+    source = Eagle3Draft(arch)
+    weights = export_weights(source.state_dict(), d2t, t2d, "float32")
+    assert "d2t" not in weights and "t2d" not in weights
+    for name, extra in (("as-exported", {}), ("legacy", {"d2t": torch.from_numpy(d2t)})):
+        directory = tmp_path / name
+        directory.mkdir()
+        write_json_atomic(directory / "config.json", draft_config(arch, [2, 30, 58], None, [], 3))
+        write_safetensors(directory / "model.safetensors", {**weights, **extra})
+        init = read_init_draft(directory)
+        np.testing.assert_array_equal(init.d2t, d2t)
+        assert init.draft_vocab_size == arch.target_vocab_size
+        assert compatibility_problems(init, arch, [2, 30, 58], d2t, False, "here") == []
+        if extra:
+            assert len(init.notes) == 1 and "tensor d2t" in init.notes[0]
+            assert "vLLM's Eagle3LlamaForCausalLM" in init.notes[0]
+        else:
+            assert init.notes == ()
+        target = Eagle3Draft(arch)
+        counts = load_into(target, init, d2t)
+        assert counts["lm_head_rows_carried"] == arch.target_vocab_size
+        torch.testing.assert_close(target.lm_head.weight, source.lm_head.weight, rtol=0, atol=0)
+
+
+def test_a_pruned_draft_without_d2t_is_refused(tmp_path):
+    from eagle3_schemas.atomic import write_json_atomic
+    from eagle3_schemas.header import write_safetensors
+    from eagle3_train.export.init_from import InitFromError, read_init_draft
+    from eagle3_train.export.write import draft_config, export_weights
+    from eagle3_train.model.draft import Eagle3Draft
+
+    from support.train import vocab_arrays, yarn_arch
+
+    arch = yarn_arch("llama")
+    _, d2t, t2d = vocab_arrays(arch.target_vocab_size, arch.draft_vocab_size)
+    weights = export_weights(Eagle3Draft(arch).state_dict(), d2t, t2d, "float32")
+    del weights["d2t"]
+    tmp_path.joinpath("d").mkdir()
+    write_json_atomic(tmp_path / "d" / "config.json", draft_config(arch, [2, 30, 58], None, [], 3))
+    write_safetensors(tmp_path / "d" / "model.safetensors", weights)
+    with pytest.raises(InitFromError, match="stores no d2t"):
+        read_init_draft(tmp_path / "d")

@@ -244,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
 
         config = _online_config(args)
         config.check_paths()
-        inputs = prepare(config)
+        inputs = prepare(config, served_by_vllm=command == "vllm")
         if command == "reference":
             from eagle3_eval.reference import run_reference
 

@@ -23,8 +23,8 @@ What vLLM computes:
   ``residual += attn``; ``mlp(post_attention_layernorm(residual))``. Layers 1.. are plain
   Llama layers continuing the residual. ``prenorm = mlp + residual``.
 - ``logits = logit_scale · lm_head(norm(prenorm))`` over the draft vocabulary; draft id i is
-  target id ``i + d2t[i]`` unless the draft vocabulary is the target's (then vLLM ignores
-  ``d2t``); ``t2d`` is ignored. The next chain step gets ``prenorm`` (``norm(prenorm)`` with
+  target id ``i + d2t[i]`` unless the draft vocabulary is the target's (then the map is the
+  identity and vLLM holds no ``d2t``); ``t2d`` is ignored. The next chain step gets ``prenorm`` (``norm(prenorm)`` with
   ``norm_output``).
 - Embeddings are the target's unless the checkpoint stores ``embed_tokens.weight``.
 

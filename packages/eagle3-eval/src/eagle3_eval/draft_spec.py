@@ -595,7 +595,8 @@ class DraftSpec:
 
     @property
     def same_vocab(self) -> bool:
-        """vLLM ignores d2t when the draft vocabulary has the target's size."""
+        """A full vocabulary: its map is the identity, stored by no d2t (vLLM would refuse
+        one: eagle3_schemas.draft_vocab; a draft written before that rule still reads)."""
         return self.draft_vocab_size == self.target_vocab_size
 
 

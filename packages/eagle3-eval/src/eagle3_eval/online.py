@@ -16,6 +16,7 @@ from eagle3_eval.preflight import (
     DraftInfo,
     check_cuda_driver,
     check_lineage,
+    check_served_by_vllm,
     check_target_shape,
     inspect_draft,
 )
@@ -108,8 +109,9 @@ def stop_token_ids(target: Path, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def prepare(config: OnlineConfig) -> OnlineInputs:
-    """Preflight (draft format + lineage, target shape) and the held-out prompt set."""
+def prepare(config: OnlineConfig, served_by_vllm: bool = False) -> OnlineInputs:
+    """Preflight (draft format + lineage, target shape; with ``served_by_vllm``, the tensors
+    vLLM loads) and the held-out prompt set."""
     from transformers import AutoTokenizer
 
     driver_notes = check_cuda_driver()
@@ -121,6 +123,8 @@ def prepare(config: OnlineConfig) -> OnlineInputs:
     drafts = []
     for source in config.drafts:
         info = inspect_draft(source.path, strict=not config.ignore_lineage)
+        if served_by_vllm:
+            check_served_by_vllm(info)
         check_target_shape(info.spec, target_config, f"target {config.target}")
         notes = list(info.notes) + check_lineage(
             info,

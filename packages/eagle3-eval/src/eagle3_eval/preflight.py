@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from eagle3_eval.draft_spec import CONFIG_FILE, LINEAGE_FILE, WEIGHTS_FILE, DraftSpec, read_spec
+from eagle3_schemas.draft_vocab import serving_problems
 from eagle3_schemas.lineage import fingerprint_files, lineage_mismatches
 from eagle3_schemas.target_config import text_config
 from eagle3_schemas.validate import validate
@@ -43,6 +46,9 @@ class DraftInfo:
     fingerprint: str
     lineage: dict[str, Any] | None  # eagle3.json lineage, None for a foreign checkpoint
     notes: list[str] = field(default_factory=list)
+    # Why vLLM would refuse or misread its vocabulary map (eagle3_schemas.draft_vocab): read
+    # here all the same (a note), refused before an engine starts.
+    unserved: list[str] = field(default_factory=list)
 
 
 def inspect_draft(path: str | Path, strict: bool = True) -> DraftInfo:
@@ -53,6 +59,13 @@ def inspect_draft(path: str | Path, strict: bool = True) -> DraftInfo:
         raise PreflightError(f"{path}: no {WEIGHTS_FILE}")
     # Every reader names the layout and the aux-id counting it found (eagle3_schemas.draft_layout).
     notes = [f"{path}: {spec.layout_note}", *spec.vllm_notes]
+    with safe_open(str(path / WEIGHTS_FILE), "pt") as weights:
+        names = {n.removeprefix("model.") for n in weights.keys()}  # noqa: SIM118
+    unserved = [
+        f"{path / WEIGHTS_FILE}: tensor {name}: {why}"
+        for name, why in serving_problems(names, spec.draft_vocab_size, spec.target_vocab_size)
+    ]
+    notes += unserved
     lineage = None
     if (path / LINEAGE_FILE).is_file():
         violations = validate(path)
@@ -70,7 +83,16 @@ def inspect_draft(path: str | Path, strict: bool = True) -> DraftInfo:
     # Same definition as eagle3_schemas.lineage.fingerprint_artifact for a draft checkpoint,
     # computable for foreign checkpoints (no eagle3.json) too.
     fingerprint = fingerprint_files([path / CONFIG_FILE, path / WEIGHTS_FILE], path)
-    return DraftInfo(path, spec, fingerprint, lineage, notes)
+    return DraftInfo(path, spec, fingerprint, lineage, notes, unserved)
+
+
+def check_served_by_vllm(draft: DraftInfo) -> None:
+    """Refuse, before an engine starts, a draft whose tensors vLLM would not load or would
+    misread; eval's own loops read it (with the note)."""
+    if draft.unserved:
+        raise PreflightError(
+            f"{draft.path}: vLLM would not serve this draft:\n  " + "\n  ".join(draft.unserved)
+        )
 
 
 def check_lineage(

@@ -14,6 +14,11 @@ import pyarrow.compute as pc
 
 from eagle3_schemas.artifact import Artifact, Violation
 from eagle3_schemas.conversations import MODES, conversation_problem, tools_problem
+from eagle3_schemas.draft_vocab import (
+    checkpoint_vocab_map,
+    serving_problems,
+    stores_vocab_map,
+)
 from eagle3_schemas.fingerprint import fingerprint_vocab_map
 from eagle3_schemas.hidden_states import (
     UnsafeShardPath,
@@ -21,7 +26,7 @@ from eagle3_schemas.hidden_states import (
     resolve_shard_path,
     row_checksum,
 )
-from eagle3_schemas.safetensors_format import SafetensorsFile, nonfinite_count
+from eagle3_schemas.safetensors_format import nonfinite_count
 
 Check = Callable[[Artifact], list[Violation]]
 MAX_REPORTED = 5  # per check, so a fully corrupt file does not print millions of lines
@@ -127,8 +132,7 @@ def _unique_ids(art: Artifact, role: str) -> list[Violation]:
     return _duplicates(_where(art, role), rows, "id", "id")
 
 
-def _d2t_offsets(where: str, st: SafetensorsFile) -> list[Violation]:
-    d2t, v_target = st.array("d2t"), st.tensors["t2d"].shape[0]
+def _d2t_offsets(where: str, d2t: np.ndarray, v_target: int) -> list[Violation]:
     target_ids = np.arange(len(d2t), dtype=np.int64) + d2t
     out = []
     bad = np.flatnonzero((target_ids < 0) | (target_ids >= v_target))
@@ -152,8 +156,7 @@ def _d2t_offsets(where: str, st: SafetensorsFile) -> list[Violation]:
     return _capped(out)
 
 
-def _t2d_matches(where: str, st: SafetensorsFile) -> list[Violation]:
-    d2t, t2d = st.array("d2t"), st.array("t2d")
+def _t2d_matches(where: str, d2t: np.ndarray, t2d: np.ndarray) -> list[Violation]:
     target_ids = np.arange(len(d2t), dtype=np.int64) + d2t
     expected = np.zeros(len(t2d), dtype=bool)
     expected[target_ids[(target_ids >= 0) & (target_ids < len(t2d))]] = True
@@ -300,11 +303,13 @@ def tokenized_token_ids_in_vocab(art: Artifact) -> list[Violation]:
 
 
 def vocab_map_d2t_offsets(art: Artifact) -> list[Violation]:
-    return _d2t_offsets(str(art.root), art.safetensors(art.path("vocab_map")))
+    st = art.safetensors(art.path("vocab_map"))
+    return _d2t_offsets(str(art.root), st.array("d2t"), st.tensors["t2d"].shape[0])
 
 
 def vocab_map_t2d_matches_d2t(art: Artifact) -> list[Violation]:
-    return _t2d_matches(str(art.root), art.safetensors(art.path("vocab_map")))
+    st = art.safetensors(art.path("vocab_map"))
+    return _t2d_matches(str(art.root), st.array("d2t"), st.array("t2d"))
 
 
 def vocab_map_counts_nonnegative(art: Artifact) -> list[Violation]:
@@ -577,17 +582,37 @@ def draft_checkpoint_layer_ids(art: Artifact) -> list[Violation]:
     return []
 
 
+def _draft_vocab_sizes(art: Artifact) -> tuple[int, int]:
+    """(V_draft, V_target) as config.json states them, either layout."""
+    symbols = symbols_from_header(art)
+    return int(symbols["V_draft"]), int(symbols["V_target"])
+
+
+def _draft_vocab_map(art: Artifact) -> tuple[np.ndarray, np.ndarray]:
+    """The checkpoint's (d2t, t2d): stored, or the identity of a full vocabulary that stores
+    none (draft_checkpoint v3). Where d2t is missing from a pruned draft, the identity stands
+    in so the other checks still run; vocab_map_tensors names the missing tensor."""
+    st = art.safetensors(art.path("weights"))
+    v_draft, v_target = _draft_vocab_sizes(art)
+    if "d2t" not in st.tensors and stores_vocab_map(v_draft, v_target):
+        t2d = np.zeros(v_target, dtype=np.bool_)
+        t2d[:v_draft] = True  # what vLLM would serve: draft id i as target id i
+        return np.zeros(v_draft, dtype=np.int64), t2d
+    return checkpoint_vocab_map(st.tensors, st.array, v_draft, v_target)
+
+
 def draft_checkpoint_d2t_offsets(art: Artifact) -> list[Violation]:
-    return _d2t_offsets(_where(art, "weights"), art.safetensors(art.path("weights")))
+    d2t, t2d = _draft_vocab_map(art)
+    return _d2t_offsets(_where(art, "weights"), d2t, len(t2d))
 
 
 def draft_checkpoint_t2d_matches_d2t(art: Artifact) -> list[Violation]:
-    return _t2d_matches(_where(art, "weights"), art.safetensors(art.path("weights")))
+    d2t, t2d = _draft_vocab_map(art)
+    return _t2d_matches(_where(art, "weights"), d2t, t2d)
 
 
 def draft_checkpoint_vocab_map_fingerprint(art: Artifact) -> list[Violation]:
-    st = art.safetensors(art.path("weights"))
-    stored = fingerprint_vocab_map(st.array("d2t"), st.array("t2d"))
+    stored = fingerprint_vocab_map(*_draft_vocab_map(art))
     recorded = art.header.lineage["vocab_map_fingerprint"]
     if stored != recorded:
         return [
@@ -598,6 +623,28 @@ def draft_checkpoint_vocab_map_fingerprint(art: Artifact) -> list[Violation]:
             )
         ]
     return []
+
+
+def draft_checkpoint_vocab_map_tensors(art: Artifact) -> list[Violation]:
+    names = art.safetensors(art.path("weights")).tensors
+    v_draft, v_target = _draft_vocab_sizes(art)
+    where = _where(art, "weights")
+    out = [
+        Violation(where, f"tensor {name}", why)
+        for name, why in serving_problems(names, v_draft, v_target)
+    ]
+    if not stores_vocab_map(v_draft, v_target) and "t2d" in names:
+        out.append(
+            Violation(
+                where,
+                "tensor t2d",
+                f"stored in a full-vocabulary draft (draft_vocab_size = vocab_size = {v_target}): "
+                "its map is the identity, stored by neither d2t nor t2d",
+            )
+        )
+    elif stores_vocab_map(v_draft, v_target) and "t2d" not in names:
+        out.append(Violation(where, "tensor t2d", "missing beside d2t in a pruned draft"))
+    return out
 
 
 VARIANT_TENSORS = {
@@ -807,6 +854,7 @@ CHECKS: dict[str, dict[str, Check]] = {
         "d2t_offsets": draft_checkpoint_d2t_offsets,
         "variant_tensors": draft_checkpoint_variant_tensors,
         "t2d_matches_d2t": draft_checkpoint_t2d_matches_d2t,
+        "vocab_map_tensors": draft_checkpoint_vocab_map_tensors,
         "vocab_map_fingerprint": draft_checkpoint_vocab_map_fingerprint,
         "finite": draft_checkpoint_finite,
     },

@@ -13,7 +13,9 @@ layer shapes are compared with this run's, and a mismatch is refused naming both
 The draft vocabulary: when the draft's ``d2t`` differs from this run's vocabulary map the start
 is refused unless ``draft.remap_vocab``; then the LM-head rows of target tokens both
 vocabularies hold are carried over, the others keep the target's rows (the usual start), and
-the count is reported.
+the count is reported. A full-vocabulary draft stores no ``d2t`` (its map is the identity, the
+rule of eagle3_schemas.draft_vocab, as the public Kimi-K2.5 drafts are published); one written
+before that rule, with the ``d2t`` vLLM refuses, still starts a run, with a note.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from eagle3_schemas.draft_layout import (
     detect_layout,
     sglang_to_vllm_names,
 )
+from eagle3_schemas.draft_vocab import checkpoint_vocab_map, serving_problems
 from eagle3_schemas.lineage import fingerprint_file, fingerprint_json
 from eagle3_train.model.arch import DraftArch
 
@@ -61,6 +64,8 @@ class InitDraft:
     layout_note: str = ""
     # Stated by the SGLang layout (its layer 0 never norms the residual); None: not compared.
     norm_before_residual: bool | None = None
+    # What the preflight reports beside the fit: a tensor vLLM would not load, say.
+    notes: tuple[str, ...] = ()
 
     def vllm_names(self, names: list[str], where: str) -> dict[str, str]:
         """Checkpoint tensor name -> this trainer's (= vLLM's) name."""
@@ -115,19 +120,29 @@ def read_init_draft(path: str | Path) -> InitDraft:
                 sglang_to_vllm_names(list(f.keys()), f"draft.init_from {weights}: ")
             except DraftLayoutError as e:
                 raise InitFromError(str(e)) from e
-        if "d2t" not in f.keys():  # noqa: SIM118
-            raise InitFromError(
-                f"draft.init_from {weights}: no d2t tensor (vLLM would map draft ids onto the "
-                "first target ids); cannot tell which tokens its LM-head rows belong to"
+        names = set(f.keys())
+        target_vocab = int(layer["vocab_size"])
+        draft_vocab = int(cfg.get("draft_vocab_size") or target_vocab)
+        try:
+            d2t, _ = checkpoint_vocab_map(
+                names, lambda n: f.get_tensor(n).numpy(), draft_vocab, target_vocab
             )
-        d2t = f.get_tensor("d2t").numpy().astype(np.int64)
+        except KeyError as e:
+            raise InitFromError(
+                f"draft.init_from {weights}: {e.args[0]} (vLLM would map draft ids onto the "
+                "first target ids)"
+            ) from e
+    notes = tuple(
+        f"draft.init_from {weights}: tensor {name}: {why}; this run's export stores none"
+        for name, why in serving_problems(names, draft_vocab, target_vocab)
+    )
     return InitDraft(
         path=path,
         architecture=architecture,
         hidden_size=int(cfg.get("target_hidden_size") or layer["hidden_size"]),
         aux_layer_ids=list(aux) if aux else None,
-        target_vocab_size=int(layer["vocab_size"]),
-        draft_vocab_size=int(cfg.get("draft_vocab_size") or len(d2t)),
+        target_vocab_size=target_vocab,
+        draft_vocab_size=draft_vocab,
         num_layers=int(layer.get("num_hidden_layers", 1)),
         d2t=d2t,
         norm_before_fc=bool(cfg.get("norm_before_fc", False)),
@@ -135,6 +150,7 @@ def read_init_draft(path: str | Path) -> InitDraft:
         layout=layout.name,
         layout_note=layout.describe(),
         norm_before_residual=norm_before_residual,
+        notes=notes,
     )
 
 

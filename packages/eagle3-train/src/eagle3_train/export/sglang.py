@@ -7,7 +7,8 @@ Written from a finished speculators export (``write.py``) into its own directory
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's counting (vLLM's id - 1:
 eagle3_schemas.draft_layout states the rule); the same ids in vLLM's counting at the top level,
 which vLLM reads first and SGLang does not read, so ``vllm serve`` of this folder works too;
-weights with layer 0 as ``midlayer.*``, ``d2t`` and ``t2d`` as they are.
+weights with layer 0 as ``midlayer.*``, ``d2t`` and ``t2d`` as they are (a full-vocabulary
+draft has neither: eagle3_schemas.draft_vocab; SGLang then needs no ``hot_token_id``).
 
 SGLang silently skips a tensor name it does not know, so every tensor written is checked
 against the names its ``load_weights`` maps (``draft_layout.sglang_loads``, read from its

@@ -1,11 +1,12 @@
 """Write the draft as a checkpoint that vLLM serves as is with ``method: eagle3``.
 
-Directory (schemas/draft_checkpoint/v2.json): ``config.json`` — the speculators eagle3 layout
+Directory (schemas/draft_checkpoint/v3.json): ``config.json`` — the speculators eagle3 layout
 for the Llama-style draft, vLLM's native ``Eagle3DeepseekV2ForCausalLM`` layout for the MLA
 draft (speculators' parser accepts only llama/qwen3 layers, and a ``deepseek_v3`` model_type
 is rewritten to DeepSeek's MTP head by vLLM, so the MLA draft says ``deepseek_v2``),
-``model.safetensors`` (weights under vLLM's names, plus ``d2t`` offsets and ``t2d``) and
-``eagle3.json`` (header + lineage). Written into a temporary directory and renamed, so a
+``model.safetensors`` (weights under vLLM's names, plus ``d2t`` offsets and ``t2d`` where the
+draft vocabulary is pruned: vLLM refuses a full-vocabulary draft that holds ``d2t``,
+eagle3_schemas.draft_vocab) and ``eagle3.json`` (header + lineage). Written into a temporary directory and renamed, so a
 crash never leaves something that looks like a finished checkpoint.
 """
 
@@ -21,6 +22,7 @@ import torch
 
 from eagle3_schemas.atomic import atomic_directory, write_json_atomic
 from eagle3_schemas.draft_layout import mla_eagle_config
+from eagle3_schemas.draft_vocab import checkpoint_vocab_map, serving_problems, stores_vocab_map
 from eagle3_schemas.header import make_header, write_json_header, write_safetensors
 from eagle3_schemas.lineage import fingerprint_vocab_map
 from eagle3_train.config.run_config import Config
@@ -163,7 +165,9 @@ def export_weights(
     dtype: str,
     embed_tokens: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Draft weights under the checkpoint names, floats cast to ``dtype``; d2t/t2d as stored."""
+    """Draft weights under the checkpoint names, floats cast to ``dtype``; d2t/t2d as the vocab
+    map stores them, for a pruned vocabulary only (a full one's map is the identity, and vLLM
+    has no parameter to load its ``d2t`` into)."""
     cast = EXPORT_DTYPES[dtype]
     out = {
         name: t.detach().to("cpu", cast).contiguous()
@@ -172,9 +176,16 @@ def export_weights(
     }
     if embed_tokens is not None:
         out["embed_tokens.weight"] = embed_tokens.detach().to("cpu", cast).contiguous()
-    out["d2t"] = torch.from_numpy(np.ascontiguousarray(d2t, dtype=np.int64))
-    out["t2d"] = torch.from_numpy(np.ascontiguousarray(t2d, dtype=np.bool_))
+    if stores_vocab_map(len(d2t), len(t2d)):
+        out["d2t"] = torch.from_numpy(np.ascontiguousarray(d2t, dtype=np.int64))
+        out["t2d"] = torch.from_numpy(np.ascontiguousarray(t2d, dtype=np.bool_))
     return out
+
+
+def vocab_sizes(config: Mapping[str, Any]) -> tuple[int, int]:
+    """(draft_vocab_size, target vocab_size) of a draft config.json, either layout."""
+    layer = config.get("transformer_layer_config", config)
+    return int(config["draft_vocab_size"]), int(layer["vocab_size"])
 
 
 def write_checkpoint(
@@ -192,11 +203,19 @@ def write_checkpoint(
     has no card (``eagle3-train --card-only`` writes one later).
     """
     directory = Path(directory)
-    expected_fp = fingerprint_vocab_map(weights["d2t"].numpy(), weights["t2d"].numpy())
+    v_draft, v_target = vocab_sizes(config)
+    unserved = serving_problems(weights, v_draft, v_target)
+    if unserved:
+        raise ValueError(
+            f"export {directory}: vLLM would not serve it:\n  "
+            + "\n  ".join(f"tensor {name}: {why}" for name, why in unserved)
+        )
+    d2t, t2d = checkpoint_vocab_map(weights, lambda n: weights[n].numpy(), v_draft, v_target)
+    expected_fp = fingerprint_vocab_map(d2t, t2d)
     if lineage.get("vocab_map_fingerprint") != expected_fp:
         raise ValueError(
             f"export {directory}: lineage vocab_map_fingerprint {lineage.get('vocab_map_fingerprint')!r} "
-            f"does not match the d2t/t2d being written ({expected_fp})"
+            f"does not match the vocabulary map being written ({expected_fp})"
         )
     with atomic_directory(directory) as tmp:
         write_safetensors(tmp / "model.safetensors", weights)

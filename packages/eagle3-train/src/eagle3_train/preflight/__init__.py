@@ -23,6 +23,7 @@ from eagle3_train.model.arch import DraftArch
 from eagle3_train.preflight.artifacts import (
     check_draft_shape,
     check_export_format,
+    check_export_vocab,
     check_init_from,
     check_lineage,
     check_resume,
@@ -62,6 +63,7 @@ def run_preflight(
     report.findings += check_resume(inputs, arch, resume_from)
     report.findings += check_init_from(inputs, arch)
     report.findings += check_export_format(inputs, arch)
+    report.findings += check_export_vocab(arch)
     report.findings += check_cuda_driver()
     muon_clip = cfg.train.optimizer == "muon" and cfg.train.max_grad_norm > 0
     report.findings += check_interfaces(arch, plugin is not None, offload, muon_clip)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from eagle3_schemas.draft_vocab import VLLM_DRAFT_CLASSES, stores_vocab_map
 from eagle3_train.components.checkpoint import read_run_config, read_state, run_config_path
 from eagle3_train.data.inputs import RunInputs, checkpoint_lineage
 from eagle3_train.export.init_from import InitFromError, compatibility_problems, read_init_draft
@@ -317,6 +318,24 @@ def check_export_format(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     return ok("export_format", f"export.format {inputs.config.export.format}: SGLang can load it")
 
 
+def check_export_vocab(arch: DraftArch) -> list[Finding]:
+    """The vocabulary map the export will store, by the rule vLLM loads
+    (eagle3_schemas.draft_vocab): d2t and t2d for a pruned vocabulary, none for a full one."""
+    v_draft, v_target = arch.draft_vocab_size, arch.target_vocab_size
+    if stores_vocab_map(v_draft, v_target):
+        return ok(
+            "export_vocab",
+            f"V_draft {v_draft} < V_target {v_target}: the export stores d2t (vLLM's "
+            "draft_id_to_target_id) and t2d",
+        )
+    return ok(
+        "export_vocab",
+        f"full vocabulary (V_draft = V_target = {v_target}): the export stores no d2t and no "
+        f"t2d; {VLLM_DRAFT_CLASSES} create draft_id_to_target_id only for a pruned vocabulary "
+        "and refuse to load a d2t otherwise",
+    )
+
+
 def check_init_from(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     """draft.init_from: the starting draft fits this run (architecture, hidden size, aux layer
     ids, target vocabulary, draft vocabulary unless remap_vocab), before any step."""
@@ -334,7 +353,8 @@ def check_init_from(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     if problems:
         return [Finding("error", "init_from", p) for p in problems]
     shared = len(np.intersect1d(init.target_ids, inputs.vocab.target_ids))
-    return ok(
+    notes = [Finding("warning", "init_from", note) for note in init.notes]
+    return notes + ok(
         "init_from",
         f"{d.init_from}: {init.architecture} draft ({init.layout_note}) fits; its LM head holds "
         f"{shared} of this "
