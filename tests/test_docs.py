@@ -11,6 +11,7 @@ their tools in tools/docs/ render from the code and the result files.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 from pathlib import Path
@@ -154,3 +155,44 @@ def test_the_configuration_reference_is_generated_and_complete() -> None:
 def test_the_readme_is_short() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 200, f"README.md has {len(lines)} lines (at most 200)"
+
+
+SUMMARY = re.compile(r"<!-- summary -->\n(.*?)<!-- /summary -->", re.S)
+FIGURE = re.compile(r"(?<![\w.])\d+\.\d{3}(?![\d])")
+
+
+def unsourced_readme_figures(readme: str) -> list[str]:
+    """Figures of the README's results summary that no result file under docs/benchmarks/
+    holds or yields (a mean, a range end, a seed's value)."""
+    tool = _tool("render_benchmarks")
+    block = SUMMARY.search(readme)
+    assert block, "README.md has no <!-- summary --> block"
+    known: set[str] = set()
+    for name in tool.result_files():
+        known |= tool.figures(name)
+    return [f for f in FIGURE.findall(block.group(1)) if f not in known]
+
+
+def test_every_readme_summary_figure_comes_from_a_result_file() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not unsourced_readme_figures(readme)
+    rows = [r for r in SUMMARY.search(readme).group(1).splitlines() if r.startswith("| ")]
+    assert 1 <= len(rows) - 1 <= 6, "the results summary has a header and 1 to 6 rows"
+
+
+def test_every_result_file_states_its_command_date_and_versions() -> None:
+    tool = _tool("render_benchmarks")
+    for name in tool.result_files():
+        data = tool.load(name)
+        assert data["command"] and data["measured"] and data["versions"], name
+        assert not re.search(r"\b[0-9a-f]{7,40}\b", json.dumps(data)), f"{name}: a commit hash"
+
+
+def test_the_benchmark_tables_and_summary_are_rendered_from_the_result_files() -> None:
+    tool = _tool("render_benchmarks")
+    stale = [
+        _shown(p)
+        for p in tool.pages()
+        if tool.rendered(p.read_text("utf-8")) != p.read_text("utf-8")
+    ]
+    assert not stale, f"stale: {stale}; run tools/docs/render_benchmarks.py"
