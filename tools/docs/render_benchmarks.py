@@ -216,7 +216,7 @@ def render_header(name: str) -> str:
 
 
 def render_summary() -> str:
-    heads = ["target", "draft", "steps", "vLLM AL, mean (min..max)", "per seed (0 / 1 / 2)"]
+    heads = ["target", "draft", "steps", "AL, mean (min..max)", "per seed (0 / 1 / 2)"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for target, name, row_id in SUMMARY:
         arm = arm_of(name, row_id)
