@@ -11,6 +11,7 @@ their tools in tools/docs/ render from the code and the result files.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from functools import cache
@@ -57,6 +58,11 @@ def _code(text: str) -> list[str]:
     return fenced + re.findall(r"`([^`\n]+)`", prose)
 
 
+@cache
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    return stage_parsers()
+
+
 def missing_paths(page: Path) -> list[str]:
     """Repository paths and relative links of the page that name no file or folder."""
     text = page.read_text(encoding="utf-8")
@@ -79,7 +85,7 @@ def missing_paths(page: Path) -> list[str]:
 def flag_mistakes(page: Path) -> list[str]:
     """Each command of ours the page shows (bash blocks and inline code spans) with an option or
     subcommand its parser lacks; accelerate's own options against accelerate's parser."""
-    parsers = stage_parsers()
+    parsers = _parsers()
     text = page.read_text(encoding="utf-8")
     inline = [c for c in _code(text) if "\n" not in c]
     problems = []
