@@ -144,10 +144,14 @@ def render_arms(name: str, table: dict[str, Any]) -> str:
     if ratio:
         references = [r for r in dict.fromkeys(reference_of.values()) if r]
         named = "; ".join(
-            f"{_row(rows, r)['arm']} at {steps} {_row(rows, r)['steps']}" for r in references
+            f"{_row(rows, r)['arm']}, " + _at(steps, _row(rows, r)["steps"]) for r in references
         )
         lines += ["", f"× reference: a row's mean over the mean of the reference row ({named})."]
     return "\n".join(lines) + "\n"
+
+
+def _at(label: str, value: Any) -> str:
+    return f"{value} steps" if label == "steps" else f"{label} = {value}"
 
 
 def _row(rows: list[dict[str, Any]], row_id: str) -> dict[str, Any]:
