@@ -202,3 +202,22 @@ def test_the_benchmark_tables_and_summary_are_rendered_from_the_result_files() -
         if tool.rendered(p.read_text("utf-8")) != p.read_text("utf-8")
     ]
     assert not stale, f"stale: {stale}; run tools/docs/render_benchmarks.py"
+
+
+def test_tools_readme_names_every_tool() -> None:
+    """tools/README.md names each file a person may run (a new tool is listed as it lands)."""
+    text = (ROOT / "tools" / "README.md").read_text(encoding="utf-8")
+    tools = [
+        p
+        for p in sorted((ROOT / "tools").rglob("*"))
+        if p.is_file() and p.suffix in (".py", ".sh") and "__pycache__" not in p.parts
+    ]
+    assert tools
+    assert not [_shown(p) for p in tools if f"`{p.name}`" not in text]
+
+
+def test_the_recipes_page_names_every_recipe() -> None:
+    text = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
+    recipes = [p.name for p in sorted((ROOT / "recipes").iterdir()) if (p / "train.yaml").is_file()]
+    assert recipes
+    assert not [r for r in recipes if f"recipes/{r}" not in text]
