@@ -548,7 +548,7 @@ def test_train_and_export_at_kimis_vocabulary(run: Run) -> None:
 
 @pytest.mark.process
 def test_a_stream_at_kimis_shape_trains_the_offline_draft(run: Run) -> None:
-    """recipes/STREAMING.md at Kimi's shape (fp8 states and scales, the remote-code tokenizer
+    """docs/streaming.md at Kimi's shape (fp8 states and scales, the remote-code tokenizer
     in the lineage, the 163,840-token target head), here one command after the other: the
     recipe's extraction with --stream, then the recipe's training of the stream with
     --reclaim. The draft equals, bit for bit, the same training of the finished dataset."""

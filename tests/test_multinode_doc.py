@@ -1,4 +1,4 @@
-"""recipes/MULTINODE.md's and recipes/STREAMING.md's commands parse with the stages' own
+"""docs/multinode.md's and docs/streaming.md's commands parse with the stages' own
 argument parsers; the multi-node Accelerate config is the single-node ZeRO-2 recipe plus the
 machine fields; the training commands' configs load with their overrides.
 
@@ -9,8 +9,6 @@ machines on one host (packages/eagle3-train/tests/test_launch.py).
 
 from __future__ import annotations
 
-import re
-import shlex
 from pathlib import Path
 
 import yaml
@@ -19,32 +17,16 @@ from accelerate.commands.launch import launch_command_parser
 from eagle3_extract.cli import build_parser as extract_parser
 from eagle3_train.cli import build_parser as train_parser
 
+from support.doc_commands import commands
+
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "recipes" / "MULTINODE.md"
-STREAMING = REPO / "recipes" / "STREAMING.md"
+DOC = REPO / "docs" / "multinode.md"
+STREAMING = REPO / "docs" / "streaming.md"
 
 
 def _commands(doc: Path = DOC, values: dict[str, str] | None = None) -> list[list[str]]:
-    """Each command line of the page's bash blocks, continuations joined, shell values filled
-    with a stand-in (``values[NAME]``, else '1': a valid int and a valid path), leading
-    VAR=value words and a trailing '&' dropped."""
-    blocks = re.findall(r"```bash\n(.*?)```", doc.read_text(), flags=re.S)
-    commands = []
-    for block in blocks:
-        for line in block.replace("\\\n", " ").splitlines():
-            if line.lstrip().startswith("#"):
-                continue
-            line = re.sub(
-                r"\$\(\([^)]*\)\)|\$\{?(\w+)\}?",
-                lambda m: (values or {}).get(m.group(1) or "", "1"),
-                line,
-            )
-            words = shlex.split(line.rstrip().removesuffix("&"))  # a background job
-            while words and re.fullmatch(r"\w+=\S*", words[0]):
-                words.pop(0)
-            if words and words[0] in ("eagle3-extract", "accelerate"):
-                commands.append(words)
-    return commands
+    """Each eagle3-extract and accelerate command line of the page's bash blocks."""
+    return commands(doc, ("eagle3-extract", "accelerate"), values)
 
 
 def test_the_page_holds_the_commands_it_describes() -> None:

@@ -9,7 +9,7 @@ trained twice), with 2 training processes, and over two passes without keeping t
 (re-extraction per epoch, or passes over a retained window). The vLLM backend streams too
 (vllm tier). Refused: a stream of another target or other layer ids (before the first step),
 an altered sealed shard, a producer that never starts, publishing a reclaimed stream, a budget
-below one shard. And MULTINODE.md's extraction: two workers at once, then merge.
+below one shard. And docs/multinode.md's extraction: two workers at once, then merge.
 """
 
 from __future__ import annotations
@@ -628,7 +628,7 @@ def test_a_budget_below_one_shard_is_refused_before_any_work(inputs, tmp_path: P
 
 
 def test_two_extraction_workers_at_once_then_merge_give_the_whole_dataset(inputs, tmp_path):
-    """recipes/MULTINODE.md's extraction: W workers as separate processes at the same time
+    """docs/multinode.md's extraction: W workers as separate processes at the same time
     (there, one per GPU across nodes), then one merge; the same samples as one worker."""
     workers, logs = [], []
     for rank in (0, 1):

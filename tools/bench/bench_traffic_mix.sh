@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Which traffic to train a draft on, for a target that thinks and calls tools (issue 43): the
+# Which traffic to train a draft on, for a target that thinks and calls tools: the
 # agent recipe's pipeline once per arm and seed, each draft measured by vLLM on the same held-out
 # prompts of every kind (instant / thinking / agent), then one table of AL per kind and seed.
 #

@@ -28,12 +28,12 @@ evaluator of every row.
 - ours: `accelerate launch -m eagle3_train` with the recipe's train.yaml, as a user runs it.
   `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
   `--arm ours=` is the defaults, always run).
-  `--equal-time` adds ours-equal-time (issue 30 item 6): ours' defaults trained for as many
+  `--equal-time` adds ours-equal-time: ours' defaults trained for as many
   steps as fit in the wall-clock seconds speculators' default arm took for --steps on this
   machine, the same seed (steps in proportion to ours' own --steps run beside it); its steps,
   seconds and AL are printed beside the same-steps figures. On a GPU the step-time ratio
   tools/gpu/gpu_check.py measures decides the same trade.
-  `--eagle31-arms` adds issue 30's arms of ours (ARMS_EAGLE31: fc_norm, norm_output, both,
+  `--eagle31-arms` adds the EAGLE 3.1 arms of ours (ARMS_EAGLE31: fc_norm, norm_output, both,
   speculators' norm pair, muon, muon with its Muon group at 5e-3, tv, lk), each one option
   away from the defaults.
 - speculators: its own training entry point wants CUDA (FlexAttention, fused Triton loss,
@@ -56,12 +56,13 @@ evaluator of every row.
   FlexAttention default has no CPU backward) and the eager loss (the fused one is Triton).
   Saved with its own `save_pretrained` — the format vLLM serves.
 - speculators-adamw: the same with `--optimizer adamw --scheduler-warmup-steps 20`, the
-  anchor the README's tables measured before 0.9.0 made Muon the default.
+  anchor of docs/benchmarks/vs-speculators.md's earlier tables, before 0.9.0 made Muon the
+  default.
 - speculators-muon-lr5e-3: the defaults with `--muon-lr 5e-3` — Muon at its default 1e-3 (=
   --lr) learns slowly in 150 steps; this is the one flag a user tuning it would set (ours'
   `muon-lr5e-3` arm sets the same, train.muon.lr).
-- speculators-muon-lr5e-3-lk_hybrid: the same with `--loss-fn lk_hybrid`, its LK loss (issue
-  45: ours' `lk` and `tv` arms against it at T > 0).
+- speculators-muon-lr5e-3-lk_hybrid: the same with `--loss-fn lk_hybrid`, its LK loss (ours'
+  `lk` and `tv` arms against it at T > 0: docs/benchmarks/sampling.md).
 
 Finished (arm, seed) runs are kept under OUT/ARM/seed-S and reused when their overrides are
 the same, so a run can be extended by more seeds or arms: the trained draft (trained.json) and
@@ -112,7 +113,7 @@ SPECULATORS_ARMS = {
     # its LK loss (the TV-aware hybrid), tuned alike: its best guess for sampled serving
     "speculators-muon-lr5e-3-lk_hybrid": ["--muon-lr", "5e-3", "--loss-fn", "lk_hybrid"],
 }
-# issue 30's arms of ours (--eagle31-arms): each one option away from our defaults
+# the EAGLE 3.1 arms of ours (--eagle31-arms): each one option away from our defaults
 ARMS_EAGLE31 = {
     "fc_norm": ["draft.fc_norm=true"],
     "norm_output": ["draft.norm_output=true"],
@@ -637,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens at evaluation")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated; each arm runs once per seed")
     p.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE[;...]")
-    p.add_argument("--eagle31-arms", action="store_true", help="add ARMS_EAGLE31 (issue 30)")
+    p.add_argument("--eagle31-arms", action="store_true", help="add ARMS_EAGLE31 (EAGLE 3.1)")
     p.add_argument("--no-speculators", action="store_true", help="ours' arms only")
     p.add_argument(
         "--equal-time",

@@ -1,7 +1,7 @@
 """One optimizer step of eagle3-train beside one of speculators 0.9.0, as
 bench_vs_speculators.py runs them, on the same packed batch from the same weights.
 
-The bench's two runs differ in settings (issue 45 lists them as suspects). This tool makes
+The bench's two runs differ in settings (each one a suspect for the gap between them). This tool makes
 ours agree with speculators on every setting a config key reaches (AGREE), starts both from
 speculators' initial weights, and compares on the first batch of the bench's plan:
 

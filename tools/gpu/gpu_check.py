@@ -1,10 +1,10 @@
-"""The GPU check: one command, no network, one call of at most 600 s on one NVIDIA GPU.
+"""The GPU check: one command, no network, under 10 minutes on one NVIDIA GPU.
 
-    bash tools/gpu/gpu_wheels.sh    # once, here: .whl/ (wheels the bare CUDA image lacks)
-    bash tools/gpu/gpu_check.sh     # there (device tool: carry [".whl"], timeout_s 600): installs
+    bash tools/gpu/gpu_wheels.sh    # once, with network: .whl/ (wheels a bare CUDA image lacks)
+    bash tools/gpu/gpu_check.sh     # on the GPU node, .whl/ copied beside the repository: installs
                                     # them, runs this script, writes $OUT/gpu_check.{json,log}
     python tools/gpu/gpu_check.py --plan               # the parts, their order and budgets
-    python tools/gpu/gpu_check.py --device cpu         # the rehearsal here (small shapes)
+    python tools/gpu/gpu_check.py --device cpu         # a rehearsal on CPU (small shapes)
 
 Parts, most valuable first (PARTS); each runs in its own process group with a timeout of the
 budget left, is skipped with its reason when its cost does not fit, and the JSON is written
@@ -27,7 +27,7 @@ again after each one, so a run cut short keeps what it measured:
 5. probes: ours with its own train: defaults (top-k term, step decay 0.8, clip 0.5) and the
    GPU recipes' optimizer (Muon + AdamW, under the sync check); ours not
    compiled; ours with the chunked attention, not compiled; a 32K-token sample, both sides.
-6. vllm: vLLM on CUDA where vllm imports (the image has none: the rows say so).
+6. vllm: vLLM on CUDA where vllm imports (where it does not, the rows say so).
 
 On CPU (``--device cpu``) every part runs at small shapes, float32 and not compiled: a
 rehearsal of the whole script within its budget, and the measured seconds of each part.
@@ -428,7 +428,7 @@ def main() -> int:
     keys = [p.key for p in PARTS]
     parser.add_argument("--parts", nargs="+", default=keys, choices=keys, metavar="PART")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                        help="cpu: the rehearsal here, small shapes")  # fmt: skip
+                        help="cpu: a rehearsal on CPU, small shapes")  # fmt: skip
     parser.add_argument(
         "--budget-s", type=float, default=555,
         help="the whole call's seconds (600 a command, less gpu_check.sh's install and start)",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check in one call of the device tool (carry [".whl"], made here by tools/gpu/gpu_wheels.sh):
-#   bash tools/gpu/gpu_check.sh            # there: installs the carried wheels, runs gpu_check.py
+# The GPU check on one NVIDIA GPU node (.whl/, made by tools/gpu/gpu_wheels.sh, copied beside the repository):
+#   bash tools/gpu/gpu_check.sh            # installs the wheels the image lacks, runs gpu_check.py
 #   bash tools/gpu/gpu_check.sh --plan     # the parts, their order and budgets, nothing run
 # Everything it prints also goes to $OUT/gpu_check.log, the table to $OUT/gpu_check.json.
 set -uo pipefail

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Wheels the device machine's image lacks (Python 3.12, torch 2.11, transformers 5.17, no
-# network): speculators 0.9.0 and what importing it needs — its eagle3 modules import openai,
+# Wheels a bare CUDA image may lack (measured on one with Python 3.12, torch 2.11, transformers
+# 5.17 and no network): speculators 0.9.0 and what importing it needs — its eagle3 modules import openai,
 # which imports httpx2 → httpcore2, truststore, anyio, h11, idna, sniffio —, jsonschema for
-# eagle3-schemas. Downloaded once here into .whl/ (ignored by git), carried with the GPU check
-# (device tool: carry [".whl"]). gpu_check.sh installs only those whose distribution the image
-# does not have: the image's own (typing-extensions, idna, … that torch and transformers were
+# eagle3-schemas. Downloaded once, on a machine with network, into .whl/ (ignored by git); copy
+# it to the GPU node beside the repository. gpu_check.sh installs only those whose distribution
+# the image does not have: the image's own (typing-extensions, idna, … that torch and transformers were
 # installed with) are never overridden.
 #
-#   bash tools/gpu/gpu_wheels.sh     # here, with network
-#   bash tools/gpu/gpu_check.sh      # there
+#   bash tools/gpu/gpu_wheels.sh     # with network
+#   bash tools/gpu/gpu_check.sh      # on the GPU node
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS="speculators==0.9.0 hs-connectors==0.9.0 datasets==5.1.0 dill==0.4.1 multiprocess==0.70.19

@@ -5,7 +5,7 @@ Kimi-K2.5 users serve three kinds of traffic: instant answers, thinking answers 
 embedded targets answer in one plain mode, so nothing measured a draft on the other two. This
 target is trained on ``tests/support/agent_corpus.py`` (a seeded program: a shop, three tools
 whose results it computes, the three kinds), rendered with Kimi-K2.5's chat template (the Kimi
-stand-in's ``chat_template.jinja``, issue 42), so vLLM's ``kimi_k2`` reasoning and tool parsers
+stand-in's ``chat_template.jinja``), so vLLM's ``kimi_k2`` reasoning and tool parsers
 read what it generates.
 
 - The tokenizer: byte-level BPE (2,048 tokens) trained on the rendered corpus, plus Kimi's

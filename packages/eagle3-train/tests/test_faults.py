@@ -535,7 +535,7 @@ def test_a_full_disk_while_logging_metrics_stops_by_name_and_the_rerun_drops_the
 
 
 # ---------------------------------------------------------------------------------------
-# A dead rank: 2-process ZeRO-2 on two "machines" (one launcher each, as MULTINODE.md)
+# A dead rank: 2-process ZeRO-2 on two "machines" (one launcher each, as docs/multinode.md)
 
 
 ZERO2_TRAIN = {"max_steps": 60, "epochs": 20, "save_every": 2, "log_every": 1}
@@ -543,7 +543,7 @@ ZERO2_TRAIN["collective_timeout_s"] = 5
 
 
 def _launch_two_machines(config: Path, logs: list[Path]) -> list[subprocess.Popen]:
-    """``accelerate launch`` of ZeRO-2 once per "machine" (one process each), as MULTINODE.md."""
+    """``accelerate launch`` of ZeRO-2 once per "machine" (one process each), as docs/multinode.md."""
     accelerate = str(Path(sys.executable).parent / "accelerate")
     env = {**env_for_subprocess(), "DS_ACCELERATOR": "cpu"}
     with socket.socket() as s:

@@ -111,7 +111,7 @@ def test_a_one_process_cpu_launch_uses_every_core(setup):
 
 
 def test_two_machines_launch_as_recipes_multinode_says(setup):
-    """recipes/MULTINODE.md's training command, on two "machines" of one process each on this
+    """docs/multinode.md's training command, on two "machines" of one process each on this
     host: the same `accelerate launch` with --machine_rank 0 and 1 and node 0's address (static
     rendezvous, torchrun per node, no pdsh). Same losses as one process accumulating 2."""
     inputs, sections, reference, root = setup

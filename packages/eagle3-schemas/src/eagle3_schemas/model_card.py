@@ -29,7 +29,7 @@ _END = "<!-- /eagle3-eval acceptance -->"
 _BLOCK = re.compile(re.escape(_BEGIN) + r"(\{.*?\}) -->\n.*?" + re.escape(_END) + r"\n?", re.S)
 
 
-# The two acceptance-length definitions in use (vLLM issue 42508): every report, table and card
+# The two acceptance-length definitions in use (vllm-project/vllm#42508): every report, table and card
 # gives both, each named, so a figure is compared with a published one of the same definition.
 AL_POOLED = "acceptance_length"
 AL_PER_REQUEST = "acceptance_length_per_request"

@@ -12,7 +12,7 @@ from typing import Literal
 @dataclass
 class ObjectiveConfig:
     """What the TTT loss rewards beyond plain EAGLE-3 (each measured by vLLM on the tiny recipe,
-    k = 3, 3 seeds per arm: tools/bench/bench_vs_speculators.py; numbers in the README)."""
+    k = 3, 3 seeds per arm: tools/bench/bench_vs_speculators.py; docs/benchmarks/vs-speculators.md)."""
 
     # Harmonized objective distillation (HASS): add topk_weight * the cross-entropy of the
     # draft against the target's top-k tokens (-sum_{i in top-k(p)} p_i log q_i) to each
@@ -79,7 +79,7 @@ class TrainLoopConfig:
     # suits any target's scale: EAGLE-1's remedy for the error the draft's own features
     # accumulate (speculators before 0.9.0 added uniform noise of half-width 0.05, absolute;
     # 0.9.0 adds none). 0 = off: vLLM AL at 600 steps on the tiny Llama, seed 0, 3.589 with 0.1
-    # against 3.610 without (README "How good").
+    # against 3.610 without (docs/benchmarks/vs-speculators.md).
     hidden_noise: float = 0.0
     # auto = bf16 autocast on CUDA, fp32 on CPU.
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
