@@ -37,8 +37,9 @@ from safetensors.torch import load_file
 from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_extract.config import default_aux_layer_ids
+from eagle3_recipe.cli import main as recipe_main
 
-from support import recipe_standins, recipes
+from support import public_standins, public_targets, recipe_standins, recipes
 from support.recipes import recipe_targets
 from support.stage_cli import Outcome, run_cli, run_train_cli
 
@@ -123,9 +124,14 @@ class StagesRun:
     outcomes: dict[str, Outcome]
 
 
-def run_stages(recipe: str, work: Path) -> StagesRun:
-    flags = stage_flags(recipe)
-    standin = recipe_standins.build_standin(recipe_dir(recipe), work / "target")
+def run_stages(
+    recipe: str, work: Path, folder: Path | None = None, standin: Path | None = None
+) -> StagesRun:
+    """Every stage of the recipe at ``folder`` (default recipes/RECIPE) on a stand-in (default:
+    built from the folder's target_config.json)."""
+    folder = folder or recipe_dir(recipe)
+    flags = recipes.stage_flags(folder, CPU_KNOBS, FLAG_ARRAYS)
+    standin = standin or recipe_standins.build_standin(folder, work / "target")
     layers = json.loads((standin / "config.json").read_text())["num_hidden_layers"]
     aux = recipes.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
     raw = work / "chat.jsonl"
@@ -158,7 +164,7 @@ def run_stages(recipe: str, work: Path) -> StagesRun:
     outcomes["train preflight"] = run_train_cli(
         [
             "--config",
-            str(recipe_dir(recipe) / "train.yaml"),
+            str(folder / "train.yaml"),
             "--preflight",
             "--output-dir",
             str(work / "train"),
@@ -371,3 +377,40 @@ def test_the_kimi_sheet_counts_what_tensor_parallelism_leaves_whole_from_the_con
     trainable = re.search(r"= \*\*([\d,.]+M)\*\*", sheet.split("## Training memory")[1])
     assert trainable and f"{trainable.group(1)} trainable" in (folder / "flags.sh").read_text()
     assert "not built yet" not in sheet
+
+
+# ---- recipes the planner writes for other public targets ---------------------------------------
+
+# One per family beyond the committed recipes' (tied Llama, Mistral, Qwen2.5, Qwen3-MoE); the MLA
+# families' recipe (Kimi-K2.5, the planner's output) runs on its stand-in in test_kimi_recipe.py.
+GENERATED = [
+    "Llama-3.2-1B-Instruct",
+    "Mistral-7B-Instruct-v0.3",
+    "Qwen2.5-7B-Instruct",
+    "Qwen3-30B-A3B",
+]
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_a_generated_recipe_passes_every_stages_preflight(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`eagle3-recipe new` on the public config (no weights), then the stages with the written
+    flags.sh and train.yaml on a stand-in built from the same facts, as for the committed ones."""
+    repo = tmp_path / "repo"
+    (repo / "recipes" / "llama-3.1-8b").mkdir(parents=True)
+    (repo / "recipes" / "llama-3.1-8b" / "pipeline.sh").write_text("#!/usr/bin/env bash\n")
+    facts = public_targets.model_dir(name, tmp_path / "facts")
+    monkeypatch.chdir(repo)
+    assert recipe_main(["new", "--target", str(facts), "--gpu", "h100", "--name", "mine"]) == 0
+    standin = public_standins.build(public_targets.facts(name)["config"], tmp_path / "standin")
+    run = run_stages("mine", tmp_path / "work", repo / "recipes" / "mine", standin)
+    for stage in (
+        "ingest",
+        "tokenize",
+        "vocab",
+        "extract preflight",
+        "extract run",
+        "train preflight",
+    ):
+        _passed(run, stage)

@@ -116,6 +116,14 @@ def gpu_flags(plan: Plan, name: str, hub_id: str) -> str:
             'transformers float32; the capture path is checked on stand-ins in CI"'
         )
     accelerate = rules.ACCELERATE_CONFIG[d["zero"].value]
+    if layout.tp == plan.gpus:  # one engine over the node, as the Kimi-K2.5 recipe
+        tp_line = 'TP="$NGPU"                                 # one vLLM engine over the node'
+    else:
+        tp_line = (
+            f"TP={layout.tp}                                      # tensor parallel of each vLLM engine\n"
+            '[ "$NGPU" -ge "$TP" ] && [ $((NGPU % TP)) = 0 ] ||\n'
+            '  { echo "NGPU=$NGPU: the plan runs engines of TP=$TP GPUs; use a multiple" >&2; return 2; }'
+        )
     engine_tp = f" --engine-arg tensor_parallel_size={layout.tp}" if layout.tp > 1 else ""
     engine_text = " --engine-arg language_model_only=true" if text_only else ""
     return f"""# shellcheck shell=bash disable=SC2034  # every variable here is read by the script sourcing it
@@ -129,7 +137,7 @@ NGPU="${{NGPU:-{plan.gpus}}}"                          # GPUs of the node
 # train.yaml's lrs are set for PLANNED_GPUS x its micro-batch x its accumulation tokens per step:
 # pipeline.sh keeps that step on NGPU GPUs by gradient accumulation, or refuses.
 PLANNED_GPUS={plan.gpus}
-TP={layout.tp}                                     # tensor parallel of each vLLM engine
+{tp_line}
 SAMPLES="${{SAMPLES:-{plan.totals["samples"]}}}"
 MAX_LENGTH="${{MAX_LENGTH:-{d["max_length"].value}}}"
 CONTEXT={d["context"].value}
