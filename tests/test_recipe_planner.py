@@ -404,6 +404,7 @@ def test_the_command_refuses_and_writes_nothing(
         "--disk-budget 0.5GB: below one shard": [*base, "--gpu", "h200", "--disk-budget", "500MB"],
         "6 does not divide num_attention_heads 64": [*base, "--gpu", "h200", "--gpus", "6"],
         "do not fit 1 node": [*base, "--gpu", "h100"],
+        "the plan streams the hidden states": [*base, "--gpu", "h200", "--disk-budget", "2TB"],
     }
     for message, argv in cases.items():
         assert recipe_main(argv) == 2

@@ -522,7 +522,8 @@ def extraction_layout(t: Target, gpu: Gpu, gpus: int, nodes: int, length: int) -
                     + f" = {per_gpu / 1e9:.1f} GB per GPU of {usable / 1e9:.1f} GB usable "
                     f"({UTILIZATION:g} x {gpu.memory_gib:g} GiB): {room / 1e9:.1f} GB left "
                     f"(>= 10 %, the tight line of eagle3_extract/sizing.py): KV cache for ~{tokens:,} "
-                    f"tokens beside one {length:,}-token step's captured states; the smallest TP that fits, so {workers} "
+                    f"tokens beside one {length:,}-token step's captured states (the batch: vLLM schedules "
+                    f"up to ~{tokens // length} whole samples at once from it); the smallest TP that fits, so {workers} "
                     "worker(s) run data-parallel (TP only adds an all-reduce per layer)"
                     + (
                         "; these GPUs have no NVLink: that all-reduce crosses PCIe (slower; not "

@@ -51,6 +51,12 @@ def write_recipe(plan: Plan, name: str, hub_id: str, out: Path | None) -> Path:
             f"--nodes {plan.nodes}: the generated pipeline.sh runs one node; `plan` gives the "
             "figures for several, and recipes/MULTINODE.md the commands"
         )
+    if plan.value("storage").stream:
+        raise PlanError(
+            "--disk-budget: the plan streams the hidden states (the dataset is over the budget), "
+            "and pipeline.sh extracts offline: follow recipes/STREAMING.md with the plan's "
+            "figures, or give a larger --disk-budget"
+        )
     cpu = plan.gpu.key == "cpu"
     files = {
         "flags.sh": cpu_flags(plan) if cpu else gpu_flags(plan, folder.name, hub_id),
