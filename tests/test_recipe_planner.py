@@ -435,3 +435,33 @@ def test_every_gpu_kind_states_memory_flops_and_compute_capability() -> None:
     assert math.isclose(gpu_kind("h100", 94).memory_gib, 94)
     with pytest.raises(PlanError, match="--gpu 'tpu'"):
         gpu_kind("tpu")
+
+
+def test_an_embedded_target_presented_as_my_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new user's two commands on CPU: the tiny target copied under another name, planned and
+    written; the recipe is the tiny one's, run by the tiny pipeline."""
+    import shutil
+
+    mine = tmp_path / "my-model"
+    shutil.copytree(RECIPES / "tiny" / "target", mine)
+    repo = tmp_path / "repo"
+    (repo / "recipes" / "llama-3.1-8b").mkdir(parents=True)
+    (repo / "recipes" / "llama-3.1-8b" / "pipeline.sh").write_text("#!/usr/bin/env bash\n")
+    monkeypatch.chdir(repo)
+    assert recipe_main(["plan", "--target", str(mine), "--gpu", "cpu", "--gpus", "1"]) == 0
+    assert "lr: adamw 1.0e-03, muon 5.0e-03" in capsys.readouterr().out
+    argv = ["new", "--target", str(mine), "--gpu", "cpu", "--gpus", "1", "--name", "my-model"]
+    assert recipe_main(argv) == 0
+    folder = repo / "recipes" / "my-model"
+    assert (folder / "pipeline.sh").readlink() == Path("../tiny/pipeline.sh")
+    assert (folder / "target").resolve() == mine.resolve()
+    generated = train_values((folder / "train.yaml").read_text())
+    tiny = train_values((RECIPES / "tiny" / "train.yaml").read_text())
+    paths = {"output_dir", "target.path", "data.hidden_states", "data.vocab_map"}
+    assert {k: v for k, v in generated.items() if k not in paths} == {
+        k: v for k, v in tiny.items() if k not in paths
+    }
+    assert generated["target.path"] == "recipes/my-model/target"
+    assert "max_length=512\ndraft_vocab=2048\n" in (folder / "flags.sh").read_text()
