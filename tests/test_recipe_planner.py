@@ -391,6 +391,13 @@ def test_a_max_length_that_cannot_fit_names_the_largest_that_does(tmp_path: Path
         plan_for("Llama-3.1-8B-Instruct", tmp_path, gpu="h100", max_length=262144)
 
 
+def test_a_small_gpu_gets_the_longest_sample_and_batch_that_fit(tmp_path: Path) -> None:
+    # 0.9 x 18 GiB - 9.4 GB of state = 8.0 GB: 7,300 tokens at 1.1 MB -> 4,096, batch too
+    plan = plan_for("Llama-3.1-8B-Instruct", tmp_path, gpu="h100", gpu_memory_gib=18)
+    assert (plan.value("max_length"), plan.value("tokens_per_batch")) == (4096, 4096)
+    assert plan.value("gradient_accumulation_steps") == 2  # 8 x 4,096 x 2 = 65,536 kept
+
+
 def test_the_command_refuses_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

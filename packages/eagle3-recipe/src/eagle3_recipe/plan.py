@@ -94,7 +94,8 @@ def make_plan(request: Request) -> Plan:
         )
     else:
         length = plan.add(rules.max_length(regen, gpu, t.hidden_size, state, regen.tools))
-    batch = plan.add(rules.tokens_per_batch(length, gpu))
+    largest = rules.largest_fit(gpu, t.hidden_size, state)
+    batch = plan.add(rules.tokens_per_batch(length, gpu, largest))
     if not cpu:
         rules.check_fits(length, batch, gpu, t.hidden_size, state)
     accumulation = plan.add(rules.gradient_accumulation(world, batch, gpu))

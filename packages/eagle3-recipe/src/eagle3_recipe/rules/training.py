@@ -86,7 +86,7 @@ def check_fits(length: int, tokens_per_batch: int, gpu: Gpu, hidden: int, state:
     per_token = activation_bytes_per_token(hidden)
     budget = UTILIZATION * gpu.memory_bytes - state
     fits = int(budget / per_token) if budget > 0 else 0
-    for name, value in (("--max-length", length), ("--tokens-per-batch", tokens_per_batch)):
+    for name, value in (("--max-length", length), ("data.max_tokens_per_batch", tokens_per_batch)):
         if value > fits:
             raise PlanError(
                 f"{name} {value:,}: does not fit {gpu.memory_gib:g} GiB: {UTILIZATION:g} x memory - "
@@ -103,16 +103,22 @@ CPU_ANCHOR = {"hidden": 256, "tokens": 2048, "adamw": 1.0e-3, "muon": 5.0e-3}
 BENCH_TOKENS = 8192  # the H200 step rates were measured at 8,192 packed tokens per GPU
 
 
-def tokens_per_batch(length: int, gpu: Gpu) -> Decision:
+def largest_fit(gpu: Gpu, hidden: int, state: float) -> int:
+    """The longest packed sequence (a power of two) one GPU trains beside ``state`` bytes."""
+    budget = UTILIZATION * gpu.memory_bytes - state
+    return pow2_floor(budget / activation_bytes_per_token(hidden)) if budget > 0 else 0
+
+
+def tokens_per_batch(length: int, gpu: Gpu, largest: int) -> Decision:
     if gpu.key == "cpu":
         return Decision("tokens_per_batch", 2048, "2,048: the tiny recipes' micro-batch on CPU")
-    size = max(length, BENCH_TOKENS)
+    size = max(length, min(BENCH_TOKENS, largest))
     return Decision(
         "tokens_per_batch",
         size,
-        f"{size:,} = max(MAX_LENGTH, 8,192): one packed sequence per GPU per micro-batch; a "
-        "longest sample trains whole, and never fewer tokens than the H200 bench's step "
-        '(README "Benchmarks and the GPU check")',
+        f"{size:,} = max(MAX_LENGTH, 8,192 where it fits: {largest:,}): one packed sequence per "
+        "GPU per micro-batch; a longest sample trains whole, and no fewer tokens than the H200 "
+        'bench\'s step where memory allows (README "Benchmarks and the GPU check")',
     )
 
 
