@@ -404,6 +404,7 @@ def test_a_generated_recipe_passes_every_stages_preflight(
     monkeypatch.chdir(repo)
     assert recipe_main(["new", "--target", str(facts), "--gpu", "h100", "--name", "mine"]) == 0
     standin = public_standins.build(public_targets.facts(name)["config"], tmp_path / "standin")
+    (tmp_path / "work").mkdir()
     run = run_stages("mine", tmp_path / "work", repo / "recipes" / "mine", standin)
     for stage in (
         "ingest",

@@ -23,10 +23,15 @@ TOKENIZERS = {
     "qwen3_moe": recipe_standins._save_qwen3_tokenizer,
 }
 STANDIN_EXPERTS = 8
+MIN_LAYERS = 7
 
 
 def standin_config(facts: dict[str, Any]) -> dict[str, Any]:
     config = recipe_standins.standin_config(facts)
+    # At least 7 layers: [2, N//2, N-3] in its regular form (Llama-3.2-1B has 16: 16 / 4 = 4).
+    config["num_hidden_layers"] = max(MIN_LAYERS, config["num_hidden_layers"])
+    if "max_window_layers" in config:
+        config["max_window_layers"] = config["num_hidden_layers"]
     if "num_experts" in facts:  # Qwen3-MoE: fewer, narrower experts, the same top-k ratio kept
         config["num_experts"] = STANDIN_EXPERTS
         config["num_experts_per_tok"] = max(
