@@ -415,3 +415,54 @@ def test_a_generated_recipe_passes_every_stages_preflight(
         "train preflight",
     ):
         _passed(run, stage)
+
+
+# The committed GPU recipes, each with the public target it is for and the node it is planned on.
+PLANNED = {
+    "llama-3.1-8b": ("Llama-3.1-8B-Instruct", "h100", "meta-llama/Llama-3.1-8B-Instruct"),
+    "qwen3-8b": ("Qwen3-8B", "h100", "Qwen/Qwen3-8B"),
+    "kimi-k2.5": ("Kimi-K2.5", "h200", "moonshotai/Kimi-K2.5"),
+}
+EVERY_ARRAY = (
+    *FLAG_ARRAYS,
+    "PLAN_ARGS",
+    "SERVE_ARGS",
+    "REGENERATE_ARGS",
+    "EXTRACT_WORKERS",
+    "VERIFY_ARGS",
+    "TRAIN_CONFIG",
+    "PLANNED_GPUS",
+)
+
+
+def _options(args: list[str]) -> list[tuple[str, str | None]]:
+    """Option/value pairs, in no order (vLLM's and the stages' parsers take them in any)."""
+    pairs, i = [], 0
+    while i < len(args):
+        value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+        pairs.append((args[i], value))
+        i += 2 if value is not None else 1
+    return sorted(pairs, key=str)
+
+
+@pytest.mark.parametrize("ngpu", ["8", "4"])
+@pytest.mark.parametrize("recipe", PLANNED)
+def test_the_planners_flags_are_the_committed_recipes(
+    recipe: str, ngpu: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every array of flags.sh, as bash expands it, from `eagle3-recipe new` on the recipe's
+    target and node equals the committed recipe's (at its GPU count and at another)."""
+    name, gpu, hub = PLANNED[recipe]
+    repo = tmp_path / "repo"
+    (repo / "recipes" / "llama-3.1-8b").mkdir(parents=True)
+    (repo / "recipes" / "llama-3.1-8b" / "pipeline.sh").write_text("#!/usr/bin/env bash\n")
+    facts = public_targets.model_dir(name, tmp_path / "facts")
+    monkeypatch.chdir(repo)
+    argv = ["new", "--target", str(facts), "--gpu", gpu, "--name", "planned", "--hub-id", hub]
+    assert recipe_main(argv) == 0
+    knobs = {"NGPU": ngpu}
+    committed = recipes.stage_flags(recipe_dir(recipe), knobs, EVERY_ARRAY)
+    planned = recipes.stage_flags(repo / "recipes" / "planned", knobs, EVERY_ARRAY)
+    planned["TRAIN_CONFIG"] = [f"recipes/{recipe}/train.yaml"]  # the one name that differs
+    for array in EVERY_ARRAY:
+        assert _options(planned[array]) == _options(committed[array]), array

@@ -122,7 +122,9 @@ def gpu_flags(plan: Plan, name: str, hub_id: str) -> str:
             'transformers float32; the capture path is checked on stand-ins in CI"'
         )
     accelerate = rules.ACCELERATE_CONFIG[d["zero"].value]
-    if layout.tp == plan.gpus:  # one engine over the node, as the Kimi-K2.5 recipe
+    one_engine = layout.tp == plan.gpus
+    replicas = "" if one_engine else "--data-parallel-size $((NGPU / TP)) "
+    if one_engine:  # one engine over the node, as the Kimi-K2.5 recipe
         tp_line = 'TP="$NGPU"                                 # one vLLM engine over the node'
     else:
         tp_line = (
@@ -130,7 +132,7 @@ def gpu_flags(plan: Plan, name: str, hub_id: str) -> str:
             '[ "$NGPU" -ge "$TP" ] && [ $((NGPU % TP)) = 0 ] ||\n'
             '  { echo "NGPU=$NGPU: the plan runs engines of TP=$TP GPUs; use a multiple" >&2; return 2; }'
         )
-    engine_tp = f" --engine-arg tensor_parallel_size={layout.tp}" if layout.tp > 1 else ""
+    engine_tp = ' --engine-arg tensor_parallel_size="$TP"' if layout.tp > 1 else ""
     engine_text = " --engine-arg language_model_only=true" if text_only else ""
     return f"""# shellcheck shell=bash disable=SC2034  # every variable here is read by the script sourcing it
 # {name}: every stage's flags, written by `eagle3-recipe new` from the plan in plan.txt beside it
@@ -158,7 +160,7 @@ PLAN_ARGS=(--storage-dtype "$STORAGE_DTYPE" --tensor-parallel-size "$TP" --gpus 
   --gpu-memory-gib "$GPU_MEMORY_GIB" --max-model-len $((MAX_LENGTH + 1)))
 
 # ---- regenerate: `vllm serve`, NGPU / TP engines of TP GPUs behind one endpoint ----
-SERVE_ARGS=(--data-parallel-size $((NGPU / TP)) --tensor-parallel-size "$TP" "${{TRUST[@]}}" {" ".join(text_only)}
+SERVE_ARGS=({replicas}--tensor-parallel-size "$TP" "${{TRUST[@]}}" {" ".join(text_only)}
   {" ".join(parsers)} --max-model-len "$CONTEXT" --gpu-memory-utilization 0.9)
 REGENERATE_ARGS=({sampling} --seed 0{thinking}
   --concurrency {concurrency} --limit "$SAMPLES" --sample-seed 0)
