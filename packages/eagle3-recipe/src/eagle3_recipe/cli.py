@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(plan.to_json(), indent=2) + "\n", encoding="utf-8")
     if args.command == "new":
-        print(
-            f"\nwrote {out}: run it with  MODEL={args.target} DATA=... HELDOUT=... bash {out}/pipeline.sh"
-        )
+        script = f"bash recipes/{out.name}/pipeline.sh"
+        if args.gpu != "cpu":
+            script = f"MODEL={args.target} DATA=chats.jsonl HELDOUT=heldout.jsonl {script}"
+        print(f"\nwrote {out}; from the repository root, run:\n  {script}")
     return 0
