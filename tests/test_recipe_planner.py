@@ -472,3 +472,46 @@ def test_an_embedded_target_presented_as_my_model(
     }
     assert generated["target.path"] == "recipes/my-model/target"
     assert "max_length=512\ndraft_vocab=2048\n" in (folder / "flags.sh").read_text()
+
+
+DOC = ROOT / "docs" / "your-own-model.md"
+DOC_ROWS = {
+    "H200": "h200",
+    "B200": "b200",
+    "B300": "b300",
+    "RTX PRO 6000 Blackwell": "rtx-pro-6000",
+}
+
+
+def test_the_docs_kimi_table_is_the_planners_output(tmp_path: Path) -> None:
+    """docs/your-own-model.md's table, row by row, against the plan it was copied from."""
+    rows = {
+        cells[0]: cells
+        for line in DOC.read_text().splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    for label, gpu in DOC_ROWS.items():
+        plan = plan_for("Kimi-K2.5", tmp_path, gpu=gpu)
+        layout, hours = plan.value("extraction"), plan.value("hours")
+        expected = [
+            label,
+            f"{plan.gpu.memory_gib:g}",
+            plan.gpu.compute_capability.split(" ")[0],
+            f"{plan.value('max_length'):,}",
+            plan.value("zero").removeprefix("zero"),
+            f"TP {layout.tp}, {layout.workers} worker"
+            + ("s" if layout.workers > 1 else "")
+            + ("" if plan.gpu.nvlink else " (PCIe, no NVLink)"),
+            f"{layout.per_gpu_weights / 1e9:.1f} GB",
+            rows[label][7],  # checked below: the GB left, then the KV tokens
+            f"{plan.totals['train_gpu_bytes_per_rank'] / 1e9:.1f} GB",
+            " / ".join(f"{hours[s]:.1f}" for s in ("regenerate", "extract", "train")),
+        ]
+        assert rows[label] == expected, label
+        kv = layout.kv_tokens
+        tokens = f"~{kv / 1e6:.1f}M" if kv >= 1e6 else f"~{round(kv / 1e3)}K"
+        assert rows[label][7] == f"{layout.room / 1e9:.1f} GB ({tokens} tokens)"
+    h100 = rows["H100"][5]
+    assert "does not fit" in h100 and "≥ 88 GiB" in h100
+    with pytest.raises(PlanError, match=r"GPUs of >= 88 GiB"):
+        plan_for("Kimi-K2.5", tmp_path, gpu="h100")
