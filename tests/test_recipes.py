@@ -1,4 +1,6 @@
-"""The 8B recipes (recipes/llama-3.1-8b, recipes/qwen3-8b) pass every stage's preflight on CPU.
+"""The 8B recipes (recipes/llama-3.1-8b, recipes/qwen3-8b), and the recipes `eagle3-recipe new`
+writes for other public targets (a tied Llama, Mistral, Qwen2.5, Qwen3-MoE), pass every stage's
+preflight on CPU; every flags.sh array of the committed GPU recipes is the planner's output.
 
 Each recipe is a GPU-node pipeline. What can stop it before or between its GPU stages is checked
 here, in seconds, on a scaled-down stand-in of the same architecture built at test time
