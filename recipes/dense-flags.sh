@@ -7,6 +7,9 @@
 
 # ---- knobs (environment): sizes and device counts only ----
 NGPU="${NGPU:-8}"                          # GPUs of the node (CUDA_VISIBLE_DEVICES 0..NGPU-1)
+# train.yaml's lrs are set for PLANNED_GPUS x max_tokens_per_batch x gradient_accumulation_steps
+# tokens per step: pipeline.sh keeps that step on NGPU GPUs by accumulation, or refuses.
+PLANNED_GPUS=8
 STORAGE_DTYPE="${STORAGE_DTYPE:-bfloat16}" # fp8_e4m3 halves the disk (RESOURCES.md)
 CPU_WORKERS="${CPU_WORKERS:-16}"           # tokenizer processes
 PROMPTS="${PROMPTS:-128}"                  # held-out prompts for the vLLM acceptance measurement

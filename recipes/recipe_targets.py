@@ -7,6 +7,8 @@ module is the one reader of those facts, used by:
 - the recipe's ``pipeline.sh``, before any GPU work:
       python recipes/recipe_targets.py check RECIPE_DIR MODEL_DIR   # is MODEL the recipe's target?
       python recipes/recipe_targets.py aux-ids RECIPE_DIR           # train.yaml's ids, for extract
+      python recipes/recipe_targets.py accumulation RECIPE_DIR PLANNED_GPUS NGPU
+                                        # micro-batches per step that keep train.yaml's lrs valid
 - ``tests/test_recipes.py`` and ``tests/test_kimi_recipe.py``, which run every stage's preflight
   with the recipe's own flags on a scaled-down stand-in (tests/support/recipe_standins.py).
 """
@@ -58,6 +60,30 @@ def recipe_aux_layer_ids(recipe_dir: Path) -> list[int]:
     return list(train_config(recipe_dir)["draft"]["aux_layer_ids"])
 
 
+def accumulation_steps(recipe_dir: Path, planned_gpus: int, ngpu: int) -> int:
+    """Gradient accumulation on ``ngpu`` GPUs that keeps train.yaml's tokens per optimizer step.
+
+    train.yaml's lrs are set for ``planned_gpus`` x ``max_tokens_per_batch`` x
+    ``gradient_accumulation_steps`` tokens per step (README "How good": the lr moves with the
+    tokens per step). Another GPU count keeps that step by accumulating more (or fewer)
+    micro-batches; a count that cannot keep it whole is refused, naming the change.
+    """
+    config = train_config(recipe_dir)
+    accumulation = int(config["train"].get("gradient_accumulation_steps", 1))
+    batch = int(config["data"]["max_tokens_per_batch"])
+    passes = planned_gpus * accumulation  # micro-batches per step, over all GPUs
+    if ngpu < 1 or passes % ngpu:
+        tokens = passes * batch
+        divisors = [n for n in range(1, passes + 1) if passes % n == 0]
+        raise RecipeError(
+            f"NGPU={ngpu}: {Path(recipe_dir) / TRAIN_FILE}'s lrs are set for {tokens:,} tokens per "
+            f"step ({planned_gpus} GPUs x {batch:,} x {accumulation}), which {ngpu} GPU(s) cannot "
+            f"make from whole {batch:,}-token micro-batches. Use NGPU in {divisors}, or plan the "
+            f"recipe for {ngpu} GPUs: eagle3-recipe new --target MODEL --gpus {ngpu} --gpu KIND"
+        )
+    return passes // ngpu
+
+
 def check_target(recipe_dir: Path, model_dir: Path) -> list[str]:
     """Where ``model_dir/config.json`` differs from the recipe's facts (empty: it is the target)."""
     config_path = Path(model_dir) / "config.json"
@@ -96,7 +122,10 @@ def parameter_count(facts: dict[str, Any]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: recipe_targets.py check RECIPE_DIR MODEL_DIR | aux-ids RECIPE_DIR"
+    usage = (
+        "usage: recipe_targets.py check RECIPE_DIR MODEL_DIR | aux-ids RECIPE_DIR"
+        " | accumulation RECIPE_DIR PLANNED_GPUS NGPU"
+    )
     if len(argv) == 3 and argv[0] == "check":
         problems = check_target(Path(argv[1]), Path(argv[2]))
         for problem in problems:
@@ -104,6 +133,13 @@ def main(argv: list[str]) -> int:
         return 1 if problems else 0
     if len(argv) == 2 and argv[0] == "aux-ids":
         print(",".join(str(i) for i in recipe_aux_layer_ids(Path(argv[1]))))
+        return 0
+    if len(argv) == 4 and argv[0] == "accumulation":
+        try:
+            print(accumulation_steps(Path(argv[1]), int(argv[2]), int(argv[3])))
+        except (RecipeError, ValueError) as exc:
+            print(f"recipe_targets accumulation: {exc}", file=sys.stderr)
+            return 2
         return 0
     print(usage, file=sys.stderr)
     return 2

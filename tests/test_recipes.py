@@ -1,4 +1,6 @@
-"""The 8B recipes (recipes/llama-3.1-8b, recipes/qwen3-8b) pass every stage's preflight on CPU.
+"""The 8B recipes (recipes/llama-3.1-8b, recipes/qwen3-8b), and the recipes `eagle3-recipe new`
+writes for other public targets (a tied Llama, Mistral, Qwen2.5, Qwen3-MoE), pass every stage's
+preflight on CPU; every flags.sh array of the committed GPU recipes is the planner's output.
 
 Each recipe is a GPU-node pipeline. What can stop it before or between its GPU stages is checked
 here, in seconds, on a scaled-down stand-in of the same architecture built at test time
@@ -37,8 +39,9 @@ from safetensors.torch import load_file
 from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_extract.config import default_aux_layer_ids
+from eagle3_recipe.cli import main as recipe_main
 
-from support import recipe_standins, recipes
+from support import public_standins, public_targets, recipe_standins, recipes
 from support.recipes import recipe_targets
 from support.stage_cli import Outcome, run_cli, run_train_cli
 
@@ -123,9 +126,14 @@ class StagesRun:
     outcomes: dict[str, Outcome]
 
 
-def run_stages(recipe: str, work: Path) -> StagesRun:
-    flags = stage_flags(recipe)
-    standin = recipe_standins.build_standin(recipe_dir(recipe), work / "target")
+def run_stages(
+    recipe: str, work: Path, folder: Path | None = None, standin: Path | None = None
+) -> StagesRun:
+    """Every stage of the recipe at ``folder`` (default recipes/RECIPE) on a stand-in (default:
+    built from the folder's target_config.json)."""
+    folder = folder or recipe_dir(recipe)
+    flags = recipes.stage_flags(folder, CPU_KNOBS, FLAG_ARRAYS)
+    standin = standin or recipe_standins.build_standin(folder, work / "target")
     layers = json.loads((standin / "config.json").read_text())["num_hidden_layers"]
     aux = recipes.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
     raw = work / "chat.jsonl"
@@ -158,7 +166,7 @@ def run_stages(recipe: str, work: Path) -> StagesRun:
     outcomes["train preflight"] = run_train_cli(
         [
             "--config",
-            str(recipe_dir(recipe) / "train.yaml"),
+            str(folder / "train.yaml"),
             "--preflight",
             "--output-dir",
             str(work / "train"),
@@ -371,3 +379,92 @@ def test_the_kimi_sheet_counts_what_tensor_parallelism_leaves_whole_from_the_con
     trainable = re.search(r"= \*\*([\d,.]+M)\*\*", sheet.split("## Training memory")[1])
     assert trainable and f"{trainable.group(1)} trainable" in (folder / "flags.sh").read_text()
     assert "not built yet" not in sheet
+
+
+# ---- recipes the planner writes for other public targets ---------------------------------------
+
+# One per family beyond the committed recipes' (tied Llama, Mistral, Qwen2.5, Qwen3-MoE); the MLA
+# families' recipe (Kimi-K2.5, the planner's output) runs on its stand-in in test_kimi_recipe.py.
+GENERATED = [
+    "Llama-3.2-1B-Instruct",
+    "Mistral-7B-Instruct-v0.3",
+    "Qwen2.5-7B-Instruct",
+    "Qwen3-30B-A3B",
+]
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_a_generated_recipe_passes_every_stages_preflight(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`eagle3-recipe new` on the public config (no weights), then the stages with the written
+    flags.sh and train.yaml on a stand-in built from the same facts, as for the committed ones."""
+    repo = tmp_path / "repo"
+    (repo / "recipes" / "llama-3.1-8b").mkdir(parents=True)
+    (repo / "recipes" / "llama-3.1-8b" / "pipeline.sh").write_text("#!/usr/bin/env bash\n")
+    facts = public_targets.model_dir(name, tmp_path / "facts")
+    monkeypatch.chdir(repo)
+    assert recipe_main(["new", "--target", str(facts), "--gpu", "h100", "--name", "mine"]) == 0
+    standin = public_standins.build(public_targets.facts(name)["config"], tmp_path / "standin")
+    (tmp_path / "work").mkdir()
+    run = run_stages("mine", tmp_path / "work", repo / "recipes" / "mine", standin)
+    for stage in (
+        "ingest",
+        "tokenize",
+        "vocab",
+        "extract preflight",
+        "extract run",
+        "train preflight",
+    ):
+        _passed(run, stage)
+
+
+# The committed GPU recipes, each with the public target it is for and the node it is planned on.
+PLANNED = {
+    "llama-3.1-8b": ("Llama-3.1-8B-Instruct", "h100", "meta-llama/Llama-3.1-8B-Instruct"),
+    "qwen3-8b": ("Qwen3-8B", "h100", "Qwen/Qwen3-8B"),
+    "kimi-k2.5": ("Kimi-K2.5", "h200", "moonshotai/Kimi-K2.5"),
+}
+EVERY_ARRAY = (
+    *FLAG_ARRAYS,
+    "PLAN_ARGS",
+    "SERVE_ARGS",
+    "REGENERATE_ARGS",
+    "EXTRACT_WORKERS",
+    "VERIFY_ARGS",
+    "TRAIN_CONFIG",
+    "PLANNED_GPUS",
+)
+
+
+def _options(args: list[str]) -> list[tuple[str, str | None]]:
+    """Option/value pairs, in no order (vLLM's and the stages' parsers take them in any)."""
+    pairs, i = [], 0
+    while i < len(args):
+        value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+        pairs.append((args[i], value))
+        i += 2 if value is not None else 1
+    return sorted(pairs, key=str)
+
+
+@pytest.mark.parametrize("ngpu", ["8", "4"])
+@pytest.mark.parametrize("recipe", PLANNED)
+def test_the_planners_flags_are_the_committed_recipes(
+    recipe: str, ngpu: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every array of flags.sh, as bash expands it, from `eagle3-recipe new` on the recipe's
+    target and node equals the committed recipe's (at its GPU count and at another)."""
+    name, gpu, hub = PLANNED[recipe]
+    repo = tmp_path / "repo"
+    (repo / "recipes" / "llama-3.1-8b").mkdir(parents=True)
+    (repo / "recipes" / "llama-3.1-8b" / "pipeline.sh").write_text("#!/usr/bin/env bash\n")
+    facts = public_targets.model_dir(name, tmp_path / "facts")
+    monkeypatch.chdir(repo)
+    argv = ["new", "--target", str(facts), "--gpu", gpu, "--name", "planned", "--hub-id", hub]
+    assert recipe_main(argv) == 0
+    knobs = {"NGPU": ngpu}
+    committed = recipes.stage_flags(recipe_dir(recipe), knobs, EVERY_ARRAY)
+    planned = recipes.stage_flags(repo / "recipes" / "planned", knobs, EVERY_ARRAY)
+    planned["TRAIN_CONFIG"] = [f"recipes/{recipe}/train.yaml"]  # the one name that differs
+    for array in EVERY_ARRAY:
+        assert _options(planned[array]) == _options(committed[array]), array

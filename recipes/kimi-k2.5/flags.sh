@@ -15,6 +15,9 @@ HUB_ID=moonshotai/Kimi-K2.5  # what `huggingface-cli download` fetches into $MOD
 
 # ---- knobs (environment): sizes and device counts only ----
 NGPU="${NGPU:-8}"                          # GPUs of the node, all serving one TP engine
+# train.yaml's lrs are set for PLANNED_GPUS x max_tokens_per_batch x gradient_accumulation_steps
+# tokens per step: pipeline.sh keeps that step on NGPU GPUs by accumulation, or refuses.
+PLANNED_GPUS=8
 SAMPLES="${SAMPLES:-20000}"                # conversations regenerated and trained on (seeded draw)
 # Tokens kept per sample (longer ones keep their prefix). 32,768: one sample of it trains in
 # ~75 GB of an H200 under ZeRO-2 (~67K would fill it), measured per token: RESOURCES.md "Long samples".

@@ -8,7 +8,9 @@
 # Why one GPU node and tensor parallel 1: the target is 8.03e9 parameters, 16.1 GB in bf16, so
 # every stage fits one 80 GB GPU with room for its KV cache (RESOURCES.md). Tensor parallelism
 # would only add an all-reduce per layer; the node's GPUs are used data-parallel instead. NGPU=1
-# runs the same recipe on a single GPU, about NGPU times slower.
+# runs the same recipe on a single GPU, about 8 times slower: pipeline.sh accumulates 8
+# micro-batches per step there, so a step keeps train.yaml's 65,536 tokens and its lrs hold
+# (an NGPU that cannot keep it, e.g. 3 or 16, is refused, naming the change).
 RECIPE_NAME=llama-3.1-8b
 HUB_ID=meta-llama/Llama-3.1-8B-Instruct  # what `huggingface-cli download` fetches into $MODEL
 

@@ -48,7 +48,10 @@ bin="$(uv run --frozen --no-sync python -c 'import os, sys; print(os.path.dirnam
 # MODEL must be the recipe's target: its layer count fixes the aux layer ids, its sizes the sheet.
 "$bin/python" recipes/recipe_targets.py check "$recipe" "$MODEL"
 aux="$("$bin/python" recipes/recipe_targets.py aux-ids "$recipe")"  # train.yaml's, e.g. 2,16,29
-echo "target $MODEL matches $recipe/target_config.json; aux layer ids $aux; $NGPU GPU(s)"
+# train.yaml's lrs hold for its tokens per step: on NGPU GPUs accumulation keeps it, or this stops.
+accumulation="$("$bin/python" recipes/recipe_targets.py accumulation "$recipe" "$PLANNED_GPUS" "$NGPU")"
+echo "target $MODEL matches $recipe/target_config.json; aux layer ids $aux; $NGPU GPU(s)," \
+  "$accumulation micro-batch(es) per step"
 
 step "plan: disk for the hidden states, GPU memory and parallelism, from the target's config"
 # SAMPLES x MAX_LENGTH bounds the tokens from above (samples are cut at MAX_LENGTH): a bound
@@ -151,7 +154,7 @@ step "train: the draft (accelerate launch ${ACCELERATE_ARGS[*]})"
 [ -d "$out/train/draft" ] || "$bin/accelerate" launch "${ACCELERATE_ARGS[@]}" -m eagle3_train \
   --config "$TRAIN_CONFIG" --output-dir "$out/train" --set target.path="$MODEL" \
   --set data.hidden_states="$out/hidden_states" --set data.vocab_map="$out/vocab_map.safetensors" \
-  ${MAX_STEPS:+--max-steps "$MAX_STEPS"}
+  --set train.gradient_accumulation_steps="$accumulation" ${MAX_STEPS:+--max-steps "$MAX_STEPS"}
 
 step "eval: vLLM speculative decoding on held-out prompts (and the target alone, for the speedup)"
 [ -d "$out/eval-vllm" ] || "$bin/eagle3-eval" vllm --draft "$out/train/draft" --target "$MODEL" \

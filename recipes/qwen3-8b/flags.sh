@@ -8,7 +8,9 @@
 # Why one GPU node and tensor parallel 1: the target is 8.19e9 parameters, 16.4 GB in bf16, so
 # every stage fits one 80 GB GPU with room for its KV cache (RESOURCES.md). Tensor parallelism
 # would only add an all-reduce per layer; the node's GPUs are used data-parallel instead. NGPU=1
-# runs the same recipe on a single GPU, about NGPU times slower.
+# runs the same recipe on a single GPU, about 8 times slower: pipeline.sh accumulates 8
+# micro-batches per step there, so a step keeps train.yaml's 65,536 tokens and its lrs hold
+# (an NGPU that cannot keep it, e.g. 3 or 16, is refused, naming the change).
 RECIPE_NAME=qwen3-8b
 HUB_ID=Qwen/Qwen3-8B  # what `huggingface-cli download` fetches into $MODEL
 
@@ -21,7 +23,8 @@ CONTEXT=40960                              # the model's own context, for `vllm 
 # trains each generation event's completion ids (<think> block, tool calls and <|im_end|>) after
 # the prompt as served. Thinking is Qwen3's default mode (enable_thinking=true) and what its
 # users mostly serve; 1 row in 4 is regenerated in non-thinking mode, the documented switch
-# (--thinking-fraction 0.75, the same prior as the Kimi recipe: issue 43 measures it).
+# (--thinking-fraction 0.75: the mix measured on the agent target, as the Kimi recipe's flags.sh
+# shows).
 # Qwen's recommended thinking sampling (temperature 0.6, top-p 0.95; greedy decoding makes
 # thinking loop). --max-tokens 6144: Qwen3's thinking answers on chat data mostly end well within
 # it, and 6,144 + a 2,048-token prompt is MAX_LENGTH; an answer cut there is rejected and counted.

@@ -1,0 +1,5 @@
+import sys
+
+from eagle3_recipe.cli import main
+
+sys.exit(main())
