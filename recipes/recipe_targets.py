@@ -64,8 +64,8 @@ def accumulation_steps(recipe_dir: Path, planned_gpus: int, ngpu: int) -> int:
     """Gradient accumulation on ``ngpu`` GPUs that keeps train.yaml's tokens per optimizer step.
 
     train.yaml's lrs are set for ``planned_gpus`` x ``max_tokens_per_batch`` x
-    ``gradient_accumulation_steps`` tokens per step (README "How good": the lr moves with the
-    tokens per step). Another GPU count keeps that step by accumulating more (or fewer)
+    ``gradient_accumulation_steps`` tokens per step (docs/benchmarks/lr-width.md: the lr moves
+    with the tokens per step). Another GPU count keeps that step by accumulating more (or fewer)
     micro-batches; a count that cannot keep it whole is refused, naming the change.
     """
     config = train_config(recipe_dir)

@@ -125,7 +125,7 @@ def test_lrs_from_width_and_tokens_per_step(
 ) -> None:
     decision = rules.learning_rates(hidden, tokens, gpu_kind(gpu))
     assert decision.value == {"adamw": adamw, "muon": muon}
-    assert "Muon's lr by width and the tokens per step" in decision.reason
+    assert "docs/benchmarks/lr-width.md" in decision.reason
     if hidden < 256:
         assert "reproducible" in decision.reason and "1e-2" in decision.reason
 

@@ -41,8 +41,8 @@ PLAN_ARGS=(--storage-dtype "$STORAGE_DTYPE" --tensor-parallel-size "$NGPU" --gpu
 # chat_template_kwargs thinking=false, and vLLM's kimi_k2 reasoning parser reads
 # `thinking = chat_kwargs.get("thinking", True)`), and its users run it as an agent. So 3 rows in 4
 # are regenerated in thinking mode (--thinking-fraction 0.75, drawn per row by a seeded hash of
-# its id) and 1 in 4 in instant mode. Measured on the agent target (recipes/tiny-agent, README
-# "The agent target"; tools/bench/bench_traffic_mix.sh, vLLM, k = 3, greedy, 150 steps, means of
+# its id) and 1 in 4 in instant mode. Measured on the agent target (recipes/tiny-agent,
+# docs/benchmarks/traffic-mix.md; tools/bench/bench_traffic_mix.sh, vLLM, k = 3, greedy, 150 steps, means of
 # seeds 0-2, AL on instant / thinking / agent traffic):
 #   (a) instant rows only        3.158 / 1.180 / 1.099
 #   (b) thinking + agent only    1.073 / 2.898 / 2.607

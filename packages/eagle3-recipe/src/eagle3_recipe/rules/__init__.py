@@ -3,8 +3,7 @@ reason: a rule measured in this repository (cited by file and section) or the ar
 
 Rules that are not measured say so. Two anchors carry the measured lr rules:
 - GPU: the 8B recipes' settings at hidden 4096 and 65,536 tokens per step (EAGLE-3's AdamW lr,
-  Muon's from the tiny sweep by width; README "How good", "Muon's lr by width and the tokens per
-  step");
+  Muon's from the tiny sweep by width; docs/benchmarks/lr-width.md);
 - CPU: the tiny recipes' settings, measured at hidden 256 and 2,048 tokens per step.
 
 One module per concern: ``draft``, ``regeneration``, ``training``, ``extraction``, ``storage``,

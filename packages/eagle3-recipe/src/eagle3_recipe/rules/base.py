@@ -6,11 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-HOW_GOOD = 'README.md "How good"'
-LR_RULE = 'README.md "How good", "Muon\'s lr by width and the tokens per step"'
-LONG_SAMPLES = 'README.md "Long samples"'
+HOW_GOOD = "docs/benchmarks/vs-speculators.md"
+LR_RULE = "docs/benchmarks/lr-width.md"
+LONG_SAMPLES = 'docs/training.md "Long samples"'
 TRAFFIC_MIX = (
-    'recipes/kimi-k2.5/flags.sh (tools/bench/bench_traffic_mix.sh, README "The agent target")'
+    "recipes/kimi-k2.5/flags.sh (tools/bench/bench_traffic_mix.sh, docs/benchmarks/traffic-mix.md)"
 )
 FP8_MEASURED = 'recipes/kimi-k2.5/RESOURCES.md "Disk"'
 TIGHT_SHARE = 0.10  # eagle3_extract/sizing.py: less left after the weights is "tight"

@@ -10,7 +10,7 @@ from eagle3_recipe.target import Target
 
 # ---- hours ----------------------------------------------------------------------------------
 
-# H200 measured (README "Benchmarks and the GPU check"): 76,657 tokens/s at the 8B draft shape
+# H200 measured (docs/benchmarks/gpu-throughput.md): 76,657 tokens/s at the 8B draft shape
 # (~425M trainable), 34,030 at Kimi's (1,059M): tokens/s x trainable params ~ 3.4e13 on 989 TFLOP/s.
 TRAIN_RATE_PRODUCT = 3.4e13
 DECODE_SHARE, PREFILL_SHARE = 0.05, 0.10  # assumptions, not measured here

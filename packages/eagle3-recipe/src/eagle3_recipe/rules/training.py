@@ -21,7 +21,7 @@ from eagle3_recipe.target import PlanError
 # ---- memory ---------------------------------------------------------------------------------
 
 # Bytes of training activations per token of the packed sample at hidden 4096 (3 TTT steps,
-# bf16): README "Long samples" (1.1 MB by arithmetic, an upper bound; 0.78 MB measured on H200).
+# bf16): docs/training.md "Long samples" (1.1 MB by arithmetic, an upper bound; 0.78 MB measured on H200).
 ACTIVATION_BYTES_4096 = 1.1e6
 
 
@@ -118,7 +118,7 @@ def tokens_per_batch(length: int, gpu: Gpu, largest: int) -> Decision:
         size,
         f"{size:,} = max(MAX_LENGTH, 8,192 where it fits: {largest:,}): one packed sequence per "
         "GPU per micro-batch; a longest sample trains whole, and no fewer tokens than the H200 "
-        'bench\'s step where memory allows (README "Benchmarks and the GPU check")',
+        "bench's step where memory allows (docs/benchmarks/gpu-throughput.md)",
     )
 
 
