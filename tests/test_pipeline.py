@@ -20,6 +20,10 @@ embedded target, and this tier checks each hand-off and the quality gate.
   the corpus answers as written it read 1.48 against 3.24).
 - A benchmark file in MT-Bench's format, three categories of two two-turn questions made here from
   the corpus's held-out rows (`BENCH`), is measured by vLLM per category, printed and stored.
+- A full-vocabulary draft (the target's 4,096 tokens, speculators' default and the public
+  Kimi-K2.5 drafts' choice) trained on the same states stores no `d2t` (vLLM creates the
+  parameter only for a pruned vocabulary and refuses to load one otherwise), is served by vLLM
+  losslessly, and vLLM's acceptance equals the transformers reference loop's, prompt by prompt.
 - The gate's negative cases: the same dataset with its aux states paired one position late
   (checksums recomputed, so only recomputation can tell) or with a post-norm last state is
   stopped by `eagle3-extract verify`, the check the recipe runs before training.
@@ -36,8 +40,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from safetensors.numpy import load_file
 
+from eagle3_data.cli import main as data_main
+from eagle3_eval.cli import main as eval_main
+from eagle3_eval.report import read_report
 from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import read_header
 from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
@@ -45,7 +53,7 @@ from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
 from support.edits import map_hidden_state_rows
 from support.failures import failure_report
 from support.mt_bench import MT_BENCH_SOURCES, write_mt_bench
-from support.stage_cli import Outcome, run_cli
+from support.stage_cli import Outcome, run_cli, run_train_cli
 
 # The first test also runs the whole pipeline (~7 min on 2 idle cores): room for a busy machine.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -204,6 +212,78 @@ def test_each_hand_off_is_the_artifact_the_next_stage_consumed(run: tuple[Path, 
     assert measured["target_fingerprint"] == fingerprint_model_dir(TARGET)
     verified = json.loads((out / "hidden_states.verify.json").read_text())
     assert verified["ok"] and len(verified["samples_recomputed"]) == 16
+
+
+def test_a_full_vocabulary_draft_is_served_by_vllm_as_the_reference_loop_measures_it(
+    run: tuple[Path, str, str], tmp_path: Path, vllm_python: str
+) -> None:
+    out = run[0]
+    target_vocab = json.loads((TARGET / "config.json").read_text())["vocab_size"]
+    vocab = tmp_path / "vocab_full.safetensors"
+    argv = ["vocab", str(out / "train.tokenized.parquet"), "--out", str(vocab)]
+    made = run_cli(data_main, [*argv, "--draft-vocab-size", str(target_vocab)])
+    assert made.code == 0, made.log
+    argv = [
+        "--config",
+        str(ROOT / "recipes" / "tiny" / "train.yaml"),
+        "--output-dir",
+        str(tmp_path),
+    ]
+    argv += ["--set", f"data.hidden_states={out / 'hidden_states'}"]
+    argv += ["--set", f"data.vocab_map={vocab}", "--set", "train.save_every=0"]
+    trained = run_train_cli([*argv, "--max-steps", "150", "--set", "train.epochs=150"])
+    assert trained.code == 0, trained.log[-4000:]
+    assert "full vocabulary (V_draft = V_target = 4096): the export stores no d2t" in trained.log
+    draft = tmp_path / "draft"
+    stored = load_file(str(draft / "model.safetensors"))
+    assert "d2t" not in stored and "t2d" not in stored
+    assert stored["lm_head.weight"].shape[0] == target_vocab
+    assert read_header(draft).schema_version == 3
+    assert read_header(draft).lineage["vocab_map_fingerprint"] == fingerprint_artifact(vocab)
+
+    common = [
+        "--draft",
+        f"full={draft}",
+        "--target",
+        str(TARGET),
+        "--prompts",
+        str(out / "corpus.jsonl"),
+    ]
+    common += ["--split", "none", "--heldout-sources", str(TARGET / "build_info.json")]
+    common += ["--limit", str(PROMPTS), "--max-new-tokens", "128"]
+    common += ["--no-baseline", "--no-card", "--no-figure"]
+    served = ["vllm", *common, "--vllm-python", vllm_python, "--concurrency", str(PROMPTS)]
+    assert eval_main([*served, "--out", str(tmp_path / "vllm")]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert (
+            eval_main(["reference", *common, "--threads", "1", "--out", str(tmp_path / "ref")]) == 0
+        )
+    finally:
+        torch.set_num_threads(threads)
+    vllm, reference = read_report(tmp_path / "vllm"), read_report(tmp_path / "ref")
+
+    # Lossless: greedy outputs with this draft equal those with the pipeline's draft, which
+    # equal the target's alone (test_greedy_outputs_with_the_draft_equal_the_target_alone).
+    pipeline = {
+        r["sample_id"]: r for r in pq.read_table(out / "eval-vllm" / "samples.parquet").to_pylist()
+    }
+    v_rows = {r["sample_id"]: r for r in vllm.samples.to_pylist()}
+    r_rows = {r["sample_id"]: r for r in reference.samples.to_pylist()}
+    assert v_rows.keys() == r_rows.keys() == pipeline.keys() and len(v_rows) == PROMPTS
+    for sid, row in v_rows.items():
+        assert row["output_token_ids"] == pipeline[sid]["output_token_ids"], sid
+        assert row["output_token_ids"] == r_rows[sid]["output_token_ids"], sid
+        counted = (row["accepted_per_position"], row["num_drafts"])
+        assert counted == (r_rows[sid]["accepted_per_position"], r_rows[sid]["num_drafts"]), sid
+    measured = vllm.fields["acceptance_length"]
+    assert measured == pytest.approx(reference.fields["acceptance_length"], rel=1e-12)
+    assert measured >= GATE, vllm.fields["per_position_acceptance"]
+    print(
+        f"full-vocabulary draft: vLLM AL {measured:.3f} (per position "
+        f"{vllm.fields['per_position_acceptance']}), the pipeline's pruned draft "
+        f"{_report(out)['acceptance_length']:.3f}"
+    )
 
 
 def _verify(dataset: Path, out: Path) -> Outcome:
