@@ -29,3 +29,36 @@ def test_content_part_whose_text_is_not_text(tmp_path: Path) -> None:
     [reject] = _ingest(tmp_path, raw)
     assert reject["source"] == "raw.jsonl:1"
     assert reject["reason"].startswith("unknown_format: turn 0: field content:")
+
+
+def test_lone_surrogate_escape_in_jsonl_and_json_array(tmp_path: Path) -> None:
+    """json reads "\\ud800" as a str no UTF-8 file can hold: the Parquet and rejects writers
+    raised UnicodeEncodeError. Refused before either, naming the field."""
+    line = '{"messages": [{"role": "user", "content": "a\\ud800"}, {"role": "assistant", "content": "b"}]}'
+    paired = '{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}, {"role": "assistant", "content": "b"}]}'
+    jsonl, array = tmp_path / "raw.jsonl", tmp_path / "raw.json"
+    jsonl.write_text(line + "\n" + paired + "\n")
+    array.write_text(f"[{line}, {paired}]")
+    for raw, source in ((jsonl, "raw.jsonl:1"), (array, "raw.json:0")):
+        [reject] = _ingest(tmp_path / raw.suffix[1:], raw)  # the emoji pair is written
+        assert reject["source"] == source
+        assert reject["reason"].startswith("non_utf8: field messages[0].content:")
+        assert reject["record"] == line  # kept as the source's text, escape and all
+
+
+def test_json_nested_deeper_than_the_reader(tmp_path: Path) -> None:
+    """A line of 100,000 '[' raised RecursionError out of json.loads."""
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("[" * 100_000 + "\n")
+    [reject] = _ingest(tmp_path, raw)
+    assert reject["source"] == "raw.jsonl:1"
+    assert reject["reason"].startswith("bad_json: nested deeper")
+
+
+def test_integer_longer_than_the_digit_limit(tmp_path: Path) -> None:
+    """json.loads raises a plain ValueError (not JSONDecodeError) past 4300 digits."""
+    for name, text in (("raw.jsonl", '{"messages": %s}\n'), ("raw.json", '[{"messages": %s}]')):
+        raw = tmp_path / name
+        raw.write_text(text % ("1" * 5000))
+        [reject] = _ingest(tmp_path / raw.suffix[1:], raw)
+        assert reject["reason"].startswith("bad_json: Exceeds the limit (4300 digits)"), reject

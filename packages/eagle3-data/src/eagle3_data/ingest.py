@@ -355,11 +355,11 @@ def _jsonl_records(path: Path) -> Iterator[RawRecord]:
                 )
                 continue
             try:
-                yield RawRecord(source, value=json.loads(text))
-            except json.JSONDecodeError as e:
-                yield RawRecord(
-                    source, raw=text.rstrip("\n"), error=f"bad_json: {e.msg} at column {e.colno}"
-                )
+                value = json.loads(text)
+            except (ValueError, RecursionError) as e:
+                yield RawRecord(source, raw=text.rstrip("\n"), error=f"bad_json: {_json_error(e)}")
+                continue
+            yield _unstorable(source, value, text.rstrip("\n"))
 
 
 def _json_array_records(path: Path) -> Iterator[RawRecord]:
@@ -404,19 +404,64 @@ def _json_array_records(path: Path) -> Iterator[RawRecord]:
                     break
                 try:
                     value, end = decoder.raw_decode(buffer, pos)
-                except json.JSONDecodeError as e:
+                except (ValueError, RecursionError) as e:
                     if eof:
                         yield RawRecord(
                             f"{path.name}:{index}",
                             raw=buffer[pos : pos + 10_000],
-                            error=f"bad_json: {e.msg} in record {index}; the rest of the file is unreadable",
+                            error=f"bad_json: {_json_error(e)} in record {index}; the rest of the file is unreadable",
                         )
                         return
                     break  # incomplete: read more
-                yield RawRecord(f"{path.name}:{index}", value=value)
+                yield _unstorable(f"{path.name}:{index}", value, buffer[pos:end])
                 index, pos = index + 1, end
             if eof:
                 return
+
+
+def _json_error(e: ValueError | RecursionError) -> str:
+    """What json could not read: its message, or the limit the value passed."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at column {e.colno}"
+    if isinstance(e, RecursionError):
+        return "nested deeper than the JSON reader's limit"
+    return str(e).split(";")[0]  # an integer longer than Python's digit limit
+
+
+def _unstorable(source: str, value: Any, raw: str) -> RawRecord:
+    """The parsed record, or its refusal when a string in it holds a lone surrogate (a JSON
+    escape such as \\ud800 with no pair): no UTF-8 file, the output or the rejects, can store
+    it. Only text with a \\ud escape is searched."""
+    if "\\ud" in raw.lower():
+        where = _surrogate_at(value, "")
+        if where is not None:
+            return RawRecord(
+                source,
+                raw=raw,
+                error=f"non_utf8: field {where or 'record'}: a \\ud800-\\udfff escape without its pair (a lone surrogate) is not text",
+            )
+    return RawRecord(source, value=value)
+
+
+def _surrogate_at(value: Any, where: str) -> str | None:
+    """The path of the first string (key or value) in ``value`` that UTF-8 cannot encode."""
+    items: Any = ()
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+    elif isinstance(value, dict):
+        items = ((f"{where}.{k}" if where else str(k), k, v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", None, v) for i, v in enumerate(value))
+    for path, key, child in items:
+        if key is not None and _surrogate_at(key, path) is not None:
+            return path
+        found = _surrogate_at(child, path)
+        if found is not None:
+            return found
+    return None
 
 
 def _parquet_records(path: Path) -> Iterator[RawRecord]:
