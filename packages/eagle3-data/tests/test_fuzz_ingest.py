@@ -48,6 +48,7 @@ REJECT_CLASSES = {
     "unmatched_tool_result",
     "bad_reasoning",
     "bad_tools",
+    "unreadable",
 }
 # A reason says where in the record: a turn or message, a field, the tools, or the bytes.
 WHERE = re.compile(r"turn|message|field|tools|column|byte|record|array|object|UTF-8")
@@ -75,6 +76,8 @@ TOOL = st.fixed_dictionaries(
     {"type": st.just("function"), "function": st.fixed_dictionaries({"name": NAMES})},
     optional={"defer_loading": st.booleans()},
 )
+# Lines past what Python's json reads: nesting past its depth, an integer past its digits.
+LIMITS = [b"\n" + b"[" * 5000 + b"\n", b'\n{"messages": ' + b"1" * 5000 + b"}\n"]
 TOOLS = st.lists(TOOL, max_size=2) | st.lists(st.fixed_dictionaries({"name": NAMES}), max_size=2)
 
 
@@ -169,13 +172,26 @@ def records(draw: st.DrawFn) -> Any:
     return draw(damaged(record)) if draw(st.booleans()) else record
 
 
-def _write(path: Path, shape: str, rows: list[Any], cut: int | None, junk: bytes) -> Path:
-    """``rows`` stored as ``shape``; a text shape maybe cut at byte ``cut`` or given ``junk``."""
+def _damage(file: Path, cut: int | None, junk: bytes) -> None:
+    """Cut ``file`` at byte ``cut`` (modulo its size), then append ``junk``."""
+    data = file.read_bytes()
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    file.write_bytes(data + junk)
+
+
+def _write(
+    path: Path, shape: str, rows: list[Any], cut: int | None, junk: bytes, blob: bytes | None
+) -> Path:
+    """``rows`` stored as ``shape`` (a table with a binary column ``blob`` beside, when given),
+    maybe cut at byte ``cut`` or given ``junk``."""
     if shape in ("parquet", "datasets"):
         try:
             if not all(isinstance(r, dict) for r in rows):
                 raise TypeError("a table holds objects only")
             table = pa.Table.from_pylist(rows)
+            if blob is not None:  # as an image column of a real dataset
+                table = table.append_column("blob", pa.array([blob] * len(rows), pa.binary()))
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
             note(f"not storable as {shape} ({e}); written as JSONL")
             shape = "jsonl"
@@ -183,12 +199,14 @@ def _write(path: Path, shape: str, rows: list[Any], cut: int | None, junk: bytes
             if shape == "parquet":
                 target = path.with_suffix(".parquet")
                 pq.write_table(table, target)
+                _damage(target, cut, junk)
                 return target
             from datasets import Dataset, disable_progress_bars
 
             disable_progress_bars()
             target = path.with_suffix("")
             Dataset(table).save_to_disk(str(target))
+            _damage(sorted(target.glob("*.arrow"))[0], cut, junk)
             return target
     if shape == "json":
         data = json.dumps(rows).encode()
@@ -196,11 +214,8 @@ def _write(path: Path, shape: str, rows: list[Any], cut: int | None, junk: bytes
     else:
         data = b"\n".join(json.dumps(r).encode() for r in rows) + b"\n"
         target = path.with_suffix(".jsonl")
-    if cut is not None:
-        data = data[: cut % (len(data) + 1)]
-    if junk:
-        data = data + junk
     target.write_bytes(data)
+    _damage(target, cut, junk)
     return target
 
 
@@ -209,14 +224,15 @@ def _write(path: Path, shape: str, rows: list[Any], cut: int | None, junk: bytes
     rows=st.lists(records(), min_size=1, max_size=3),
     shape=st.sampled_from(["jsonl", "jsonl", "json", "parquet", "datasets"]),
     cut=st.none() | st.none() | st.none() | st.integers(0, 1 << 12),
-    junk=st.just(b"") | st.just(b"") | st.just(b"") | st.binary(max_size=6),
+    junk=st.just(b"") | st.just(b"") | st.just(b"") | st.binary(max_size=6) | st.sampled_from(LIMITS),
+    blob=st.none() | st.binary(max_size=4),
 )
 def test_fuzzed_records_are_written_or_refused_by_name(
-    rows: list[Any], shape: str, cut: int | None, junk: bytes
+    rows: list[Any], shape: str, cut: int | None, junk: bytes, blob: bytes | None
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        raw = _write(root / "raw", shape, rows, cut, junk)
+        raw = _write(root / "raw", shape, rows, cut, junk, blob)
         out, rejects = root / "out" / "conv.parquet", root / "out" / "rejects.jsonl"
         summary = outcome(READER, lambda: run(IngestConfig([raw], out, rejects)), ())
         assert validate(out) == []

@@ -52,7 +52,7 @@ def test_json_nested_deeper_than_the_reader(tmp_path: Path) -> None:
     raw.write_text("[" * 100_000 + "\n")
     [reject] = _ingest(tmp_path, raw)
     assert reject["source"] == "raw.jsonl:1"
-    assert reject["reason"].startswith("bad_json: nested deeper")
+    assert reject["reason"].startswith("bad_json: the record nests deeper")
 
 
 def test_integer_longer_than_the_digit_limit(tmp_path: Path) -> None:
@@ -62,3 +62,43 @@ def test_integer_longer_than_the_digit_limit(tmp_path: Path) -> None:
         raw.write_text(text % ("1" * 5000))
         [reject] = _ingest(tmp_path / raw.suffix[1:], raw)
         assert reject["reason"].startswith("bad_json: Exceeds the limit (4300 digits)"), reject
+
+
+def test_refused_table_row_with_a_binary_column(tmp_path: Path) -> None:
+    """A Parquet row refused beside a binary column (an image, say) crashed the rejects file:
+    bytes are not JSON. The row is kept with its bytes written as Python shows them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = tmp_path / "raw.parquet"
+    pq.write_table(pa.table({"tools": ["[]"], "blob": pa.array([b"\x00"], pa.binary())}), raw)
+    [reject] = _ingest(tmp_path, raw)
+    assert reject["source"] == "raw.parquet:0"
+    assert reject["reason"].startswith("unknown_format:")
+    assert reject["record"] == {"tools": "[]", "blob": "b'\\x00'"}
+
+
+def test_damaged_parquet_file(tmp_path: Path) -> None:
+    """One byte after a Parquet file's footer: pyarrow raised ArrowInvalid out of ingest."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = tmp_path / "raw.parquet"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    pq.write_table(pa.Table.from_pylist([{"messages": turns}]), raw)
+    raw.write_bytes(raw.read_bytes() + b"\x00")
+    [reject] = _ingest(tmp_path, raw)
+    assert reject["source"] == "raw.parquet:0"
+    assert reject["reason"].startswith("unreadable: raw.parquet (Parquet) cannot be read")
+
+
+def test_datasets_directory_datasets_cannot_load(tmp_path: Path) -> None:
+    """A saved dataset of one row and no column: load_from_disk raises IndexError."""
+    import pyarrow as pa
+    from datasets import Dataset
+
+    raw = tmp_path / "raw"
+    Dataset(pa.Table.from_pylist([{}])).save_to_disk(str(raw))
+    [reject] = _ingest(tmp_path, raw)
+    assert reject["source"] == "raw:0"
+    assert reject["reason"].startswith("unreadable: raw (a datasets directory) cannot be read")

@@ -424,7 +424,7 @@ def _json_error(e: ValueError | RecursionError) -> str:
     if isinstance(e, json.JSONDecodeError):
         return f"{e.msg} at column {e.colno}"
     if isinstance(e, RecursionError):
-        return "nested deeper than the JSON reader's limit"
+        return "the record nests deeper than the JSON reader's limit"
     return str(e).split(";")[0]  # an integer longer than Python's digit limit
 
 
@@ -464,21 +464,44 @@ def _surrogate_at(value: Any, where: str) -> str | None:
     return None
 
 
+def _unreadable(source: str, what: str, e: Exception) -> RawRecord:
+    return RawRecord(
+        source,
+        raw="",
+        error=f"unreadable: {what} cannot be read from record {source.rsplit(':', 1)[1]} on "
+        f"({type(e).__name__}: {str(e)[:300]}); the rest of the file is unread",
+    )
+
+
 def _parquet_records(path: Path) -> Iterator[RawRecord]:
     index = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        for row in batch.to_pylist():
-            yield RawRecord(f"{path.name}:{index}", value=row)
-            index += 1
+    try:  # a damaged file fails when opened or at the row group it damages
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                yield RawRecord(f"{path.name}:{index}", value=row)
+                index += 1
+    except (pa.ArrowException, OSError, ValueError) as e:
+        yield _unreadable(f"{path.name}:{index}", f"{path.name} (Parquet)", e)
 
 
 def _datasets_records(path: Path) -> Iterator[RawRecord]:
     from datasets import Dataset, DatasetDict, load_from_disk
 
-    loaded = load_from_disk(str(path))
+    # datasets raises what its own parts raise on a damaged directory (IndexError on a table
+    # of no columns, Arrow's errors, FileNotFoundError, JSON errors): each refuses the input.
+    try:
+        loaded = load_from_disk(str(path))
+    except Exception as e:
+        yield _unreadable(f"{path.name}:0", f"{path.name} (a datasets directory)", e)
+        return
     splits = loaded.items() if isinstance(loaded, DatasetDict) else [("", loaded)]
     for split, dataset in splits:
         assert isinstance(dataset, Dataset)
         label = f"{path.name}[{split}]" if split else path.name
-        for index, row in enumerate(dataset):
-            yield RawRecord(f"{label}:{index}", value=row)
+        index = 0
+        try:
+            for row in dataset:
+                yield RawRecord(f"{label}:{index}", value=row)
+                index += 1
+        except Exception as e:
+            yield _unreadable(f"{label}:{index}", f"{label} (a datasets directory)", e)
