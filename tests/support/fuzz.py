@@ -43,10 +43,16 @@ TALLY: defaultdict[str, Counter[str]] = defaultdict(Counter)
 T = TypeVar("T")
 
 
-def outcome(reader: str, call: Callable[[], T], refusals: tuple[type[BaseException], ...]) -> T | BaseException:
-    """Run ``call`` once, counted under ``reader``: its result (accepted), or the refusal it
-    raised (one of ``refusals``, returned for the caller to inspect). Any other exception is a
-    traceback: counted, then raised, so the property fails."""
+def outcome(
+    reader: str,
+    call: Callable[[], T],
+    refusals: tuple[type[BaseException], ...] = (),
+    refused: Callable[[T], bool] = lambda result: False,
+) -> T | BaseException:
+    """Run ``call`` once, counted under ``reader``: its result (accepted, or refused when
+    ``refused(result)``: a validator's violations), or the refusal it raised (one of
+    ``refusals``, returned for the caller to inspect). Any other exception is a traceback:
+    counted, then raised, so the property fails."""
     TALLY[reader]["examples"] += 1
     try:
         result = call()
@@ -56,7 +62,7 @@ def outcome(reader: str, call: Callable[[], T], refusals: tuple[type[BaseExcepti
     except Exception:
         TALLY[reader]["tracebacks"] += 1
         raise
-    TALLY[reader]["accepted"] += 1
+    TALLY[reader]["refused" if refused(result) else "accepted"] += 1
     return result
 
 

@@ -192,10 +192,6 @@ def _write(
             table = pa.Table.from_pylist(rows)
             if blob is not None:  # as an image column of a real dataset
                 table = table.append_column("blob", pa.array([blob] * len(rows), pa.binary()))
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
-            note(f"not storable as {shape} ({e}); written as JSONL")
-            shape = "jsonl"
-        else:
             if shape == "parquet":
                 target = path.with_suffix(".parquet")
                 pq.write_table(table, target)
@@ -206,8 +202,12 @@ def _write(
             disable_progress_bars()
             target = path.with_suffix("")
             Dataset(table).save_to_disk(str(target))
-            _damage(sorted(target.glob("*.arrow"))[0], cut, junk)
+            for arrow in sorted(target.glob("*.arrow"))[:1]:
+                _damage(arrow, cut, junk)
             return target
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            note(f"not storable as {shape} ({e}); written as JSONL")
+            shape = "jsonl"
     if shape == "json":
         data = json.dumps(rows).encode()
         target = path.with_suffix(".json")
@@ -234,10 +234,10 @@ def test_fuzzed_records_are_written_or_refused_by_name(
         root = Path(tmp)
         raw = _write(root / "raw", shape, rows, cut, junk, blob)
         out, rejects = root / "out" / "conv.parquet", root / "out" / "rejects.jsonl"
-        summary = outcome(READER, lambda: run(IngestConfig([raw], out, rejects)), ())
+        summary = outcome(READER, lambda: run(IngestConfig([raw], out, rejects)))
         assert validate(out) == []
         assert not [p.name for p in out.parent.iterdir() if TEMP_MARKER in p.name]
-        refused = [json.loads(line) for line in rejects.read_text(encoding="utf-8").splitlines()]
+        refused = [json.loads(line) for line in rejects.read_bytes().splitlines()]
         assert summary.read == summary.written + summary.duplicates + len(refused)
         assert sum(summary.rejected.values()) == len(refused)
         count(READER, records=summary.read, written=summary.written, rejected=len(refused))

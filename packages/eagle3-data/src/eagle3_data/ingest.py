@@ -425,7 +425,8 @@ def _json_error(e: ValueError | RecursionError) -> str:
         return f"{e.msg} at column {e.colno}"
     if isinstance(e, RecursionError):
         return "the record nests deeper than the JSON reader's limit"
-    return str(e).split(";")[0]  # an integer longer than Python's digit limit
+    # an integer longer than Python's digit limit
+    return f"a number in the record is too long to read ({str(e).split(';')[0]})"
 
 
 def _unstorable(source: str, value: Any, raw: str) -> RawRecord:
