@@ -80,9 +80,13 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
     violations = _check_header(art, where)
     try:
         bindings = symbols_from_header(art)
-    except (KeyError, TypeError, ValueError, OSError) as e:
+    except Exception as e:  # header or config.json of any shape: a None, a 0 head count
         violations.append(
-            Violation(where, "(symbols)", f"cannot read the sizes this artifact declares: {e}")
+            Violation(
+                where,
+                "(symbols)",
+                f"cannot read the sizes this artifact declares: {type(e).__name__}: {e}",
+            )
         )
         bindings = {}
     for role, spec in art.schema["files"].items():
@@ -254,8 +258,8 @@ def _check_json(
     where = art.rel(path)
     try:
         obj = art.json(path)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return [Violation(where, "(file)", f"not valid UTF-8 JSON: {e}")]
+    except (OSError, ValueError, RecursionError) as e:  # a directory, bad UTF-8 or JSON
+        return [Violation(where, "(file)", f"not a readable UTF-8 JSON file: {e}")]
     validator = jsonschema.Draft202012Validator(spec["json_schema"])
     return [
         Violation(where, ".".join(str(p) for p in err.absolute_path) or "(top)", err.message)
