@@ -121,7 +121,9 @@ def sharegpt_record(draw: st.DrawFn) -> dict[str, Any]:
         call = {"name": draw(NAMES), "arguments": draw(ARGUMENTS)}
         value = draw(st.sampled_from([call, [call], json.dumps(call), json.dumps([call, call])]))
         turns.append({"from": draw(st.sampled_from(["function_call", "function"])), "value": value})
-        answers = 2 if isinstance(value, str) and value.startswith("[") and value.count("{") > 2 else 1
+        answers = (
+            2 if isinstance(value, str) and value.startswith("[") and value.count("{") > 2 else 1
+        )
         turns += [{"from": "observation", "value": "20 C"}] * answers
     turns.append({"from": draw(st.sampled_from(["gpt", "assistant", "model"])), "value": "done"})
     record: dict[str, Any] = {"conversations": turns}
@@ -224,7 +226,11 @@ def _write(
     rows=st.lists(records(), min_size=1, max_size=3),
     shape=st.sampled_from(["jsonl", "jsonl", "json", "parquet", "datasets"]),
     cut=st.none() | st.none() | st.none() | st.integers(0, 1 << 12),
-    junk=st.just(b"") | st.just(b"") | st.just(b"") | st.binary(max_size=6) | st.sampled_from(LIMITS),
+    junk=st.just(b"")
+    | st.just(b"")
+    | st.just(b"")
+    | st.binary(max_size=6)
+    | st.sampled_from(LIMITS),
     blob=st.none() | st.binary(max_size=4),
 )
 def test_fuzzed_records_are_written_or_refused_by_name(

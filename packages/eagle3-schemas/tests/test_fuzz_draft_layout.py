@@ -31,12 +31,15 @@ SCALARS = (
 )
 ANY_JSON = st.recursive(
     SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=5,
 )
 IDS = st.lists(st.integers(0, 8), max_size=4) | ANY_JSON
 ARCHS = st.lists(
-    st.sampled_from([*SGLANG_ARCHITECTURES, *VLLM_MLA_ARCHITECTURES, "LlamaForCausalLM"]) | ANY_JSON,
+    st.sampled_from([*SGLANG_ARCHITECTURES, *VLLM_MLA_ARCHITECTURES, "LlamaForCausalLM"])
+    | ANY_JSON,
     max_size=3,
 )
 CONFIG = st.fixed_dictionaries(
@@ -46,7 +49,9 @@ CONFIG = st.fixed_dictionaries(
         "speculators_model_type": st.sampled_from(["eagle3", "eagle"]) | ANY_JSON,
         "transformer_layer_config": st.just({}) | ANY_JSON,
         "speculators_config": ANY_JSON,
-        "eagle_config": st.fixed_dictionaries({}, optional={"eagle_aux_hidden_state_layer_ids": IDS})
+        "eagle_config": st.fixed_dictionaries(
+            {}, optional={"eagle_aux_hidden_state_layer_ids": IDS}
+        )
         | ANY_JSON,
         "eagle_aux_hidden_state_layer_ids": IDS,
     },

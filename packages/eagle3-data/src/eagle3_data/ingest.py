@@ -162,7 +162,9 @@ def normalise(record: Any) -> tuple[list[dict[str, Any]], str, str] | str:
         key = str(role).lower() if isinstance(role, str) else None
         content = turn.get("content", turn.get("value"))
         if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            texts = [
+                p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            ]
             if not all(isinstance(t, str | None) for t in texts):
                 return f"unknown_format: turn {i}: field content: a text part's 'text' is not text"
             content = "".join(t or "" for t in texts)

@@ -7,7 +7,6 @@ generically from the schema file; the schema's named semantic checks run from
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any

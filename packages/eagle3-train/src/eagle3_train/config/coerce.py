@@ -3,6 +3,7 @@ ConfigError naming the key, the value found and what was expected."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
@@ -78,10 +79,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         # PyYAML (YAML 1.1) reads 3e-4 without a dot as a string; accept what users type.
         if isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value)
-            except ValueError:
-                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, found {value!r}")
         try:
