@@ -102,6 +102,15 @@ def openai_record(draw: st.DrawFn) -> dict[str, Any]:
                 {"id": i, "type": "function", "function": {"name": n, "arguments": draw(ARGUMENTS)}}
                 for i, n in zip(ids, calls, strict=True)
             ]
+            # A call's id as agent data gets it wrong: missing, null, empty, a number, reused.
+            call = assistant["tool_calls"][0]
+            defect = draw(
+                st.sampled_from(["none"] * 4 + ["missing", "null", "", "number", "reused"])
+            )
+            if defect == "missing":
+                del call["id"]
+            elif defect != "none":
+                call["id"] = {"null": None, "": "", "number": 7, "reused": ids[-1]}[defect]
         turns.append(assistant)
         for i, n in zip(ids, calls, strict=True):
             turns.append({"role": "tool", "tool_call_id": i, "name": n, "content": "20 C"})
