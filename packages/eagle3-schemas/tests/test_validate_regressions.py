@@ -58,3 +58,19 @@ def test_draft_config_whose_layer_config_is_null(tmp_path: Path) -> None:
     assert any(v.location == "(symbols)" and "AttributeError" in v.message for v in violations), (
         violations
     )
+
+
+def test_data_parquet_footer_that_is_not_utf8(tmp_path: Path) -> None:
+    """Found at 10,000 examples: the same damage in a Parquet file that holds no header (an
+    eval report's samples.parquet) raised UnicodeDecodeError out of _check_parquet."""
+    report = build("eval_report", tmp_path)
+    samples = report / "samples.parquet"
+    raw = bytearray(samples.read_bytes())
+    name = b"\x18\x09sample_id"
+    raw[raw.index(name) + 2] = 0x80  # the first byte of a column's name in the footer
+    samples.write_bytes(bytes(raw))
+    violations = validate(report)
+    assert any(
+        v.file.endswith("samples.parquet") and "not a readable Parquet file" in v.message
+        for v in violations
+    ), violations

@@ -180,7 +180,7 @@ def _check_parquet(
     where = art.rel(path)
     try:
         schema = pq.ParquetFile(path).schema_arrow
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: a footer not UTF-8
         return [Violation(where, "(file)", f"not a readable Parquet file: {e}")]
     out, non_nullable = [], []
     for name, col in spec["columns"].items():
@@ -201,7 +201,7 @@ def _check_parquet(
                     row = first + column.is_null().to_pylist().index(True)
                     seen_row, count = nulls.get(name, (row, 0))
                     nulls[name] = (seen_row, count + column.null_count)
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:
         return [*out, Violation(where, "(file)", f"not a readable Parquet file: {e}")]
     for name, (row, count) in nulls.items():
         out.append(
