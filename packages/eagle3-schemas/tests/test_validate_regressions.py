@@ -74,3 +74,15 @@ def test_data_parquet_footer_that_is_not_utf8(tmp_path: Path) -> None:
         v.file.endswith("samples.parquet") and "not a readable Parquet file" in v.message
         for v in violations
     ), violations
+
+
+def test_header_schema_version_true_or_float(tmp_path: Path) -> None:
+    """Found at 10,000 examples: schema_version true (== 1 in Python) passed the version check
+    and load_schema looked for vTrue.json (FileNotFoundError); 1.0 for v1.0.json."""
+    from support.edits import rewrite_header
+
+    for value in (True, 1.0):
+        path = build("tokenized", tmp_path / str(value))
+        rewrite_header(path, lambda h, v=value: h.update(schema_version=v))
+        [violation] = validate(path)
+        assert violation.location == "header.schema_version", violation

@@ -66,7 +66,8 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
             )
         ]
     known = versions(header.artifact)
-    if header.schema_version not in known:
+    # true and 1.0 equal 1 but name no schema file: the version must be an int itself
+    if type(header.schema_version) is not int or header.schema_version not in known:
         return [
             Violation(
                 str(path),
@@ -109,7 +110,7 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
 def header_violations(header: Header, where: str) -> list[Violation]:
     """``header`` against the header rules of the schema version it names."""
     known = versions(header.artifact) if header.artifact in artifact_kinds() else []
-    if header.schema_version not in known:
+    if type(header.schema_version) is not int or header.schema_version not in known:
         return [
             Violation(where, "header.schema_version", f"{header.schema_version!r} not in {known}")
         ]
