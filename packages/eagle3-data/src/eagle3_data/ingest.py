@@ -162,11 +162,12 @@ def normalise(record: Any) -> tuple[list[dict[str, Any]], str, str] | str:
         key = str(role).lower() if isinstance(role, str) else None
         content = turn.get("content", turn.get("value"))
         if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(
-                p.get("text", "")
-                for p in content
-                if isinstance(p, dict) and p.get("type") == "text"
-            )
+            texts = [
+                p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            ]
+            if not all(isinstance(t, str | None) for t in texts):
+                return f"unknown_format: turn {i}: field content: a text part's 'text' is not text"
+            content = "".join(t or "" for t in texts)
         if "from" in turn and key in SHAREGPT_CALLS:
             calls = _sharegpt_calls(i, content, calls_made)
             if isinstance(calls, str):
@@ -356,11 +357,11 @@ def _jsonl_records(path: Path) -> Iterator[RawRecord]:
                 )
                 continue
             try:
-                yield RawRecord(source, value=json.loads(text))
-            except json.JSONDecodeError as e:
-                yield RawRecord(
-                    source, raw=text.rstrip("\n"), error=f"bad_json: {e.msg} at column {e.colno}"
-                )
+                value = json.loads(text)
+            except (ValueError, RecursionError) as e:
+                yield RawRecord(source, raw=text.rstrip("\n"), error=f"bad_json: {_json_error(e)}")
+                continue
+            yield _unstorable(source, value, text.rstrip("\n"))
 
 
 def _json_array_records(path: Path) -> Iterator[RawRecord]:
@@ -405,36 +406,105 @@ def _json_array_records(path: Path) -> Iterator[RawRecord]:
                     break
                 try:
                     value, end = decoder.raw_decode(buffer, pos)
-                except json.JSONDecodeError as e:
+                except (ValueError, RecursionError) as e:
                     if eof:
                         yield RawRecord(
                             f"{path.name}:{index}",
                             raw=buffer[pos : pos + 10_000],
-                            error=f"bad_json: {e.msg} in record {index}; the rest of the file is unreadable",
+                            error=f"bad_json: {_json_error(e)} in record {index}; the rest of the file is unreadable",
                         )
                         return
                     break  # incomplete: read more
-                yield RawRecord(f"{path.name}:{index}", value=value)
+                yield _unstorable(f"{path.name}:{index}", value, buffer[pos:end])
                 index, pos = index + 1, end
             if eof:
                 return
 
 
+def _json_error(e: ValueError | RecursionError) -> str:
+    """What json could not read: its message, or the limit the value passed."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at column {e.colno}"
+    if isinstance(e, RecursionError):
+        return "the record nests deeper than the JSON reader's limit"
+    # an integer longer than Python's digit limit
+    return f"a number in the record is too long to read ({str(e).split(';')[0]})"
+
+
+def _unstorable(source: str, value: Any, raw: str) -> RawRecord:
+    """The parsed record, or its refusal when a string in it holds a lone surrogate (a JSON
+    escape such as \\ud800 with no pair): no UTF-8 file, the output or the rejects, can store
+    it. Only text with a \\ud escape is searched."""
+    if "\\ud" in raw.lower():
+        where = _surrogate_at(value, "")
+        if where is not None:
+            return RawRecord(
+                source,
+                raw=raw,
+                error=f"non_utf8: field {where or 'record'}: a \\ud800-\\udfff escape without its pair (a lone surrogate) is not text",
+            )
+    return RawRecord(source, value=value)
+
+
+def _surrogate_at(value: Any, where: str) -> str | None:
+    """The path of the first string (key or value) in ``value`` that UTF-8 cannot encode."""
+    items: Any = ()
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+    elif isinstance(value, dict):
+        items = ((f"{where}.{k}" if where else str(k), k, v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", None, v) for i, v in enumerate(value))
+    for path, key, child in items:
+        if key is not None and _surrogate_at(key, path) is not None:
+            return path
+        found = _surrogate_at(child, path)
+        if found is not None:
+            return found
+    return None
+
+
+def _unreadable(source: str, what: str, e: Exception) -> RawRecord:
+    return RawRecord(
+        source,
+        raw="",
+        error=f"unreadable: {what} cannot be read from record {source.rsplit(':', 1)[1]} on "
+        f"({type(e).__name__}: {str(e)[:300]}); the rest of the file is unread",
+    )
+
+
 def _parquet_records(path: Path) -> Iterator[RawRecord]:
     index = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        for row in batch.to_pylist():
-            yield RawRecord(f"{path.name}:{index}", value=row)
-            index += 1
+    try:  # a damaged file fails when opened or at the row group it damages
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                yield RawRecord(f"{path.name}:{index}", value=row)
+                index += 1
+    except (pa.ArrowException, OSError, ValueError) as e:
+        yield _unreadable(f"{path.name}:{index}", f"{path.name} (Parquet)", e)
 
 
 def _datasets_records(path: Path) -> Iterator[RawRecord]:
     from datasets import Dataset, DatasetDict, load_from_disk
 
-    loaded = load_from_disk(str(path))
+    # datasets raises what its own parts raise on a damaged directory (IndexError on a table
+    # of no columns, Arrow's errors, FileNotFoundError, JSON errors): each refuses the input.
+    try:
+        loaded = load_from_disk(str(path))
+    except Exception as e:
+        yield _unreadable(f"{path.name}:0", f"{path.name} (a datasets directory)", e)
+        return
     splits = loaded.items() if isinstance(loaded, DatasetDict) else [("", loaded)]
     for split, dataset in splits:
         assert isinstance(dataset, Dataset)
         label = f"{path.name}[{split}]" if split else path.name
-        for index, row in enumerate(dataset):
-            yield RawRecord(f"{label}:{index}", value=row)
+        index = 0
+        try:
+            for row in dataset:
+                yield RawRecord(f"{label}:{index}", value=row)
+                index += 1
+        except Exception as e:
+            yield _unreadable(f"{label}:{index}", f"{label} (a datasets directory)", e)

@@ -30,7 +30,11 @@ class RejectsFile:
         """Keep one rejected record. ``reason`` starts with a short class name before ':'."""
         self.reasons[reason.split(":", 1)[0]] += 1
         self._file.write(
-            json.dumps({"source": source, "reason": reason, "record": record}, ensure_ascii=False)
+            json.dumps(
+                {"source": source, "reason": reason, "record": record},
+                ensure_ascii=False,
+                default=repr,  # a table's bytes, dates or decimals, kept readable
+            )
             + "\n"
         )
 

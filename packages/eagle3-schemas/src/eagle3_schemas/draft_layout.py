@@ -148,7 +148,12 @@ def _ids(where: str, field: str, value: Any) -> list[int] | None:
 def detect_layout(config: Mapping[str, Any], where: str = "config.json") -> Layout:
     """The layout of a parsed draft ``config.json``; refused (naming the fields that decided it)
     when it matches none or mixes them, or when its aux ids are stated twice in two counts."""
-    archs = [a for a in (config.get("architectures") or []) if isinstance(a, str)]
+    architectures = config.get("architectures")
+    if architectures is not None and not isinstance(architectures, list):
+        raise DraftLayoutError(
+            f"{where}: architectures {architectures!r} must be a list of class names"
+        )
+    archs = [a for a in (architectures or []) if isinstance(a, str)]
     spec_keys = [k for k in SPECULATORS_KEYS if k in config]
     sglang = [a for a in archs if a in SGLANG_ARCHITECTURES]
     mla = [a for a in archs if a in VLLM_MLA_ARCHITECTURES]

@@ -83,12 +83,12 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     if path.suffix == ".parquet":
         try:
             metadata = pq.read_metadata(path).metadata or {}
-        except (pa.ArrowInvalid, OSError) as e:
+        except (pa.ArrowException, OSError, ValueError) as e:  # and UnicodeDecodeError: damage
             raise ArtifactError(f"{path}: not a readable Parquet file ({e})") from e
         raw = metadata.get(HEADER_KEY.encode())
         if raw is None:
             raise ArtifactError(f"{path}: Parquet key-value metadata has no '{HEADER_KEY}' header")
-        return _parse(raw.decode("utf-8"), f"{path} (Parquet metadata '{HEADER_KEY}')")
+        return _parse(raw, f"{path} (Parquet metadata '{HEADER_KEY}')")
     if path.suffix == ".safetensors":
         raw_text = read_safetensors(path).metadata.get(HEADER_KEY)
         if raw_text is None:
@@ -104,15 +104,17 @@ def read_header(path: str | os.PathLike[str]) -> Header:
 def _read_json_header(path: Path) -> Header:
     try:
         return Header.from_json(json.loads(path.read_text(encoding="utf-8")), str(path))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, nesting, a 5000-digit int
         raise ArtifactError(f"{path}: not valid UTF-8 JSON ({e})") from e
 
 
-def _parse(text: str, where: str) -> Header:
+def _parse(text: str | bytes, where: str) -> Header:
     try:
-        return Header.from_json(json.loads(text), where)
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{where}: header is not valid JSON ({e})") from e
+        return Header.from_json(
+            json.loads(text.decode("utf-8") if isinstance(text, bytes) else text), where
+        )
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, nesting, a 5000-digit int
+        raise ArtifactError(f"{where}: header is not valid UTF-8 JSON ({e})") from e
 
 
 def write_parquet(

@@ -7,7 +7,6 @@ generically from the schema file; the schema's named semantic checks run from
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -67,7 +66,8 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
             )
         ]
     known = versions(header.artifact)
-    if header.schema_version not in known:
+    # true and 1.0 equal 1 but name no schema file: the version must be an int itself
+    if type(header.schema_version) is not int or header.schema_version not in known:
         return [
             Violation(
                 str(path),
@@ -80,9 +80,13 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
     violations = _check_header(art, where)
     try:
         bindings = symbols_from_header(art)
-    except (KeyError, TypeError, ValueError, OSError) as e:
+    except Exception as e:  # header or config.json of any shape: a None, a 0 head count
         violations.append(
-            Violation(where, "(symbols)", f"cannot read the sizes this artifact declares: {e}")
+            Violation(
+                where,
+                "(symbols)",
+                f"cannot read the sizes this artifact declares: {type(e).__name__}: {e}",
+            )
         )
         bindings = {}
     for role, spec in art.schema["files"].items():
@@ -106,7 +110,7 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
 def header_violations(header: Header, where: str) -> list[Violation]:
     """``header`` against the header rules of the schema version it names."""
     known = versions(header.artifact) if header.artifact in artifact_kinds() else []
-    if header.schema_version not in known:
+    if type(header.schema_version) is not int or header.schema_version not in known:
         return [
             Violation(where, "header.schema_version", f"{header.schema_version!r} not in {known}")
         ]
@@ -177,7 +181,7 @@ def _check_parquet(
     where = art.rel(path)
     try:
         schema = pq.ParquetFile(path).schema_arrow
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: a footer not UTF-8
         return [Violation(where, "(file)", f"not a readable Parquet file: {e}")]
     out, non_nullable = [], []
     for name, col in spec["columns"].items():
@@ -198,7 +202,7 @@ def _check_parquet(
                     row = first + column.is_null().to_pylist().index(True)
                     seen_row, count = nulls.get(name, (row, 0))
                     nulls[name] = (seen_row, count + column.null_count)
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:
         return [*out, Violation(where, "(file)", f"not a readable Parquet file: {e}")]
     for name, (row, count) in nulls.items():
         out.append(
@@ -254,8 +258,8 @@ def _check_json(
     where = art.rel(path)
     try:
         obj = art.json(path)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return [Violation(where, "(file)", f"not valid UTF-8 JSON: {e}")]
+    except (OSError, ValueError, RecursionError) as e:  # a directory, bad UTF-8 or JSON
+        return [Violation(where, "(file)", f"not a readable UTF-8 JSON file: {e}")]
     validator = jsonschema.Draft202012Validator(spec["json_schema"])
     return [
         Violation(where, ".".join(str(p) for p in err.absolute_path) or "(top)", err.message)

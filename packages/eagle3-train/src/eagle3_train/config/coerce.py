@@ -3,7 +3,9 @@ ConfigError naming the key, the value found and what was expected."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -77,13 +79,17 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         # PyYAML (YAML 1.1) reads 3e-4 without a dot as a string; accept what users type.
         if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            with contextlib.suppress(ValueError):
+                value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, found {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past the largest float
+            raise ConfigError(f"{where}: {value} is too large for a number") from None
+        if math.isnan(number):  # every comparison of the checks is false for NaN
+            raise ConfigError(f"{where}: expected a number, found NaN")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, found {value!r}")
@@ -98,7 +104,7 @@ def build(cls: Any, data: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected a mapping, found {type(data).__name__} {data!r}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(map(str, set(data) - known))  # YAML keys may be numbers, null, ...
     if unknown:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"

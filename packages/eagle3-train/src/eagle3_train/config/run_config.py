@@ -205,7 +205,8 @@ def parse_override(text: str) -> dict[str, Any]:
     key, raw = text.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as e:
+    # ValueError: an integer past Python's 4300 digits; RecursionError: nesting past the parser's
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from e
     node: dict[str, Any] = {}
     cursor = node
@@ -230,8 +231,9 @@ def load_config(
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the config file ({e})") from e
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from e
+        # ValueError: not UTF-8, or an integer past Python's 4300 digits; RecursionError: nesting
+        except (yaml.YAMLError, ValueError, RecursionError) as e:
+            raise ConfigError(f"{path}: not valid UTF-8 YAML ({e})") from e
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping, found {type(loaded).__name__}")
         data = loaded or {}

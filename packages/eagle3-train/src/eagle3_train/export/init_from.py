@@ -91,7 +91,13 @@ def read_init_draft(path: str | Path) -> InitDraft:
                 f"draft.init_from {path}: no {f.name}; expected a draft directory in the "
                 "speculators eagle3 or vLLM-native MLA layout (config.json + model.safetensors)"
             )
-    cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    where = f"draft.init_from {config_file}"
+    try:
+        cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # not UTF-8 or not JSON
+        raise InitFromError(f"{where}: not a UTF-8 JSON file ({e})") from e
+    if not isinstance(cfg, dict):
+        raise InitFromError(f"{where}: expected a JSON object, found {type(cfg).__name__}")
     try:
         layout = detect_layout(cfg, f"draft.init_from {config_file}")
     except DraftLayoutError as e:
@@ -100,12 +106,14 @@ def read_init_draft(path: str | Path) -> InitDraft:
     norm_before_residual = None
     if layout.name == "speculators":
         layer = cfg.get("transformer_layer_config", {})
+        if not isinstance(layer, dict):
+            raise InitFromError(f"{where}: transformer_layer_config must be an object")
         architecture = "llama"
     elif layout.name == SGLANG:
         layer = cfg
         architecture = "llama"
         norm_before_residual = bool(cfg.get("norm_before_residual", False))
-        if int(cfg.get("num_hidden_layers", 1)) != 1:
+        if _size(cfg, "num_hidden_layers", where, 1) != 1:
             raise InitFromError(
                 f"draft.init_from {config_file}: num_hidden_layers {cfg.get('num_hidden_layers')} "
                 "in an SGLang-layout draft: SGLang's additional layers drop the residual where "
@@ -121,8 +129,8 @@ def read_init_draft(path: str | Path) -> InitDraft:
             except DraftLayoutError as e:
                 raise InitFromError(str(e)) from e
         names = set(f.keys())
-        target_vocab = int(layer["vocab_size"])
-        draft_vocab = int(cfg.get("draft_vocab_size") or target_vocab)
+        target_vocab = _size(layer, "vocab_size", where)
+        draft_vocab = _size(cfg, "draft_vocab_size", where, target_vocab)
         try:
             d2t, _ = checkpoint_vocab_map(
                 names, lambda n: f.get_tensor(n).numpy(), draft_vocab, target_vocab
@@ -139,11 +147,12 @@ def read_init_draft(path: str | Path) -> InitDraft:
     return InitDraft(
         path=path,
         architecture=architecture,
-        hidden_size=int(cfg.get("target_hidden_size") or layer["hidden_size"]),
+        hidden_size=_size(cfg, "target_hidden_size", where, None)
+        or _size(layer, "hidden_size", where),
         aux_layer_ids=list(aux) if aux else None,
         target_vocab_size=target_vocab,
         draft_vocab_size=draft_vocab,
-        num_layers=int(layer.get("num_hidden_layers", 1)),
+        num_layers=_size(layer, "num_hidden_layers", where, 1),
         d2t=d2t,
         norm_before_fc=bool(cfg.get("norm_before_fc", False)),
         fc_norm=bool(cfg.get("fc_norm", False)),
@@ -152,6 +161,21 @@ def read_init_draft(path: str | Path) -> InitDraft:
         norm_before_residual=norm_before_residual,
         notes=notes,
     )
+
+
+_REQUIRED = object()
+
+
+def _size(config: dict[str, Any], key: str, where: str, default: Any = _REQUIRED) -> Any:
+    """``config[key]`` as a positive int; ``default`` when absent or null (required if none)."""
+    value = config.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise InitFromError(f"{where}: no {key}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InitFromError(f"{where}: {key} {value!r} must be a positive integer")
+    return value
 
 
 @functools.lru_cache(maxsize=4)  # every export records it: hash a large draft once per run
