@@ -392,6 +392,13 @@ def save_target(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out
     # Template inside tokenizer_config.json, and the class name transformers 4.x knows too, so
     # that older loaders (vLLM's pinned transformers, speculators) read the same tokenizer.
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+    # tokenizer.json without indentation: the same tokenizer in 40 % of the bytes, so that the
+    # repository still fits the 64 MiB a GPU check carries.
+    tokenizer_file = out_dir / "tokenizer.json"
+    compact = json.dumps(
+        json.loads(tokenizer_file.read_text()), ensure_ascii=False, separators=(",", ":")
+    )
+    tokenizer_file.write_text(compact, encoding="utf-8")
     config_path = out_dir / "tokenizer_config.json"
     tokenizer_config = json.loads(config_path.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
