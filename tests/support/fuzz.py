@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
 
@@ -69,3 +69,15 @@ def outcome(
 def count(reader: str, **counts: int) -> None:
     """Add counts a property measured itself (ingest counts records, not files)."""
     TALLY[reader].update(counts)
+
+
+def places(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a node of a JSON-like value (the spots a fuzz test may damage)."""
+    out = [path]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            out += places(child, (*path, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            out += places(child, (*path, i))
+    return out

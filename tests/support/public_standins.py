@@ -4,12 +4,8 @@ real vocabulary, depth / 4) plus the MoE sizes, with a tokenizer of the family's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
-
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from support import recipe_standins
 
@@ -47,9 +43,4 @@ def build(facts: dict[str, Any], out_dir: Path, seed: int = 0) -> Path:
     """A random-weight model of ``facts``' architecture at stand-in size with a tokenizer."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config = standin_config(facts) | TOKENIZERS[facts["model_type"]](out_dir)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out_dir))
-    model.to(getattr(torch, facts.get("torch_dtype", "bfloat16"))).save_pretrained(out_dir)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return out_dir
+    return recipe_standins.write_model(config, facts, out_dir, seed)

@@ -131,7 +131,12 @@ def build_standin(recipe_dir: Path, out_dir: Path, seed: int = 0) -> Path:
         raise recipe_targets.RecipeError(
             f"no stand-in tokenizer for model_type {facts['model_type']!r}"
         )
-    config = standin_config(facts) | save_tokenizer(out_dir)
+    return write_model(standin_config(facts) | save_tokenizer(out_dir), facts, out_dir, seed)
+
+
+def write_model(config: dict, facts: dict, out_dir: Path, seed: int = 0) -> Path:
+    """Random weights of ``config`` saved into ``out_dir`` (its tokenizer already there), in
+    ``facts``' dtype, with ``config`` as the hub's config.json layout."""
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     # Built the way every loader reads it: from the config.json just written.
     torch.manual_seed(seed)

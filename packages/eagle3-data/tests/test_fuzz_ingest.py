@@ -33,7 +33,7 @@ from eagle3_data.ingest import run
 from eagle3_schemas import validate
 from eagle3_schemas.atomic import TEMP_MARKER
 
-from support.fuzz import FUZZ, count, outcome
+from support.fuzz import FUZZ, count, outcome, places
 
 READER = "ingest"
 REJECT_CLASSES = {
@@ -141,22 +141,10 @@ def sharegpt_record(draw: st.DrawFn) -> dict[str, Any]:
     return record
 
 
-def _places(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every path to a node of a JSON-like value."""
-    out = [path]
-    if isinstance(value, dict):
-        for key, child in value.items():
-            out += _places(child, (*path, key))
-    elif isinstance(value, list):
-        for i, child in enumerate(value):
-            out += _places(child, (*path, i))
-    return out
-
-
 @st.composite
 def damaged(draw: st.DrawFn, record: dict[str, Any]) -> Any:
     """``record`` with one node replaced, deleted or given a sibling of any JSON value."""
-    path = draw(st.sampled_from(_places(record)))
+    path = draw(st.sampled_from(places(record)))
     if not path:
         return draw(ANY_JSON)
     parent = record

@@ -25,7 +25,7 @@ from eagle3_schemas.artifact import Violation
 
 from support.edits import artifact_files, rewrite_header
 from support.fixtures import build
-from support.fuzz import FUZZ, outcome
+from support.fuzz import FUZZ, outcome, places
 
 READER = "validators"
 KINDS = [
@@ -60,20 +60,9 @@ def valid() -> Iterator[dict[str, Path]]:
         yield {kind: build(kind, Path(tmp) / kind) for kind in KINDS}
 
 
-def _places(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [path]
-    if isinstance(value, dict):
-        for key, child in value.items():
-            out += _places(child, (*path, key))
-    elif isinstance(value, list):
-        for i, child in enumerate(value):
-            out += _places(child, (*path, i))
-    return out
-
-
 def _edit_json(data: st.DataObject, value: Any) -> Any:
     """``value`` with one node replaced by any JSON value, or removed."""
-    path = data.draw(st.sampled_from(_places(value)))
+    path = data.draw(st.sampled_from(places(value)))
     if not path:
         return data.draw(ANY_JSON)
     parent = value
