@@ -1,13 +1,13 @@
-"""The 8B recipes (recipes/llama-3.1-8b, recipes/qwen3-8b), and the recipes `eagle3-recipe new`
-writes for other public targets (a tied Llama, Mistral, Qwen2.5, Qwen3-MoE), pass every stage's
-preflight on CPU; every flags.sh array of the committed GPU recipes is the planner's output.
+"""The 8B recipes (recipes/llama-3.1-8b, recipes/qwen3-8b) pass every stage's preflight on CPU;
+every flags.sh array of the committed GPU recipes is the planner's output. (The recipes
+`eagle3-recipe new` writes for every public target: tests/test_generated_recipes.py.)
 
 Each recipe is a GPU-node pipeline. What can stop it before or between its GPU stages is checked
 here, in seconds, on a scaled-down stand-in of the same architecture built at test time
 (tests/support/recipe_standins.py: same model_type, architectures and config.json layout, the real
 vocabulary, depth / 4 and hidden 64): chat data → ingest → tokenize + vocab → `eagle3-extract
 preflight` and `run` (transformers backend: the vLLM one needs a GPU) → `eagle3-train
---preflight`.
+--preflight` (tests/support/recipe_stages.py).
 
 Nothing of the recipe is restated here:
 - stage flags are the arrays of the recipe's flags.sh, sourced by bash with the size and
@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -37,57 +36,19 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eagle3_data.cli import main as data_main
-from eagle3_extract.cli import main as extract_main
 from eagle3_extract.config import default_aux_layer_ids
 from eagle3_recipe.cli import main as recipe_main
 
-from support import public_standins, public_targets, recipe_standins, recipes
+from support import public_targets, recipe_stages, recipe_standins, recipes
+from support.recipe_stages import CONVERSATIONS, CPU_KNOBS, EXIT_OK, FLAG_ARRAYS, StagesRun
 from support.recipes import recipe_targets
-from support.stage_cli import Outcome, run_cli, run_train_cli
+from support.stage_cli import run_cli
 
 # Most tests here run the stages' CLIs in their own interpreters.
 pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ["llama-3.1-8b", "qwen3-8b"]
-# Knobs of flags.sh that size the run for this machine; every flag stays the recipe's.
-CPU_KNOBS = {"NGPU": "1", "CPU_WORKERS": "1"}
-FLAG_ARRAYS = ("TOKENIZE_ARGS", "VOCAB_ARGS", "EXTRACT_ARGS", "ACCELERATE_ARGS", "EVAL_ARGS")
-EXIT_OK = 0
-
-
-# A few conversations of the shapes real chat data has: single and multi-turn, a system prompt,
-# code with blank lines, and a Qwen3-style answer with its thinking block.
-CONVERSATIONS = [
-    [
-        {"role": "user", "content": "What does a draft model do in speculative decoding?"},
-        {"role": "assistant", "content": "It proposes tokens that the target then verifies."},
-    ],
-    [
-        {"role": "system", "content": "You answer in one sentence."},
-        {"role": "user", "content": "Why are aux hidden states taken from three layers?"},
-        {"role": "assistant", "content": "Low, middle and high layers carry different features."},
-        {"role": "user", "content": "And the last one?"},
-        {"role": "assistant", "content": "The last layer's output feeds the target's head."},
-    ],
-    [
-        {"role": "user", "content": "Write a Python function that squares a number."},
-        {"role": "assistant", "content": "```python\ndef square(x):\n\n    return x * x\n```"},
-    ],
-    [
-        {"role": "user", "content": "Is 17 prime?"},
-        {
-            "role": "assistant",
-            "content": "<think>\n17 has no divisor between 2 and 4.\n</think>\n\nYes, 17 is prime.",
-        },
-    ],
-    [
-        {"role": "user", "content": "Name three colours."},
-        {"role": "assistant", "content": "Red, green and blue."},
-        {"role": "user", "content": "Two more?"},
-        {"role": "assistant", "content": "Yellow and purple."},
-    ],
-]
 
 
 # ---- what the recipe says ------------------------------------------------------------------
@@ -101,83 +62,10 @@ def stage_flags(recipe: str, knobs: dict[str, str] = CPU_KNOBS) -> dict[str, lis
     return recipes.stage_flags(recipe_dir(recipe), knobs, FLAG_ARRAYS)
 
 
-def on_cpu(extract_args: list[str]) -> list[str]:
-    """The recipe's extract flags with the transformers backend for vLLM's. vLLM's pass-through
-    flags stay: the transformers backend accepts and ignores them."""
-    i = extract_args.index("--backend")
-    assert extract_args[i + 1] == "vllm", extract_args
-    return [*extract_args[: i + 1], "hf", *extract_args[i + 2 :]]
-
-
-def csv(ids: list[int]) -> str:
-    return ",".join(str(i) for i in ids)
-
-
-@dataclass
-class StagesRun:
-    """Every stage of one recipe on its stand-in, with each CLI's outcome."""
-
-    recipe: str
-    standin: Path
-    aux_layer_ids: list[int]
-    tokenized: Path
-    vocab_map: Path
-    hidden_states: Path
-    outcomes: dict[str, Outcome]
-
-
-def run_stages(
-    recipe: str, work: Path, folder: Path | None = None, standin: Path | None = None
-) -> StagesRun:
-    """Every stage of the recipe at ``folder`` (default recipes/RECIPE) on a stand-in (default:
-    built from the folder's target_config.json)."""
-    folder = folder or recipe_dir(recipe)
-    flags = recipes.stage_flags(folder, CPU_KNOBS, FLAG_ARRAYS)
-    standin = standin or recipe_standins.build_standin(folder, work / "target")
-    layers = json.loads((standin / "config.json").read_text())["num_hidden_layers"]
-    aux = recipes.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
-    raw = work / "chat.jsonl"
-    raw.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
-    conversations, tokenized = (
-        work / "train.conversations.parquet",
-        work / "train.tokenized.parquet",
-    )
-    vocab_map, hidden_states = work / "vocab_map.safetensors", work / "hidden_states"
-    extract = ["--model", str(standin), "--tokenized", str(tokenized), "--aux-layer-ids", csv(aux)]
-    extract += [*on_cpu(flags["EXTRACT_ARGS"]), "--out", str(hidden_states)]
-    outcomes = {"ingest": run_cli(data_main, ["ingest", str(raw), "--out", str(conversations)])}
-    outcomes["tokenize"] = run_cli(
-        data_main,
-        [
-            "tokenize",
-            str(conversations),
-            "--tokenizer",
-            str(standin),
-            *flags["TOKENIZE_ARGS"],
-            "--out",
-            str(tokenized),
-        ],
-    )
-    outcomes["vocab"] = run_cli(
-        data_main, ["vocab", str(tokenized), *flags["VOCAB_ARGS"], "--out", str(vocab_map)]
-    )
-    outcomes["extract preflight"] = run_cli(extract_main, ["preflight", *extract])
-    outcomes["extract run"] = run_cli(extract_main, ["run", *extract])
-    outcomes["train preflight"] = run_train_cli(
-        [
-            "--config",
-            str(folder / "train.yaml"),
-            "--preflight",
-            "--output-dir",
-            str(work / "train"),
-            # What the pipeline overrides (paths), plus the stand-in's layer ids.
-            *("--set", f"target.path={standin}"),
-            *("--set", f"data.hidden_states={hidden_states}"),
-            *("--set", f"data.vocab_map={vocab_map}"),
-            *("--set", f"draft.aux_layer_ids={aux}"),
-        ]
-    )
-    return StagesRun(recipe, standin, aux, tokenized, vocab_map, hidden_states, outcomes)
+def run_stages(recipe: str, work: Path) -> StagesRun:
+    """Every stage of the committed recipe on a stand-in built from its target_config.json."""
+    standin = recipe_standins.build_standin(recipe_dir(recipe), work / "target")
+    return recipe_stages.run_stages(recipe, work, recipe_dir(recipe), standin)
 
 
 @pytest.fixture(scope="module", params=RECIPES)
@@ -185,12 +73,7 @@ def stages(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return run_stages(request.param, tmp_path_factory.mktemp(request.param))
 
 
-def _passed(run: StagesRun, stage: str) -> Outcome:
-    outcome = run.outcomes[stage]
-    assert outcome.code == EXIT_OK, (
-        f"{run.recipe}: {stage} exited {outcome.code}:\n{outcome.stdout[-2000:]}\n{outcome.log[-3000:]}"
-    )
-    return outcome
+_passed = recipe_stages.passed
 
 
 # ---- the recipe's own files ------------------------------------------------------------------
@@ -379,44 +262,6 @@ def test_the_kimi_sheet_counts_what_tensor_parallelism_leaves_whole_from_the_con
     trainable = re.search(r"= \*\*([\d,.]+M)\*\*", sheet.split("## Training memory")[1])
     assert trainable and f"{trainable.group(1)} trainable" in (folder / "flags.sh").read_text()
     assert "not built yet" not in sheet
-
-
-# ---- recipes the planner writes for other public targets ---------------------------------------
-
-# One per family beyond the committed recipes' (tied Llama, Mistral, Qwen2.5, Qwen3-MoE); the MLA
-# families' recipe (Kimi-K2.5, the planner's output) runs on its stand-in in test_kimi_recipe.py.
-GENERATED = [
-    "Llama-3.2-1B-Instruct",
-    "Mistral-7B-Instruct-v0.3",
-    "Qwen2.5-7B-Instruct",
-    "Qwen3-30B-A3B",
-]
-
-
-@pytest.mark.parametrize("name", GENERATED)
-def test_a_generated_recipe_passes_every_stages_preflight(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`eagle3-recipe new` on the public config (no weights), then the stages with the written
-    flags.sh and train.yaml on a stand-in built from the same facts, as for the committed ones."""
-    repo = tmp_path / "repo"
-    (repo / "recipes" / "llama-3.1-8b").mkdir(parents=True)
-    (repo / "recipes" / "llama-3.1-8b" / "pipeline.sh").write_text("#!/usr/bin/env bash\n")
-    facts = public_targets.model_dir(name, tmp_path / "facts")
-    monkeypatch.chdir(repo)
-    assert recipe_main(["new", "--target", str(facts), "--gpu", "h100", "--name", "mine"]) == 0
-    standin = public_standins.build(public_targets.facts(name)["config"], tmp_path / "standin")
-    (tmp_path / "work").mkdir()
-    run = run_stages("mine", tmp_path / "work", repo / "recipes" / "mine", standin)
-    for stage in (
-        "ingest",
-        "tokenize",
-        "vocab",
-        "extract preflight",
-        "extract run",
-        "train preflight",
-    ):
-        _passed(run, stage)
 
 
 # The committed GPU recipes, each with the public target it is for and the node it is planned on.
