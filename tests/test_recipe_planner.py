@@ -312,7 +312,8 @@ def test_one_gpu_keeps_the_8b_recipes_step_and_lrs(tmp_path: Path) -> None:
     assert one.value("gradient_accumulation_steps") == 8
     assert one.value("lr") == {"adamw": 1.0e-4, "muon": 3.0e-4}
     pipeline = (RECIPES / "llama-3.1-8b" / "pipeline.sh").read_text()
-    assert 'recipe_targets.py accumulation "$recipe" "$PLANNED_GPUS" "$NGPU"' in pipeline
+    # (NODES is 1 but in a recipe planned for several nodes: its step counts every node's GPUs)
+    assert 'accumulation "$recipe" "$PLANNED_GPUS" "$((NGPU * NODES))"' in pipeline
     assert '--set train.gradient_accumulation_steps="$accumulation"' in pipeline
 
 
@@ -432,6 +433,36 @@ def test_the_command_refuses_and_writes_nothing(
     assert (config.train.lr, config.train.muon.lr) == (1.1e-4, 3.4e-4)
     assert recipe_main([*base, "--gpu", "h200"]) == 2  # never overwritten
     assert "exists" in capsys.readouterr().err
+
+
+def test_several_nodes_are_refused_where_the_pipeline_cannot_run_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`new --nodes N` writes what pipeline.sh runs on N nodes (tests/test_generated_recipes.py);
+    a layout it cannot start is refused before anything is written, naming why."""
+    repo = tmp_path / "repo"
+    (repo / "recipes" / "llama-3.1-8b").mkdir(parents=True)
+    (repo / "recipes" / "llama-3.1-8b" / "pipeline.sh").write_text("#!/usr/bin/env bash\n")
+    monkeypatch.chdir(repo)
+    kimi = public_targets.model_dir("Kimi-K2.5", tmp_path)
+    tiny = RECIPES / "tiny" / "target"
+    cases = {
+        # 2 x 8 H100s hold Kimi-K2.5 only as one engine over both nodes (PP 2, through Ray)
+        "TP 8 x PP 2, one vLLM engine over several nodes": ["--target", str(kimi), "--gpu", "h100"],
+        "the CPU recipes run on one machine": ["--target", str(tiny), "--gpu", "cpu"],
+    }
+    for message, argv in cases.items():
+        assert recipe_main(["new", *argv, "--nodes", "2", "--name", "mine"]) == 2
+        assert message in capsys.readouterr().err
+        assert sorted(p.name for p in (repo / "recipes").iterdir()) == ["llama-3.1-8b"]
+    # Two nodes of H200s hold it on each node: written, with the step and lrs of 16 GPUs.
+    argv = ["new", "--target", str(kimi), "--gpu", "h200", "--nodes", "2", "--name", "mine"]
+    assert recipe_main(argv) == 0
+    flags = (repo / "recipes" / "mine" / "flags.sh").read_text()
+    assert "NODES=2" in flags and "PLANNED_GPUS=16" in flags
+    assert "--config_file recipes/accelerate/zero2_multinode.yaml" in flags
+    config = load_config(repo / "recipes" / "mine" / "train.yaml")
+    assert (config.train.lr, config.train.muon.lr) == (1.6e-4, 4.8e-4)  # the docs' x sqrt(2)
 
 
 def test_every_gpu_kind_states_memory_flops_and_compute_capability() -> None:

@@ -10,6 +10,11 @@
 #   MODEL=models/Qwen3-8B DATA=... HELDOUT=... bash recipes/qwen3-8b/pipeline.sh
 #   MODEL=models/Kimi-K2.5 DATA=... HELDOUT=... bash recipes/kimi-k2.5/pipeline.sh
 #
+# A recipe planned for several nodes (`eagle3-recipe new --nodes N`, docs/multinode.md) runs this
+# same script on every node, OUT_DIR on a filesystem they share and NODE_RANK / MASTER_ADDR set:
+# node 0 prepares the data, every node extracts its ranks and trains, node 0 merges and evaluates.
+#   NODE_RANK=0 MASTER_ADDR=10.0.0.1 MODEL=... DATA=... HELDOUT=... bash recipes/<name>/pipeline.sh /shared/run
+#
 # MODEL: the target's local directory (`huggingface-cli download <HUB_ID> --local-dir ...`; this
 # script never downloads a model). DATA: chat files to train on (ShareGPT / OpenAI messages JSONL,
 # Parquet, `datasets` dirs); HELDOUT: other files, whose prompts only the evaluation sees.
@@ -24,8 +29,13 @@ set -euo pipefail
 recipe_dir="$(cd "$(dirname "$0")" && pwd)"
 cd "$recipe_dir/../.."
 recipe="recipes/$(basename "$recipe_dir")"
+NODES=1  # a multi-node recipe's flags.sh sets NODES, NODE_RANK and MASTER_ADDR
 # shellcheck source-path=SCRIPTDIR source=flags.sh
 source "$recipe/flags.sh"
+node_rank=0
+[ "$NODES" = 1 ] || node_rank="$NODE_RANK"
+[ "$node_rank" -ge 0 ] && [ "$node_rank" -lt "$NODES" ] ||
+  { echo "NODE_RANK=$node_rank: this recipe runs on nodes 0 .. $((NODES - 1))" >&2; exit 2; }
 out="${1:-runs/$RECIPE_NAME}"
 : "${MODEL:?set MODEL to the target model directory (huggingface-cli download $HUB_ID --local-dir ...)}"
 : "${DATA:?set DATA to the chat files to train on (space-separated)}"
@@ -40,6 +50,12 @@ unset PYTHONDONTWRITEBYTECODE
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+# Another node's output, on the shared OUT_DIR: every stage writes its files and folders whole
+# (a temporary name, then a rename), so one that exists is complete.
+await() {
+  [ -e "$1" ] || echo "node $node_rank: waiting for $1 ($2)"
+  until [ -e "$1" ]; do sleep "${AWAIT_SECONDS:-30}"; done
+}
 began=$(date +%s)
 
 step "setup: the workspace with vLLM (CUDA build, from uv.lock)"
@@ -49,9 +65,9 @@ bin="$(uv run --frozen --no-sync python -c 'import os, sys; print(os.path.dirnam
 "$bin/python" recipes/recipe_targets.py check "$recipe" "$MODEL"
 aux="$("$bin/python" recipes/recipe_targets.py aux-ids "$recipe")"  # train.yaml's, e.g. 2,16,29
 # train.yaml's lrs hold for its tokens per step: on NGPU GPUs accumulation keeps it, or this stops.
-accumulation="$("$bin/python" recipes/recipe_targets.py accumulation "$recipe" "$PLANNED_GPUS" "$NGPU")"
-echo "target $MODEL matches $recipe/target_config.json; aux layer ids $aux; $NGPU GPU(s)," \
-  "$accumulation micro-batch(es) per step"
+accumulation="$("$bin/python" recipes/recipe_targets.py accumulation "$recipe" "$PLANNED_GPUS" "$((NGPU * NODES))")"
+echo "target $MODEL matches $recipe/target_config.json; aux layer ids $aux; $NGPU GPU(s) x" \
+  "$NODES node(s), $accumulation micro-batch(es) per step"
 
 step "plan: disk for the hidden states, GPU memory and parallelism, from the target's config"
 # SAMPLES x MAX_LENGTH bounds the tokens from above (samples are cut at MAX_LENGTH): a bound
@@ -60,29 +76,34 @@ step "plan: disk for the hidden states, GPU memory and parallelism, from the tar
   --max-tokens-per-sample "$MAX_LENGTH" "${PLAN_ARGS[@]}" --out "$out/hidden_states" \
   --json "$out/plan.json"
 
-step "data: ingest (training files and held-out files apart)"
-for f in "${heldout_files[@]}"; do
-  for g in "${data_files[@]}"; do
-    [ "$(basename "$f")" != "$(basename "$g")" ] || { echo "$f is both DATA and HELDOUT" >&2; exit 2; }
+if [ "$node_rank" != 0 ]; then
+  step "data: node 0 prepares it (regenerate, tokenize, vocab)"
+  await "$out/train.tokenized.parquet" "node 0's tokenize"
+  await "$out/vocab_map.safetensors" "node 0's vocab step"
+else
+  step "data: ingest (training files and held-out files apart)"
+  for f in "${heldout_files[@]}"; do
+    for g in "${data_files[@]}"; do
+      [ "$(basename "$f")" != "$(basename "$g")" ] || { echo "$f is both DATA and HELDOUT" >&2; exit 2; }
+    done
   done
-done
-[ -f "$out/train.conversations.parquet" ] || "$bin/eagle3-data" ingest "${data_files[@]}" \
-  --out "$out/train.conversations.parquet"
-[ -f "$out/heldout.conversations.parquet" ] || "$bin/eagle3-data" ingest "${heldout_files[@]}" \
-  --out "$out/heldout.conversations.parquet"
-# eagle3-eval takes prompts only from rows whose source file is listed here.
-"$bin/python" -c 'import json, os, sys; print(json.dumps([os.path.basename(f) for f in sys.argv[1:]]))' \
-  "${heldout_files[@]}" >"$out/heldout_sources.json"
+  [ -f "$out/train.conversations.parquet" ] || "$bin/eagle3-data" ingest "${data_files[@]}" \
+    --out "$out/train.conversations.parquet"
+  [ -f "$out/heldout.conversations.parquet" ] || "$bin/eagle3-data" ingest "${heldout_files[@]}" \
+    --out "$out/heldout.conversations.parquet"
+  # eagle3-eval takes prompts only from rows whose source file is listed here.
+  "$bin/python" -c 'import json, os, sys; print(json.dumps([os.path.basename(f) for f in sys.argv[1:]]))' \
+    "${heldout_files[@]}" >"$out/heldout_sources.json"
 
-train_conversations="$out/train.conversations.parquet"
-if [ "$regenerate" = 1 ]; then
-  step "data: the target's own answers (vllm serve, $NGPU replica(s); log $out/vllm-serve.log)"
-  if [ ! -f "$out/train.regenerated.parquet" ]; then
-    "$bin/vllm" serve "$MODEL" --served-model-name "$RECIPE_NAME" --port "$port" "${SERVE_ARGS[@]}" \
-      >"$out/vllm-serve.log" 2>&1 &
-    server=$!
-    trap 'kill "$server" 2>/dev/null || true' EXIT
-    "$bin/python" - "http://127.0.0.1:$port/health" "$server" <<'EOF'
+  train_conversations="$out/train.conversations.parquet"
+  if [ "$regenerate" = 1 ]; then
+    step "data: the target's own answers (vllm serve, $NGPU replica(s); log $out/vllm-serve.log)"
+    if [ ! -f "$out/train.regenerated.parquet" ]; then
+      "$bin/vllm" serve "$MODEL" --served-model-name "$RECIPE_NAME" --port "$port" "${SERVE_ARGS[@]}" \
+        >"$out/vllm-serve.log" 2>&1 &
+      server=$!
+      trap 'kill "$server" 2>/dev/null || true' EXIT
+      "$bin/python" - "http://127.0.0.1:$port/health" "$server" <<'EOF'
 import os, sys, time, urllib.request
 
 url, pid = sys.argv[1], int(sys.argv[2])
@@ -99,33 +120,37 @@ while time.time() < deadline:
         time.sleep(5)
 sys.exit("vllm serve not ready after an hour: see vllm-serve.log")
 EOF
-    "$bin/eagle3-data" regenerate "$train_conversations" --endpoint "http://127.0.0.1:$port/v1" \
-      --model "$RECIPE_NAME" "${REGENERATE_ARGS[@]}" --out "$out/train.regenerated.parquet"
-    kill "$server"
-    wait "$server" || true
-    trap - EXIT
+      "$bin/eagle3-data" regenerate "$train_conversations" --endpoint "http://127.0.0.1:$port/v1" \
+        --model "$RECIPE_NAME" "${REGENERATE_ARGS[@]}" --out "$out/train.regenerated.parquet"
+      kill "$server"
+      wait "$server" || true
+      trap - EXIT
+    fi
+    train_conversations="$out/train.regenerated.parquet"
   fi
-  train_conversations="$out/train.regenerated.parquet"
+
+  step "data: tokenize with the target's tokenizer and chat template; the 32k draft vocabulary"
+  [ -f "$out/train.tokenized.parquet" ] || "$bin/eagle3-data" tokenize "$train_conversations" \
+    --tokenizer "$MODEL" "${TOKENIZE_ARGS[@]}" --out "$out/train.tokenized.parquet"
+  [ -f "$out/vocab_map.safetensors" ] || "$bin/eagle3-data" vocab "$out/train.tokenized.parquet" \
+    "${VOCAB_ARGS[@]}" --out "$out/vocab_map.safetensors"
 fi
 
-step "data: tokenize with the target's tokenizer and chat template; the 32k draft vocabulary"
-[ -f "$out/train.tokenized.parquet" ] || "$bin/eagle3-data" tokenize "$train_conversations" \
-  --tokenizer "$MODEL" "${TOKENIZE_ARGS[@]}" --out "$out/train.tokenized.parquet"
-[ -f "$out/vocab_map.safetensors" ] || "$bin/eagle3-data" vocab "$out/train.tokenized.parquet" \
-  "${VOCAB_ARGS[@]}" --out "$out/vocab_map.safetensors"
-
 per_worker=$((NGPU / EXTRACT_WORKERS))
-step "extract: hidden states, vLLM backend, $EXTRACT_WORKERS worker(s) of $per_worker GPU(s) (logs $out/extract-r*.log)"
+# Worker ranks over all nodes: this node runs first .. first + EXTRACT_WORKERS - 1 of world.
+world=$((EXTRACT_WORKERS * NODES))
+first=$((node_rank * EXTRACT_WORKERS))
+step "extract: hidden states, vLLM backend, $EXTRACT_WORKERS worker(s) of $per_worker GPU(s), ranks $first .. $((first + EXTRACT_WORKERS - 1)) of $world (logs $out/extract-r*.log)"
 if [ ! -d "$out/hidden_states" ]; then
   pids=()
-  for ((rank = 0; rank < EXTRACT_WORKERS; rank++)); do
+  for ((local_rank = 0; local_rank < EXTRACT_WORKERS; local_rank++)); do
+    rank=$((first + local_rank))
     [ ! -d "$out/extract/r$rank" ] || continue  # this rank finished in an earlier attempt
-    devices=$(seq -s, $((rank * per_worker)) $((rank * per_worker + per_worker - 1)))
-    # Each worker owns samples i with i % EXTRACT_WORKERS == rank and checks disk and lineage
-    # before work.
+    devices=$(seq -s, $((local_rank * per_worker)) $((local_rank * per_worker + per_worker - 1)))
+    # Each worker owns samples i with i % world == rank and checks disk and lineage before work.
     CUDA_VISIBLE_DEVICES=$devices "$bin/eagle3-extract" run \
       --model "$MODEL" --tokenized "$out/train.tokenized.parquet" --aux-layer-ids "$aux" \
-      "${EXTRACT_ARGS[@]}" --rank "$rank" --world-size "$EXTRACT_WORKERS" \
+      "${EXTRACT_ARGS[@]}" --rank "$rank" --world-size "$world" \
       --out "$out/extract/r$rank" >"$out/extract-r$rank.log" 2>&1 &
     pids[rank]=$!
   done
@@ -134,7 +159,12 @@ if [ ! -d "$out/hidden_states" ]; then
     wait "${pids[$rank]}" || { failed=1; tail -n 20 "$out/extract-r$rank.log" >&2; }
   done
   [ "$failed" = 0 ] || { echo "extraction failed (logs above); rerun to resume" >&2; exit 1; }
-  if [ "$EXTRACT_WORKERS" -gt 1 ]; then
+  if [ "$node_rank" != 0 ]; then
+    await "$out/hidden_states" "node 0 merges every node's ranks"
+  elif [ "$world" -gt 1 ]; then
+    for ((rank = 0; rank < world; rank++)); do
+      await "$out/extract/r$rank" "rank $rank's extraction"
+    done
     # Shards are hard-linked: no copy. The rank datasets then only duplicate the target head.
     "$bin/eagle3-extract" merge --out "$out/hidden_states" "$out"/extract/r*
     rm -rf "$out/extract"
@@ -142,7 +172,9 @@ if [ ! -d "$out/hidden_states" ]; then
     mv "$out/extract/r0" "$out/hidden_states"
   fi
 fi
-if [ -z "${VERIFY_SKIPPED:-}" ]; then
+if [ "$node_rank" != 0 ]; then
+  :  # node 0 verifies
+elif [ -z "${VERIFY_SKIPPED:-}" ]; then
   # Recomputes a few samples with transformers (float32, CPU): catches a shifted or post-norm capture.
   "$bin/eagle3-extract" verify "$out/hidden_states" --model "$MODEL" \
     --tokenized "$out/train.tokenized.parquet" "${VERIFY_ARGS[@]}" --json "$out/hidden_states.verify.json"
@@ -155,6 +187,11 @@ step "train: the draft (accelerate launch ${ACCELERATE_ARGS[*]})"
   --config "$TRAIN_CONFIG" --output-dir "$out/train" --set target.path="$MODEL" \
   --set data.hidden_states="$out/hidden_states" --set data.vocab_map="$out/vocab_map.safetensors" \
   --set train.gradient_accumulation_steps="$accumulation" ${MAX_STEPS:+--max-steps "$MAX_STEPS"}
+
+if [ "$node_rank" != 0 ]; then
+  step "done on node $node_rank: node 0 evaluates ($(( ($(date +%s) - began) / 60 )) min)"
+  exit 0
+fi
 
 step "eval: vLLM speculative decoding on held-out prompts (and the target alone, for the speedup)"
 [ -d "$out/eval-vllm" ] || "$bin/eagle3-eval" vllm --draft "$out/train/draft" --target "$MODEL" \

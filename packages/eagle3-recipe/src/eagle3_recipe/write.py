@@ -3,6 +3,9 @@ stage's flags), ``train.yaml`` (the draft and its training), ``target_config.jso
 config.json, which the pipeline checks MODEL against), ``plan.txt`` (the plan as printed) and
 ``pipeline.sh`` (a link to the one script the GPU recipes share, or the tiny one on CPU).
 
+A plan for several nodes adds NODES, NODE_RANK and MASTER_ADDR to flags.sh and the multi-node
+launch of docs/multinode.md; the shared pipeline.sh runs on every node with them.
+
 The folder appears whole or not at all: written into a temporary folder beside it, then renamed.
 It lives under the repository's ``recipes/``, since pipeline.sh runs from the repository root.
 """
@@ -22,6 +25,32 @@ from eagle3_recipe.target import PlanError
 
 GPU_PIPELINE = "../llama-3.1-8b/pipeline.sh"
 CPU_PIPELINE = "../tiny/pipeline.sh"
+# Training across nodes: docs/multinode.md's launch (DeepSpeed ZeRO-2, torchrun on each node,
+# static rendezvous at node 0). Its losses equal DDP's, so a plan for DDP or ZeRO-2 takes it.
+MULTINODE_CONFIG = "recipes/accelerate/zero2_multinode.yaml"
+MULTINODE_ZERO = ("ddp", "zero2")
+MASTER_PORT = 29500
+
+
+def check_multinode(plan: Plan) -> None:
+    """What the pipeline cannot run on several nodes, refused before anything is written."""
+    if plan.gpu.key == "cpu":
+        raise PlanError(f"--nodes {plan.nodes} --gpu cpu: the CPU recipes run on one machine")
+    layout: rules.Layout = plan.value("extraction")
+    if layout.pp > 1:
+        raise PlanError(
+            f"--nodes {plan.nodes}: the plan's extraction layout is TP {layout.tp} x PP "
+            f"{layout.pp}, one vLLM engine over several nodes (Ray), which docs/multinode.md marks "
+            "untested and pipeline.sh does not start; use GPUs that hold the target on one node "
+            "(`plan` names the memory)"
+        )
+    zero = plan.value("zero")
+    if zero not in MULTINODE_ZERO:
+        raise PlanError(
+            f"--nodes {plan.nodes}: the plan's field 'zero' is {zero}, and the multi-node launch "
+            f"({MULTINODE_CONFIG}, docs/multinode.md) is ZeRO-2; plan one node, or GPUs with "
+            "more memory"
+        )
 
 
 def repository_root(start: Path) -> Path:
@@ -47,10 +76,7 @@ def write_recipe(plan: Plan, name: str, hub_id: str, out: Path | None) -> Path:
     if folder.exists():
         raise PlanError(f"--out {folder}: exists; remove it or pick another --name")
     if plan.nodes > 1:
-        raise PlanError(
-            f"--nodes {plan.nodes}: the generated pipeline.sh runs one node; `plan` gives the "
-            "figures for several, and recipes/MULTINODE.md the commands"
-        )
+        check_multinode(plan)
     if plan.value("storage").stream:
         raise PlanError(
             "--disk-budget: the plan streams the hidden states (the dataset is over the budget), "
@@ -134,6 +160,7 @@ def gpu_flags(plan: Plan, name: str, hub_id: str) -> str:
         )
     engine_tp = ' --engine-arg tensor_parallel_size="$TP"' if layout.tp > 1 else ""
     engine_text = " --engine-arg language_model_only=true" if text_only else ""
+    nodes, world = plan.nodes, plan.gpus * plan.nodes
     return f"""# shellcheck shell=bash disable=SC2034  # every variable here is read by the script sourcing it
 # {name}: every stage's flags, written by `eagle3-recipe new` from the plan in plan.txt beside it
 # (each setting's reason is there). Sourced by pipeline.sh, which runs from the repository root.
@@ -141,10 +168,10 @@ RECIPE_NAME={name}
 HUB_ID={hub_id}  # the verifier vLLM pairs the draft with
 
 # ---- knobs (environment): sizes and device counts only ----
-NGPU="${{NGPU:-{plan.gpus}}}"                          # GPUs of the node
-# train.yaml's lrs are set for PLANNED_GPUS x its micro-batch x its accumulation tokens per step:
-# pipeline.sh keeps that step on NGPU GPUs by gradient accumulation, or refuses.
-PLANNED_GPUS={plan.gpus}
+NGPU="${{NGPU:-{plan.gpus}}}"                          # GPUs of {"each" if nodes > 1 else "the"} node
+{_nodes_block(nodes) if nodes > 1 else ""}# train.yaml's lrs are set for PLANNED_GPUS x its micro-batch x its accumulation tokens per step:
+# pipeline.sh keeps that step on NGPU{" x NODES" if nodes > 1 else ""} GPUs by gradient accumulation, or refuses.
+PLANNED_GPUS={world}
 {tp_line}
 SAMPLES="${{SAMPLES:-{plan.totals["samples"]}}}"
 MAX_LENGTH="${{MAX_LENGTH:-{d["max_length"].value}}}"
@@ -169,26 +196,50 @@ REGENERATE_ARGS=({sampling} --seed 0{thinking}
 TOKENIZE_ARGS=(--max-length "$MAX_LENGTH" --workers "$CPU_WORKERS" "${{TRUST[@]}}")
 VOCAB_ARGS=(--draft-vocab-size {d["draft_vocab"].value})
 
-# ---- extract: NGPU / TP workers of TP GPUs (--rank/--world-size added by pipeline.sh) ----
+# ---- extract: NGPU / TP workers of TP GPUs{" per node" if nodes > 1 else ""} (--rank/--world-size added by pipeline.sh) ----
 EXTRACT_WORKERS=$((NGPU / TP))
 EXTRACT_ARGS=(--backend vllm --tensor-parallel-size "$TP" "${{TRUST[@]}}"
   --storage-dtype "$STORAGE_DTYPE" --max-model-len $((MAX_LENGTH + 1)) --gpu-memory-utilization 0.9)
 {verify}
 
-# ---- train: accelerate launch ----
-TRAIN_CONFIG="recipes/$RECIPE_NAME/train.yaml"
-if [ "$NGPU" -gt 1 ]; then
-  ACCELERATE_ARGS=(--config_file {accelerate} --num_processes "$NGPU")
-else
-  ACCELERATE_ARGS=(--config_file recipes/accelerate/single.yaml)
-fi
-
+{_train_block(accelerate, nodes, d["zero"].value)}
 # ---- eval: vLLM speculative decoding, k = 3 (the trained TTT depth), greedy ----
 EVAL_ARGS=(--k 3 --temperature 0 --max-new-tokens 512 --max-prompt-tokens 4096
   --limit "$PROMPTS" --concurrency 16 "${{TRUST[@]}}"
   --engine-arg dtype=bfloat16 --engine-arg enforce_eager=false{engine_text}{engine_tp}
   --engine-arg gpu_memory_utilization=0.85 --engine-arg max_model_len=8192)
 """.replace(" \n", "\n").replace("(  ", "(")
+
+
+def _nodes_block(nodes: int) -> str:
+    return f"""# Several nodes (docs/multinode.md): every node runs pipeline.sh with its own NODE_RANK, the
+# output folder on a filesystem all of them share. Node 0 prepares the data (regenerate,
+# tokenize, vocab), every node extracts its ranks, node 0 merges, every node trains (one
+# accelerate launch per node, rendezvous at MASTER_ADDR:MASTER_PORT), node 0 evaluates.
+NODES={nodes}                                   # planned: train.yaml's lrs are set for them
+NODE_RANK="${{NODE_RANK:?set NODE_RANK to the rank of this node, 0 .. {nodes - 1}}}"
+MASTER_ADDR="${{MASTER_ADDR:?set MASTER_ADDR to the address of node 0, where training meets}}"
+MASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"
+"""
+
+
+def _train_block(accelerate: str, nodes: int, zero: str) -> str:
+    if nodes > 1:
+        why = "" if zero == "zero2" else f" (the plan's {zero}: ZeRO-2's losses equal it)"
+        return f"""# ---- train: one accelerate launch per node, DeepSpeed ZeRO-2{why} (docs/multinode.md) ----
+TRAIN_CONFIG="recipes/$RECIPE_NAME/train.yaml"
+ACCELERATE_ARGS=(--config_file {MULTINODE_CONFIG} --num_machines "$NODES"
+  --num_processes $((NGPU * NODES)) --machine_rank "$NODE_RANK"
+  --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
+"""
+    return f"""# ---- train: accelerate launch ----
+TRAIN_CONFIG="recipes/$RECIPE_NAME/train.yaml"
+if [ "$NGPU" -gt 1 ]; then
+  ACCELERATE_ARGS=(--config_file {accelerate} --num_processes "$NGPU")
+else
+  ACCELERATE_ARGS=(--config_file recipes/accelerate/single.yaml)
+fi
+"""
 
 
 def cpu_flags(plan: Plan) -> str:

@@ -36,7 +36,9 @@ def hours(
         * ((1 - thinking) * 1500 + thinking * 6000)
         / ((1 - thinking) * 1500 + thinking * 6000 + 500)
     )
-    regen_h = generated / (DECODE_SHARE * flops / (2 * active)) / 3600
+    # Regeneration runs on node 0 alone (one `vllm serve` endpoint); extraction and training on all.
+    regen_flops = gpu.flops * gpus
+    regen_h = generated / (DECODE_SHARE * regen_flops / (2 * active)) / 3600
     extract_h = expected / (PREFILL_SHARE * flops / (2 * active)) / 3600
     rate = TRAIN_RATE_PRODUCT / trainable * (gpu.flops / 989e12) * gpus * nodes
     train_h = expected * epochs / rate / 3600
@@ -45,8 +47,8 @@ def hours(
         "hours",
         value,
         f"estimates: regenerate {generated / 1e6:.0f}M tokens at {DECODE_SHARE:.0%} of "
-        f"{flops / 1e15:.1f} PFLOP/s bf16 over 2 x {active / 1e9:.1f}B active params "
-        f"(an assumption); extract {expected / 1e6:.0f}M tokens of prefill at {PREFILL_SHARE:.0%} "
+        f"{regen_flops / 1e15:.1f} PFLOP/s bf16 over 2 x {active / 1e9:.1f}B active params "
+        f"(an assumption{'; node 0 alone' if nodes > 1 else ''}); extract {expected / 1e6:.0f}M tokens of prefill at {PREFILL_SHARE:.0%} "
         f"(an assumption); train {epochs} epochs at {rate:,.0f} tokens/s (the H200 bench's "
         f"tokens/s x trainable params ~ 3.4e13, scaled by FLOP/s)",
     )
