@@ -14,7 +14,14 @@ from pathlib import Path
 from unittest import mock
 
 # Our console scripts, and `python -m` names of the ones run under `accelerate launch`.
-COMMANDS = ("eagle3-data", "eagle3-extract", "eagle3-train", "eagle3-eval", "eagle3-schemas")
+COMMANDS = (
+    "eagle3-data",
+    "eagle3-extract",
+    "eagle3-train",
+    "eagle3-eval",
+    "eagle3-schemas",
+    "eagle3-recipe",
+)
 MODULES = {"eagle3_train": "eagle3-train", "eagle3_extract": "eagle3-extract"}
 
 
@@ -85,10 +92,11 @@ def stage_parsers() -> dict[str, argparse.ArgumentParser]:
     from eagle3_data.cli import main as data_main
     from eagle3_eval.cli import main as eval_main
     from eagle3_extract.cli import main as extract_main
+    from eagle3_recipe.cli import main as recipe_main
     from eagle3_schemas.cli import main as schemas_main
     from eagle3_train.cli import main as train_main
 
-    mains = (data_main, extract_main, train_main, eval_main, schemas_main)
+    mains = (data_main, extract_main, train_main, eval_main, schemas_main, recipe_main)
     return {name: parser_of(main) for name, main in zip(COMMANDS, mains, strict=True)}
 
 
