@@ -189,8 +189,8 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return kimi_standin.build_standin(tmp_path_factory.mktemp("kimi") / "Kimi-K2.5-standin")
+def standin(kimi_standin_dir: Path) -> Path:
+    return kimi_standin_dir  # built once per session (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
