@@ -10,7 +10,7 @@ import pytest
 
 from eagle3_data import ingest, regenerate, tokenization, vocab
 from eagle3_data.cli import main
-from eagle3_schemas.validate import Violation
+from eagle3_schemas.contract.validate import Violation
 
 from support import fixtures
 from support.refusal import assert_refused_before_work, work_started

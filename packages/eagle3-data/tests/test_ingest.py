@@ -13,7 +13,7 @@ from eagle3_data.cli import main
 from eagle3_data.config import IngestConfig
 from eagle3_data.ingest import run
 from eagle3_schemas import PathArgumentError, read_header, validate
-from eagle3_schemas.conversations import conversation_id, iter_rows
+from eagle3_schemas.layouts.conversations import conversation_id, iter_rows
 
 GOOD_SHAREGPT = {
     "conversations": [

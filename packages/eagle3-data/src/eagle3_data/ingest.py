@@ -24,15 +24,15 @@ import pyarrow.parquet as pq
 
 from eagle3_data.config import RAW_EXPECTED, IngestConfig
 from eagle3_data.rejects import RejectsFile
-from eagle3_schemas.conversations import (
+from eagle3_schemas.contract.header import make_header, parquet_stream
+from eagle3_schemas.contract.lineage import fingerprint_file, fingerprint_files, fingerprint_json
+from eagle3_schemas.layouts.conversations import (
     NO_TOOLS,
     SCHEMA,
     conversation_id,
     conversation_problem,
     tools_problem,
 )
-from eagle3_schemas.header import make_header, parquet_stream
-from eagle3_schemas.lineage import fingerprint_file, fingerprint_files, fingerprint_json
 
 ROLE_ALIASES = {
     "system": "system",

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from eagle3_schemas.draft_layout import (
+from eagle3_schemas.layouts.draft_layout import (
     SGLANG,
     SPECULATORS,
     VLLM_MLA,
@@ -259,7 +259,7 @@ class DraftSpec:
     # Things vLLM 0.32 would do differently from the config's face value; reported, not fatal.
     vllm_notes: tuple[str, ...] = ()
     mla: MLASpec | None = None
-    # The layout config.json is in (eagle3_schemas.draft_layout) and what decided it; the aux
+    # The layout config.json is in (eagle3_schemas.layouts.draft_layout) and what decided it; the aux
     # ids above are in vLLM's counting whatever the layout.
     layout: str = SPECULATORS
     layout_note: str = ""
@@ -596,7 +596,7 @@ class DraftSpec:
     @property
     def same_vocab(self) -> bool:
         """A full vocabulary: its map is the identity, stored by no d2t (vLLM would refuse
-        one: eagle3_schemas.draft_vocab; a draft written before that rule still reads)."""
+        one: eagle3_schemas.layouts.draft_vocab; a draft written before that rule still reads)."""
         return self.draft_vocab_size == self.target_vocab_size
 
 
@@ -616,7 +616,7 @@ def vllm_view(directory: str | Path, workdir: str | Path) -> str:
     """The directory to hand vLLM as the draft. vLLM reads a flat config's aux ids as they are
     (top level, else ``eagle_config``), in its own counting: an SGLang-layout draft that states
     them only in SGLang's counting is served from a view under ``workdir`` whose config adds
-    the top-level ids converted (eagle3_schemas.draft_layout); its weights are linked. Other
+    the top-level ids converted (eagle3_schemas.layouts.draft_layout); its weights are linked. Other
     drafts are served as they are."""
     directory = Path(directory)
     config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))

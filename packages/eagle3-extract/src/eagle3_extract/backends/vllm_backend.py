@@ -37,8 +37,8 @@ from eagle3_extract.preflight import Finding, raise_on_errors
 from eagle3_extract.progress import CaptureProgress, capture_progress
 from eagle3_extract.samples import Sample
 from eagle3_extract.writer import CaptureError, check_room
-from eagle3_schemas.diskspace import DiskFull
-from eagle3_schemas.target_config import (
+from eagle3_schemas.io.diskspace import DiskFull
+from eagle3_schemas.layouts.target_config import (
     cpu_engine_args,
     cpu_kv_cache_tokens,
     engine_dtype_bytes,

@@ -12,21 +12,21 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from eagle3_schemas.artifact import Artifact, Violation
-from eagle3_schemas.conversations import MODES, conversation_problem, tools_problem
-from eagle3_schemas.draft_vocab import (
+from eagle3_schemas.contract.artifact import Artifact, Violation
+from eagle3_schemas.io.fingerprint import fingerprint_vocab_map
+from eagle3_schemas.io.safetensors_format import nonfinite_count
+from eagle3_schemas.layouts.conversations import MODES, conversation_problem, tools_problem
+from eagle3_schemas.layouts.draft_vocab import (
     checkpoint_vocab_map,
     serving_problems,
     stores_vocab_map,
 )
-from eagle3_schemas.fingerprint import fingerprint_vocab_map
-from eagle3_schemas.hidden_states import (
+from eagle3_schemas.layouts.hidden_states import (
     UnsafeShardPath,
     checksum_algorithm,
     resolve_shard_path,
     row_checksum,
 )
-from eagle3_schemas.safetensors_format import nonfinite_count
 
 Check = Callable[[Artifact], list[Violation]]
 MAX_REPORTED = 5  # per check, so a fully corrupt file does not print millions of lines
