@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_eval.draft import KV, Eagle3Draft, chain_logits
+from eagle3_eval.draft import Eagle3Draft, chain_logits
+from eagle3_eval.draft_layers import KV
 from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_schemas.contract.header import make_header
 from eagle3_schemas.contract.lineage import fingerprint_vocab_map

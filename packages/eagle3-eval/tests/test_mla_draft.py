@@ -26,7 +26,8 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from eagle3_eval.config import OfflineConfig
-from eagle3_eval.draft import KV, Eagle3Draft, chain_logits
+from eagle3_eval.draft import Eagle3Draft, chain_logits
+from eagle3_eval.draft_layers import KV
 from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_eval.offline import run_offline
 from eagle3_eval.preflight import PreflightError, check_target_shape, inspect_draft
