@@ -21,7 +21,7 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "c
 @pytest.fixture
 def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first step of real work in each command fails the test if it is reached."""
-    monkeypatch.setattr(ingest, "_records", work_started)
+    monkeypatch.setattr(ingest, "records", work_started)
     monkeypatch.setattr(regenerate, "_conversations", work_started)
     monkeypatch.setattr(tokenization, "load_tokenizer", work_started)
     monkeypatch.setattr(vocab, "count_loss_tokens", work_started)

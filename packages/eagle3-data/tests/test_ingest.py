@@ -133,9 +133,9 @@ def test_sharegpt_json_array_parquet_and_datasets_dir(tmp_path: Path) -> None:
 def test_json_array_streams_records_across_read_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import eagle3_data.ingest as ingest
+    import eagle3_data.raw_records as raw_records
 
-    monkeypatch.setattr(ingest, "JSON_CHUNK_CHARS", 7)  # every record spans many reads
+    monkeypatch.setattr(raw_records, "JSON_CHUNK_CHARS", 7)  # every record spans many reads
     records = [
         {
             "messages": [

@@ -18,6 +18,10 @@ Resumable and idempotent by sample id: each finished sample is appended to a jou
 the output; a rerun skips what the journal holds. Samples the target answers badly (cut at
 ``max_tokens``, empty) are rejected for good; samples whose endpoint calls kept failing are
 left out of the journal, and the artifact is only published once none remain.
+
+One module of some 570 lines on purpose: both engines walk a row's turns with the same
+acceptance rules into the same journal, and its three sections (the endpoint engine, the vLLM
+offline engine, the command) read top to bottom as one row's life.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from typing import Any
 
 from eagle3_extract import preflight
 from eagle3_extract.backends.hf import HFBackend, run_shards_hf
-from eagle3_extract.backends.vllm_backend import introspect, model_findings, run_shards_vllm
+from eagle3_extract.backends.vllm_backend import run_shards_vllm
+from eagle3_extract.backends.vllm_introspect import introspect, model_findings
 from eagle3_extract.config import MODEL_EXPECTED, ExtractConfig, default_aux_layer_ids
 from eagle3_extract.context import RunContext
 from eagle3_extract.plan import (
