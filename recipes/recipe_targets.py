@@ -89,7 +89,7 @@ def check_target(recipe_dir: Path, model_dir: Path) -> list[str]:
     config_path = Path(model_dir) / "config.json"
     if not config_path.is_file():
         return [f"{model_dir}: no config.json; expected the recipe's target model directory"]
-    from eagle3_schemas.target_config import text_config
+    from eagle3_schemas.layouts.target_config import text_config
 
     actual = json.loads(config_path.read_text(encoding="utf-8"))
     expected = target_facts(recipe_dir)

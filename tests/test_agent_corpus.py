@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_data.ingest import normalise
-from eagle3_schemas.conversations import conversation_problem
+from eagle3_schemas.layouts.conversations import conversation_problem
 
 from support import agent_corpus
 from support.agent_corpus import (

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle3_schemas import read_header
-from eagle3_schemas.lineage import fingerprint_artifact
+from eagle3_schemas.contract.lineage import fingerprint_artifact
 
 from support.failures import failure_report
 

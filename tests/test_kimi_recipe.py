@@ -647,7 +647,7 @@ def _predictable_draft(draft: Path, out: Path, draft_id: int, target: Path) -> P
     DRAFT_LANE through the layer and into the next chain step. Its lineage names ``target``."""
     from safetensors.torch import save_file
 
-    from eagle3_schemas.lineage import fingerprint_model_dir
+    from eagle3_schemas.contract.lineage import fingerprint_model_dir
 
     shutil.copytree(draft, out)
     weights = load_file(str(out / "model.safetensors"))

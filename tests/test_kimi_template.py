@@ -147,7 +147,7 @@ def test_eval_renders_an_agent_prompt_as_tokenize_renders_its_event(
 ) -> None:
     """eagle3-eval's prompt of an agent row (ending after the tool result) is, token for token,
     the loss-0 prefix tokenize writes for that generation event: one contract renders both
-    (eagle3_schemas.conversations.render_prompt)."""
+    (eagle3_schemas.layouts.conversations.render_prompt)."""
     from eagle3_data.loss_mask import ChatRenderer
     from eagle3_data.tokenization import encode_events, load_tokenizer
     from eagle3_eval.prompts import PromptSelection, PromptSource, build_prompt_set

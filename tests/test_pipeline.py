@@ -48,7 +48,7 @@ from eagle3_eval.cli import main as eval_main
 from eagle3_eval.report import read_report
 from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import read_header
-from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
+from eagle3_schemas.contract.lineage import fingerprint_artifact, fingerprint_model_dir
 
 from support.edits import map_hidden_state_rows
 from support.failures import failure_report

@@ -5,7 +5,7 @@ The draft is eval's trained tiny draft (tests/support/tiny_draft.py, cached acro
 Its SGLang layout is made by hand as SpecForge writes it (tests/support/sglang_layout.py: aux
 ids in SGLang's counting under ``eagle_config`` only, as lightseekorg/kimi-k2.5-eagle3 has
 them; layer 0 as ``midlayer.*``), not by our exporter, so the conversion under test
-(eagle3_schemas.draft_layout, through eval's vllm mode) is held to SGLang's source. vLLM
+(eagle3_schemas.layouts.draft_layout, through eval's vllm mode) is held to SGLang's source. vLLM
 (0.32 here) loads ``LlamaForCausalLMEagle3`` natively (its registry maps it to
 ``Eagle3LlamaForCausalLM``, whose loader renames ``midlayer.`` to ``layers.0.``) but reads the
 aux ids as they are, in its own counting: served as is, an SGLang draft is fed the layers one

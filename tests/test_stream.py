@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import validate
-from eagle3_schemas.stream import (
+from eagle3_schemas.contract.stream import (
     CONSUMED,
     FRAGMENTS,
     partial_dir,

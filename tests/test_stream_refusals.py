@@ -20,7 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from eagle3_extract.cli import main as extract_main
-from eagle3_schemas.stream import (
+from eagle3_schemas.contract.stream import (
     CONSUMER_STOPPED,
     FRAGMENTS,
     partial_dir,

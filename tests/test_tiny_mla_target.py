@@ -18,7 +18,7 @@ from safetensors import safe_open
 from transformers import PreTrainedTokenizerFast
 
 from eagle3_eval.target import load_target
-from eagle3_schemas.target_config import text_config
+from eagle3_schemas.layouts.target_config import text_config
 
 from support import tiny_corpus, tiny_target
 

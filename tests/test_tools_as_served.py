@@ -26,7 +26,7 @@ from eagle3_data.ingest import run as ingest
 from eagle3_data.tokenization import load_tokenizer
 from eagle3_data.tokenization import run as tokenize
 from eagle3_eval.prompts import PromptSelection, PromptSource, build_prompt_set
-from eagle3_schemas.conversations import iter_rows, served_tools
+from eagle3_schemas.layouts.conversations import iter_rows, served_tools
 
 from support import agent_corpus, kimi_standin
 from support.agent_target import TARGET_DIR as AGENT_TARGET

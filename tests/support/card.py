@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eagle3_schemas.model_card import _BLOCK, CardError
+from eagle3_schemas.layouts.model_card import _BLOCK, CardError
 
 
 def read_acceptance(card: str) -> list[dict[str, Any]]:

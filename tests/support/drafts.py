@@ -11,9 +11,9 @@ from torch import Tensor, nn
 
 from eagle3_eval.draft import Eagle3Draft
 from eagle3_eval.draft_spec import CONFIG_FILE, LINEAGE_FILE, WEIGHTS_FILE, DraftSpec
-from eagle3_schemas.atomic import atomic_directory, write_json_atomic
-from eagle3_schemas.draft_vocab import stores_vocab_map
-from eagle3_schemas.header import write_safetensors
+from eagle3_schemas.contract.header import write_safetensors
+from eagle3_schemas.io.atomic import atomic_directory, write_json_atomic
+from eagle3_schemas.layouts.draft_vocab import stores_vocab_map
 
 
 def random_draft(
@@ -39,7 +39,7 @@ def vocab_t2d(d2t: Tensor, target_vocab_size: int) -> Tensor:
 
 def checkpoint_tensors(model: Eagle3Draft) -> dict[str, Tensor]:
     """The draft's tensors under their checkpoint names, ``t2d`` derived from ``d2t``; neither
-    for a full vocabulary (eagle3_schemas.draft_vocab: vLLM refuses a d2t there)."""
+    for a full vocabulary (eagle3_schemas.layouts.draft_vocab: vLLM refuses a d2t there)."""
     out: dict[str, Tensor] = {}
     for prefix, module in model.checkpoint_modules().items():
         out[f"{prefix}.weight"] = module.weight.detach()

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from safetensors.numpy import save_file
 
-from eagle3_schemas.header import HEADER_KEY, read_header
-from eagle3_schemas.hidden_states import row_checksum
-from eagle3_schemas.safetensors_format import NUMPY_VIEWS, read_safetensors
+from eagle3_schemas.contract.header import HEADER_KEY, read_header
+from eagle3_schemas.io.safetensors_format import NUMPY_VIEWS, read_safetensors
+from eagle3_schemas.layouts.hidden_states import row_checksum
 
 
 def load_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:

@@ -1,9 +1,9 @@
 """What a test shows of a failed child process: the root cause first (the exception lines
-eagle3_schemas.failures finds in its log), then the tail of the log."""
+eagle3_schemas.runtime.failures finds in its log), then the tail of the log."""
 
 from __future__ import annotations
 
-from eagle3_schemas.failures import exception_lines
+from eagle3_schemas.runtime.failures import exception_lines
 
 
 def failure_report(log: str, tail_chars: int = 3000) -> str:

@@ -12,12 +12,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from eagle3_schemas.atomic import write_json_atomic
-from eagle3_schemas.conversations import SCHEMA as CONVERSATIONS_SCHEMA
-from eagle3_schemas.conversations import conversation_id
-from eagle3_schemas.header import make_header, write_json_header, write_parquet, write_safetensors
-from eagle3_schemas.hidden_states import SHARD_DIR, checksum_rows
-from eagle3_schemas.lineage import fingerprint_json, fingerprint_vocab_map
+from eagle3_schemas.contract.header import (
+    make_header,
+    write_json_header,
+    write_parquet,
+    write_safetensors,
+)
+from eagle3_schemas.contract.lineage import fingerprint_json, fingerprint_vocab_map
+from eagle3_schemas.io.atomic import write_json_atomic
+from eagle3_schemas.layouts.conversations import SCHEMA as CONVERSATIONS_SCHEMA
+from eagle3_schemas.layouts.conversations import conversation_id
+from eagle3_schemas.layouts.hidden_states import SHARD_DIR, checksum_rows
 
 HIDDEN = 8
 NUM_LAYERS = 4

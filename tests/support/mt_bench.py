@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from eagle3_eval.prompts import source_file
-from eagle3_schemas.atomic import atomic_path
+from eagle3_schemas.io.atomic import atomic_path
 
 # Held-out source files of the tiny corpus with enough conversations for several questions.
 MT_BENCH_SOURCES = ("operator.py", "statistics.py", "turtle.py")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from eagle3_data.cli import main as data_main
 from eagle3_extract.cli import main as extract_main
-from eagle3_schemas.target_config import text_config
+from eagle3_schemas.layouts.target_config import text_config
 
 from support import recipes
 from support.stage_cli import Outcome, run_cli, run_train_cli

@@ -1,6 +1,6 @@
 """A speculators-layout draft rewritten by hand in the SpecForge / SGLang layout, as SpecForge's
 exporter and SGLang's ``llama_eagle3.py`` read it — independently of
-``eagle3_schemas.draft_layout``, so that tests of the readers and of the exporter are held to
+``eagle3_schemas.layouts.draft_layout``, so that tests of the readers and of the exporter are held to
 SGLang's source, not to our own rule:
 
 - SGLang's target captures before layer ``id + 1`` (``set_eagle3_layers_to_capture``), vLLM's

@@ -16,9 +16,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from eagle3_schemas.header import make_header, write_json_header, write_parquet, write_safetensors
-from eagle3_schemas.hidden_states import SHARD_DIR, checksum_rows
-from eagle3_schemas.lineage import fingerprint_json
+from eagle3_schemas.contract.header import (
+    make_header,
+    write_json_header,
+    write_parquet,
+    write_safetensors,
+)
+from eagle3_schemas.contract.lineage import fingerprint_json
+from eagle3_schemas.layouts.hidden_states import SHARD_DIR, checksum_rows
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -2,7 +2,7 @@
 dataset, without running an extraction: its shards, one fragment per sealed shard, the
 stream header (the dataset's header plus its ``stream`` section) and, when the producer is
 meant to be done, ``end.json``. What eagle3-extract --stream writes, in the layout of
-eagle3_schemas.stream, so the trainer's stream refusals can be tested one by one."""
+eagle3_schemas.contract.stream, so the trainer's stream refusals can be tested one by one."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from eagle3_schemas.atomic import write_json_atomic
-from eagle3_schemas.stream import (
+from eagle3_schemas.contract.stream import (
     END_FILE,
     FRAGMENTS,
     STREAM_FILE,
@@ -24,6 +23,7 @@ from eagle3_schemas.stream import (
     partial_dir,
     stream_section,
 )
+from eagle3_schemas.io.atomic import write_json_atomic
 
 
 def stream_of(

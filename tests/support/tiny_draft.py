@@ -46,11 +46,13 @@ import torch.nn.functional as F
 from eagle3_eval.draft import Eagle3Draft, chain_logits
 from eagle3_eval.draft_spec import DraftSpec
 from eagle3_eval.target import capture_aux, load_target
-from eagle3_schemas.atomic import atomic_directory, write_json_atomic
-from eagle3_schemas.conversations import conversation_id
-from eagle3_schemas.header import make_header, write_json_header, write_parquet, write_safetensors
-from eagle3_schemas.hidden_states import SHARD_DIR, checksum_rows
-from eagle3_schemas.lineage import (
+from eagle3_schemas.contract.header import (
+    make_header,
+    write_json_header,
+    write_parquet,
+    write_safetensors,
+)
+from eagle3_schemas.contract.lineage import (
     fingerprint_artifact,
     fingerprint_file,
     fingerprint_json,
@@ -58,7 +60,10 @@ from eagle3_schemas.lineage import (
     fingerprint_tokenizer_dir,
     fingerprint_vocab_map,
 )
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.io.atomic import atomic_directory, write_json_atomic
+from eagle3_schemas.layouts.conversations import conversation_id
+from eagle3_schemas.layouts.hidden_states import SHARD_DIR, checksum_rows
 
 from support import tiny_corpus
 from support.drafts import random_draft, save_draft, speculators_config

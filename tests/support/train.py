@@ -16,8 +16,8 @@ import torch
 import yaml
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
-from eagle3_schemas.header import make_header, write_safetensors
-from eagle3_schemas.jsonl import complete_lines
+from eagle3_schemas.contract.header import make_header, write_safetensors
+from eagle3_schemas.io.jsonl import complete_lines
 from eagle3_train.model.arch import DraftArch
 from eagle3_train.model.draft import Eagle3Draft
 

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import httpx
 
-from eagle3_schemas.target_config import cpu_kv_cache_bytes, cpu_kv_cache_tokens, read_text_config
+from eagle3_schemas.layouts.target_config import (
+    cpu_kv_cache_bytes,
+    cpu_kv_cache_tokens,
+    read_text_config,
+)
 
 from support.failures import failure_report
 

@@ -528,7 +528,7 @@ def run_arm(
     the reference loop measures). Each is reused when already done alike: a draft trained alike
     is measured at another k or by the other evaluator without training again. ``steps``:
     args.steps unless given (the equal-wall-clock arm)."""
-    from eagle3_schemas.atomic import write_json_atomic
+    from eagle3_schemas.io.atomic import write_json_atomic
 
     steps = steps or args.steps
     where = out / arm / f"seed-{seed}"

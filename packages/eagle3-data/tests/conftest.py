@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_schemas.header import make_header, write_parquet
+from eagle3_schemas.contract.header import make_header, write_parquet
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO / "recipes" / "tiny" / "target"
@@ -34,7 +34,7 @@ def _write_conversations(path: Path, conversations: list[list[dict[str, str]]]) 
     """A conversations artifact holding exactly ``conversations`` (ids are their content ids)."""
     import pyarrow as pa
 
-    from eagle3_schemas.conversations import SCHEMA, conversation_id
+    from eagle3_schemas.layouts.conversations import SCHEMA, conversation_id
 
     table = pa.table(
         {

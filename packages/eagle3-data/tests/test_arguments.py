@@ -10,7 +10,7 @@ import pytest
 
 from eagle3_data import ingest, regenerate, tokenization, vocab
 from eagle3_data.cli import main
-from eagle3_schemas.validate import Violation
+from eagle3_schemas.contract.validate import Violation
 
 from support import fixtures
 from support.refusal import assert_refused_before_work, work_started
@@ -21,7 +21,7 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "c
 @pytest.fixture
 def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first step of real work in each command fails the test if it is reached."""
-    monkeypatch.setattr(ingest, "_records", work_started)
+    monkeypatch.setattr(ingest, "records", work_started)
     monkeypatch.setattr(regenerate, "_conversations", work_started)
     monkeypatch.setattr(tokenization, "load_tokenizer", work_started)
     monkeypatch.setattr(vocab, "count_loss_tokens", work_started)

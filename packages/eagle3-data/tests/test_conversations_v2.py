@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from eagle3_data.config import IngestConfig
 from eagle3_data.ingest import run
 from eagle3_schemas import validate
-from eagle3_schemas.conversations import (
+from eagle3_schemas.contract.header import Header, write_parquet
+from eagle3_schemas.io.fingerprint import canonical_json
+from eagle3_schemas.layouts.conversations import (
     conversation_id,
     conversation_problem,
     iter_rows,
     template_kwargs,
 )
-from eagle3_schemas.fingerprint import canonical_json
-from eagle3_schemas.header import Header, write_parquet
 
 TOOLS = [
     {

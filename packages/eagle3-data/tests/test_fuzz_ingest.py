@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from eagle3_data.config import IngestConfig
 from eagle3_data.ingest import run
 from eagle3_schemas import validate
-from eagle3_schemas.atomic import TEMP_MARKER
+from eagle3_schemas.io.atomic import TEMP_MARKER
 
 from support.fuzz import FUZZ, count, outcome, places
 

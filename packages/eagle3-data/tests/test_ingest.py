@@ -13,7 +13,7 @@ from eagle3_data.cli import main
 from eagle3_data.config import IngestConfig
 from eagle3_data.ingest import run
 from eagle3_schemas import PathArgumentError, read_header, validate
-from eagle3_schemas.conversations import conversation_id, iter_rows
+from eagle3_schemas.layouts.conversations import conversation_id, iter_rows
 
 GOOD_SHAREGPT = {
     "conversations": [
@@ -133,9 +133,9 @@ def test_sharegpt_json_array_parquet_and_datasets_dir(tmp_path: Path) -> None:
 def test_json_array_streams_records_across_read_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import eagle3_data.ingest as ingest
+    import eagle3_data.raw_records as raw_records
 
-    monkeypatch.setattr(ingest, "JSON_CHUNK_CHARS", 7)  # every record spans many reads
+    monkeypatch.setattr(raw_records, "JSON_CHUNK_CHARS", 7)  # every record spans many reads
     records = [
         {
             "messages": [

@@ -12,7 +12,7 @@ import pytest
 
 from eagle3_data import ingest, tokenization
 from eagle3_data.config import IngestConfig, TokenizeConfig
-from eagle3_schemas.conversations import read_messages
+from eagle3_schemas.layouts.conversations import read_messages
 
 RECORDS = [
     {

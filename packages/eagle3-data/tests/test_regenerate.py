@@ -26,8 +26,8 @@ from eagle3_data.config import RegenerateConfig, SamplingConfig
 from eagle3_data.journal import read_journal
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
-from eagle3_schemas.atomic import TEMP_MARKER
-from eagle3_schemas.conversations import iter_rows
+from eagle3_schemas.io.atomic import TEMP_MARKER
+from eagle3_schemas.layouts.conversations import iter_rows
 
 from support.failures import failure_report
 from support.smallfs import leave_free, small_tmpfs
@@ -282,7 +282,7 @@ def test_a_seeded_limit_regenerates_a_reproducible_random_subset(
 ) -> None:
     """--limit N --sample-seed S asks the endpoint for exactly the N conversations the shared
     id-based draw picks (not the first N of a corpus sorted by source), and says so."""
-    from eagle3_schemas.conversations import select_rows
+    from eagle3_schemas.layouts.conversations import select_rows
 
     url, script = endpoint
     source = write_conversations(tmp_path / "c.parquet", _conversations(40))

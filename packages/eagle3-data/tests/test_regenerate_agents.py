@@ -26,7 +26,7 @@ from eagle3_data import ingest, regenerate, tokenization
 from eagle3_data.config import IngestConfig, RegenerateConfig, SamplingConfig, TokenizeConfig
 from eagle3_data.tokenization import load_tokenizer
 from eagle3_schemas import validate
-from eagle3_schemas.conversations import iter_rows
+from eagle3_schemas.layouts.conversations import iter_rows
 
 TOOLS = [
     {

@@ -16,7 +16,7 @@ import pytest
 from eagle3_data.config import RegenerateConfig, SamplingConfig
 from eagle3_data.regenerate import run
 from eagle3_schemas import read_header, validate
-from eagle3_schemas.conversations import conversation_id, iter_rows
+from eagle3_schemas.layouts.conversations import conversation_id, iter_rows
 
 from support import vllm_server
 from support.failures import failure_report

@@ -15,8 +15,8 @@ from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import ChatRenderer
 from eagle3_data.tokenization import encode_batch, load_tokenizer, run
 from eagle3_schemas import read_header, validate
-from eagle3_schemas.conversations import SCHEMA, conversation_id
-from eagle3_schemas.header import make_header, write_parquet
+from eagle3_schemas.contract.header import make_header, write_parquet
+from eagle3_schemas.layouts.conversations import SCHEMA, conversation_id
 
 TOOLS = [
     {

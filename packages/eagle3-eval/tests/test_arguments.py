@@ -24,7 +24,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(report, "read_report", work_started)
     # The package re-exports validate(), which hides the module of that name from dotted paths.
     monkeypatch.setattr(
-        importlib.import_module("eagle3_schemas.validate"), "validate", work_started
+        importlib.import_module("eagle3_schemas.contract.validate"), "validate", work_started
     )
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_eval.draft import KV, Eagle3Draft, chain_logits
+from eagle3_eval.draft import Eagle3Draft, chain_logits
+from eagle3_eval.draft_layers import KV
 from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
-from eagle3_schemas.header import make_header
-from eagle3_schemas.lineage import fingerprint_vocab_map
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.header import make_header
+from eagle3_schemas.contract.lineage import fingerprint_vocab_map
+from eagle3_schemas.contract.validate import validate
 
 from support import fixtures
 from support.drafts import checkpoint_tensors, random_draft, save_draft
@@ -221,7 +222,7 @@ def test_a_full_vocabulary_draft_reads_with_or_without_the_legacy_d2t(tmp_path: 
     from safetensors.torch import load_file, save_file
 
     from eagle3_eval.preflight import PreflightError, check_served_by_vllm, inspect_draft
-    from eagle3_schemas.draft_vocab import identity_vocab_map
+    from eagle3_schemas.layouts.draft_vocab import identity_vocab_map
 
     config = fixtures.draft_config()
     vocab = config["transformer_layer_config"]["vocab_size"]

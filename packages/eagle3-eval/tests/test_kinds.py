@@ -17,7 +17,7 @@ from eagle3_eval.groups import timed_per_sample
 from eagle3_eval.prompts import PromptError, PromptSelection, PromptSource, build_prompt_set
 from eagle3_eval.report import Baseline, EvalResult, format_table, read_report, write_report
 from eagle3_eval.table import build_table, markdown
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
 
 from support.fixtures import fake_fingerprint
 

@@ -26,13 +26,14 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from eagle3_eval.config import OfflineConfig
-from eagle3_eval.draft import KV, Eagle3Draft, chain_logits
+from eagle3_eval.draft import Eagle3Draft, chain_logits
+from eagle3_eval.draft_layers import KV
 from eagle3_eval.draft_spec import DraftFormatError, DraftSpec, read_spec
 from eagle3_eval.offline import run_offline
 from eagle3_eval.preflight import PreflightError, check_target_shape, inspect_draft
-from eagle3_schemas.header import make_header
-from eagle3_schemas.lineage import fingerprint_vocab_map
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.header import make_header
+from eagle3_schemas.contract.lineage import fingerprint_vocab_map
+from eagle3_schemas.contract.validate import validate
 
 from support import fixtures
 from support.drafts import checkpoint_tensors, random_draft, save_draft, vocab_t2d

@@ -13,8 +13,8 @@ from eagle3_eval.config import OfflineConfig
 from eagle3_eval.offline import accepted_counts, anchors, run_offline, score
 from eagle3_eval.preflight import PreflightError
 from eagle3_eval.report import read_report, write_report
-from eagle3_schemas.lineage import fingerprint_artifact
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.lineage import fingerprint_artifact
+from eagle3_schemas.contract.validate import validate
 
 
 def one_hot_logits(tokens: list[list[int]], vocab: int = 6) -> torch.Tensor:

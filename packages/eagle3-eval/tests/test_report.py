@@ -21,7 +21,7 @@ from eagle3_eval.report import (
     read_report,
     write_report,
 )
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
 
 from support.fixtures import fake_fingerprint
 

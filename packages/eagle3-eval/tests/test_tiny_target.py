@@ -16,14 +16,14 @@ import torch
 from eagle3_eval.cli import main
 from eagle3_eval.draft_spec import DraftSpec
 from eagle3_eval.report import read_report
-from eagle3_schemas.header import make_header
-from eagle3_schemas.lineage import (
+from eagle3_schemas.contract.header import make_header
+from eagle3_schemas.contract.lineage import (
     fingerprint_json,
     fingerprint_model_dir,
     fingerprint_tokenizer_dir,
     fingerprint_vocab_map,
 )
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
 
 from support import tiny_draft as builder
 from support.drafts import random_draft, save_draft, speculators_config
@@ -123,12 +123,12 @@ def test_asset_cache_key_is_the_content_of_what_builds_the_assets(tiny_target: P
         "eagle3_eval/__init__.py",
         "eagle3_eval/draft.py",
         "eagle3_eval/target.py",
-        "eagle3_schemas/hidden_states.py",
-        "eagle3_schemas/checks.py",  # reached only through validate -> registry
+        "eagle3_schemas/layouts/hidden_states.py",
+        "eagle3_schemas/contract/checks/draft_checkpoint.py",  # through validate -> checks
         "eagle3_schemas/schema_files/draft_checkpoint/v1.json",
     } <= key["sources"].keys()
     # not used to build: no rebuild for them
-    assert {"eagle3_eval/report.py", "eagle3_schemas/jsonl.py"}.isdisjoint(key["sources"])
+    assert {"eagle3_eval/report.py", "eagle3_schemas/io/jsonl.py"}.isdisjoint(key["sources"])
     here = builder.default_dir(tiny_target, dict(builder.DEFAULTS))
     other = builder.default_dir(tiny_target, {**builder.DEFAULTS, "steps": 1})
     assert here != other
@@ -200,7 +200,7 @@ def test_reference_runs_put_their_table_into_the_drafts_card(tmp_path: Path, tin
     replaces its table, another setting adds one; huggingface_hub still reads the card."""
     from huggingface_hub import ModelCard
 
-    from eagle3_schemas.model_card import TABLES_ANCHOR, front_matter
+    from eagle3_schemas.layouts.model_card import TABLES_ANCHOR, front_matter
 
     from support.card import read_acceptance
 

@@ -39,7 +39,7 @@ from eagle3_eval.cli import main
 from eagle3_eval.groups import group_label
 from eagle3_eval.report import Report, read_report
 from eagle3_eval.vllm_engine import EXPAND_BUG
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
 
 from support.failures import failure_report
 from support.mt_bench import write_mt_bench
@@ -353,7 +353,7 @@ def test_the_stage_sizes_the_kv_cache_in_bytes_whatever_the_fraction(vllm_out: P
     bare engine fails so on any machine). The stage, given that fraction (``vllm_out``), started
     and measured: it sizes the cache in bytes (``kv_cache_memory_bytes``, in the report's
     ``platform_engine_args``), so the node's size no longer matters. (The bare engine's own
-    failure is vLLM's defect, not reproduced here: eagle3_schemas.target_config.cpu_kv_cache_bytes
+    failure is vLLM's defect, not reproduced here: eagle3_schemas.layouts.target_config.cpu_kv_cache_bytes
     says why bytes, and test_kv_cache_bytes.py checks that a failure's root cause leads.)"""
     served = read_report(vllm_out / "trained" / "temperature-0").fields
     assert served["num_prompts"] == PROMPTS

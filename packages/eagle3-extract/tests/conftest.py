@@ -149,8 +149,12 @@ def _write_chat_tokenized(tokenizer_dir: Path, path: Path, count: int = 16) -> P
     import pyarrow as pa
     from transformers import AutoTokenizer
 
-    from eagle3_schemas.header import make_header, write_parquet
-    from eagle3_schemas.lineage import fingerprint_json, fingerprint_text, fingerprint_tokenizer_dir
+    from eagle3_schemas.contract.header import make_header, write_parquet
+    from eagle3_schemas.contract.lineage import (
+        fingerprint_json,
+        fingerprint_text,
+        fingerprint_tokenizer_dir,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     chats = stdlib_chats(count)

@@ -18,8 +18,8 @@ from eagle3_extract.config import ConfigError, ExtractConfig
 from eagle3_extract.run import run
 from eagle3_extract.workdir import WorkDir, partial_dir
 from eagle3_schemas import validate
-from eagle3_schemas.atomic import TEMP_MARKER
-from eagle3_schemas.stream import Fragment
+from eagle3_schemas.contract.stream import Fragment
+from eagle3_schemas.io.atomic import TEMP_MARKER
 
 from support import fixtures
 

@@ -22,7 +22,7 @@ from eagle3_extract.run import run
 from eagle3_extract.samples import read_tokenized
 from eagle3_extract.workdir import ResumeError, WorkDir, partial_dir
 from eagle3_schemas import read_header, validate
-from eagle3_schemas.atomic import TEMP_MARKER
+from eagle3_schemas.io.atomic import TEMP_MARKER
 
 from support import fixtures
 

@@ -16,7 +16,7 @@ from eagle3_extract.backends.vllm_backend import _generate
 from eagle3_extract.cli import main
 from eagle3_extract.progress import CaptureProgress
 from eagle3_extract.samples import Sample, read_tokenized
-from eagle3_schemas.conversations import select_rows
+from eagle3_schemas.layouts.conversations import select_rows
 
 from support import fixtures
 

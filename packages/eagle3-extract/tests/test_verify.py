@@ -26,8 +26,8 @@ from eagle3_extract.run import run
 from eagle3_extract.samples import Sample
 from eagle3_extract.verify import verify
 from eagle3_schemas import read_header, validate
-from eagle3_schemas.header import make_header, write_json_header, write_parquet
-from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.contract.header import make_header, write_json_header, write_parquet
+from eagle3_schemas.io.safetensors_format import read_safetensors
 
 from support.edits import map_hidden_state_rows
 

@@ -215,7 +215,7 @@ def test_mla_moe_target_matches_transformers_at_every_position(mla_capture: MlaC
 STEPPER_PROBE = """
 import json
 from vllm.v1.engine import core_client, llm_engine
-from eagle3_extract.backends.vllm_backend import _stepper_findings
+from eagle3_extract.backends.vllm_introspect import _stepper_findings
 
 def messages():
     return [f.message for f in _stepper_findings()]

@@ -26,8 +26,8 @@ import pytest
 
 from eagle3_extract.workdir import WorkDir
 from eagle3_schemas import validate
-from eagle3_schemas.atomic import TEMP_MARKER
-from eagle3_schemas.stream import Fragment
+from eagle3_schemas.contract.stream import Fragment
+from eagle3_schemas.io.atomic import TEMP_MARKER
 
 from support.failures import failure_report
 from support.smallfs import leave_free, small_tmpfs

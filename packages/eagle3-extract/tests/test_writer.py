@@ -20,7 +20,7 @@ from eagle3_extract.run import run
 from eagle3_extract.samples import read_tokenized
 from eagle3_extract.storage import STORAGE_RELATIVE_ERROR, decode, encode
 from eagle3_schemas import fingerprint_artifact, fingerprint_model_dir, read_header, validate
-from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.io.safetensors_format import read_safetensors
 
 from support import fixtures
 

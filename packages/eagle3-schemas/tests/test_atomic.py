@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_schemas import atomic_directory, atomic_path, validate
-from eagle3_schemas.atomic import TEMP_MARKER
+from eagle3_schemas.io.atomic import TEMP_MARKER
 
 from support.fixtures import build
 
@@ -45,7 +45,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from eagle3_schemas.header import make_header, write_safetensors
+    from eagle3_schemas.contract.header import make_header, write_safetensors
     header = make_header("vocab_map", {"tokenized_fingerprint": "x", "tokenizer_fingerprint": "y"},
                          draft_vocab_size=4, target_vocab_size=50_000_000, num_loss_tokens=0, coverage=0.0)
     counts = np.zeros(50_000_000, np.int64)  # 400 MB: the kill lands mid-write

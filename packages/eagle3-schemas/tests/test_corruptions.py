@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from eagle3_schemas import validate
-from eagle3_schemas.registry import load_schema, versions
+from eagle3_schemas.contract.registry import load_schema, versions
 
 from support.edits import (
     artifact_files,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from eagle3_schemas.cuda_driver import (
+from eagle3_schemas.runtime.cuda_driver import (
     check_this_host,
     driver_cuda_version,
     driver_verdict,
@@ -66,7 +66,7 @@ def test_this_machine_is_read_without_importing_torch():
     """What the stages see here: the installed torch's CUDA release read from its files (equal
     to what torch says once imported), the driver from libcuda (None on a machine without)."""
     code = (
-        "import sys; from eagle3_schemas.cuda_driver import torch_cuda_version as v; "
+        "import sys; from eagle3_schemas.runtime.cuda_driver import torch_cuda_version as v; "
         "read = v(); assert 'torch' not in sys.modules; import torch; "
         "print(repr(read), repr(torch.version.cuda))"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_schemas.draft_layout import (
+from eagle3_schemas.layouts.draft_layout import (
     COUNTING,
     SGLANG,
     SPECULATORS,

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eagle3_schemas.draft_layout import (
+from eagle3_schemas.layouts.draft_layout import (
     SGLANG_ARCHITECTURES,
     VLLM_MLA_ARCHITECTURES,
     DraftLayoutError,

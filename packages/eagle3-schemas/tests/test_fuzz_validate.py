@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eagle3_schemas import validate
-from eagle3_schemas.artifact import Violation
+from eagle3_schemas.contract.artifact import Violation
 
 from support.edits import artifact_files, rewrite_header
 from support.fixtures import build

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_schemas.atomic import TEMP_MARKER, atomic_directory, write_json_atomic
-from eagle3_schemas.diskspace import DiskFull
-from eagle3_schemas.jsonl import append_to, complete_lines
+from eagle3_schemas.io.atomic import TEMP_MARKER, atomic_directory, write_json_atomic
+from eagle3_schemas.io.diskspace import DiskFull
+from eagle3_schemas.io.jsonl import append_to, complete_lines
 
 CALLS = ("fsync", "replace", "rename", "write")
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3_schemas.failures import exception_lines
-from eagle3_schemas.target_config import (
+from eagle3_schemas.layouts.target_config import (
     cpu_kv_cache_bytes,
     cpu_kv_cache_tokens,
     kv_cache_bytes_per_token,
     read_text_config,
 )
+from eagle3_schemas.runtime.failures import exception_lines
 
 from support.failures import failure_report
 

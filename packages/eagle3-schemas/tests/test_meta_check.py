@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_schemas.meta_check import freeze, meta_check
-from eagle3_schemas.registry import SCHEMA_DIR, load_schema
+from eagle3_schemas.contract.meta_check import freeze, meta_check
+from eagle3_schemas.contract.registry import SCHEMA_DIR, load_schema
 
 
 @pytest.fixture

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_schemas.paths import (
+from eagle3_schemas.contract.paths import (
     PathArgumentError,
     artifact_suffix,
     check_input_artifact,
     check_output_artifact,
 )
-from eagle3_schemas.registry import artifact_kinds
+from eagle3_schemas.contract.registry import artifact_kinds
 
 from support import fixtures
 

@@ -12,9 +12,9 @@ import pytest
 import xxhash
 
 from eagle3_schemas import fingerprint_artifact, fingerprint_vocab_map, read_header, validate
-from eagle3_schemas.hidden_states import checksum_rows
-from eagle3_schemas.registry import artifact_kinds, versions
-from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.contract.registry import artifact_kinds, versions
+from eagle3_schemas.io.safetensors_format import read_safetensors
+from eagle3_schemas.layouts.hidden_states import checksum_rows
 
 from support.edits import as_hidden_states_v1, rewrite_header
 from support.fixtures import BUILDERS, build, vocab_arrays

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from eagle3_schemas.signals import StopSignals
+from eagle3_schemas.runtime.signals import StopSignals
 
 
 def _handler_seen_by(stop: StopSignals) -> None:
@@ -50,7 +50,7 @@ def test_install_records_the_signal_and_uninstall_restores_the_previous_handler(
 def test_a_second_signal_of_the_same_kind_stops_now():
     script = (
         "import os, signal\n"
-        "from eagle3_schemas.signals import StopSignals\n"
+        "from eagle3_schemas.runtime.signals import StopSignals\n"
         "stop = StopSignals(['SIGUSR1'])\n"
         "stop.install()\n"
         "os.kill(os.getpid(), signal.SIGUSR1)\n"

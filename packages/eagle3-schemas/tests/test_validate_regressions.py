@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from eagle3_schemas import validate
-from eagle3_schemas.header import HEADER_KEY
+from eagle3_schemas.contract.header import HEADER_KEY
 
 from support.fixtures import build
 

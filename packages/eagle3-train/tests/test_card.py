@@ -10,8 +10,8 @@ import shlex
 import pytest
 from huggingface_hub import ModelCard
 
-from eagle3_schemas.model_card import put_acceptance
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.layouts.model_card import put_acceptance
 from eagle3_train.export.card import parameter_counts
 
 from support.card import read_acceptance

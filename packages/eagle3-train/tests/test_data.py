@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.io.safetensors_format import read_safetensors
 from eagle3_train.data.dataset import (
     HiddenStateDataset,
     is_validation,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3_schemas.draft_layout import VLLM_MLA, DraftLayoutError, detect_layout
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.layouts.draft_layout import VLLM_MLA, DraftLayoutError, detect_layout
 from eagle3_train.components.build import build_model
 from eagle3_train.config.run_config import load_config
 from eagle3_train.data.inputs import checkpoint_lineage, load_inputs, resolve_arch

@@ -21,8 +21,8 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_schemas.header import write_safetensors
-from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.contract.header import write_safetensors
+from eagle3_schemas.io.safetensors_format import read_safetensors
 from eagle3_train.data.dataset import CorruptSample, HiddenStateDataset
 from eagle3_train.data.loader import ShardReader
 from eagle3_train.run.nonfinite import NonFiniteSkip, fused_found_inf

@@ -141,8 +141,8 @@ def test_a_foreign_vocabulary_is_refused_or_remapped_with_counts(
 
 def test_the_mla_layout_reads_loads_and_is_told_from_a_llama_run(tmp_path):
     """vLLM-native MLA drafts (Kimi-K2.5's published layout) read and load as exported."""
-    from eagle3_schemas.atomic import write_json_atomic
-    from eagle3_schemas.header import write_safetensors
+    from eagle3_schemas.contract.header import write_safetensors
+    from eagle3_schemas.io.atomic import write_json_atomic
     from eagle3_train.export.init_from import compatibility_problems, load_into, read_init_draft
     from eagle3_train.export.write import draft_config, export_weights
     from eagle3_train.model.draft import Eagle3Draft
@@ -188,8 +188,8 @@ def test_a_full_vocabulary_draft_starts_a_run_with_or_without_the_legacy_d2t(
     """A full-vocabulary draft stores no d2t (as the public Kimi-K2.5 drafts): its map is the
     identity, and it starts a run. One written before that rule, holding the d2t vLLM refuses,
     still starts it, with a note naming the tensor and the engine."""
-    from eagle3_schemas.atomic import write_json_atomic
-    from eagle3_schemas.header import write_safetensors
+    from eagle3_schemas.contract.header import write_safetensors
+    from eagle3_schemas.io.atomic import write_json_atomic
     from eagle3_train.export.init_from import compatibility_problems, load_into, read_init_draft
     from eagle3_train.export.write import draft_config, export_weights
     from eagle3_train.model.draft import Eagle3Draft
@@ -225,8 +225,8 @@ def test_a_full_vocabulary_draft_starts_a_run_with_or_without_the_legacy_d2t(
 
 
 def test_a_pruned_draft_without_d2t_is_refused(tmp_path):
-    from eagle3_schemas.atomic import write_json_atomic
-    from eagle3_schemas.header import write_safetensors
+    from eagle3_schemas.contract.header import write_safetensors
+    from eagle3_schemas.io.atomic import write_json_atomic
     from eagle3_train.export.init_from import InitFromError, read_init_draft
     from eagle3_train.export.write import draft_config, export_weights
     from eagle3_train.model.draft import Eagle3Draft

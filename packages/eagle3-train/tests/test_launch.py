@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
 
 from support.train import REPO, env_for_subprocess, make_inputs, run_cli, write_config
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from eagle3_schemas.registry import load_schema
+from eagle3_schemas.contract.registry import load_schema
 from eagle3_train.model.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.flash_attention import flash_ttt_attention

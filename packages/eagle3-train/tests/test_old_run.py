@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-49c985f"
 WRITTEN_AT = "/tmp/oldckpt/fixture"  # where 49c985f's run lived; run.yaml names its paths

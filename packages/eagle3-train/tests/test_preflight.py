@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
-from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.io.safetensors_format import read_safetensors
 from eagle3_train.components import zero_clip
 from eagle3_train.components.accelerator import DEEPSPEED_REFUSED, ZeroLaunch
 from eagle3_train.components.checkpoint import Checkpoints

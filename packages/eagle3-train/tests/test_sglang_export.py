@@ -17,7 +17,7 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_schemas.draft_layout import sglang_loads
+from eagle3_schemas.layouts.draft_layout import sglang_loads
 from eagle3_train.components.accelerator import make_accelerator
 from eagle3_train.components.build import build_model
 from eagle3_train.config.run_config import load_config

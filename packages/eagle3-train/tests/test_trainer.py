@@ -12,8 +12,8 @@ import pytest
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_schemas.header import read_header, write_safetensors
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.header import read_header, write_safetensors
+from eagle3_schemas.contract.validate import validate
 
 from support.edits import as_hidden_states_v1, rewrite_checksums
 from support.train import make_inputs, write_config

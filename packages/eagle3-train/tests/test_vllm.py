@@ -33,13 +33,13 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3_schemas.lineage import (
+from eagle3_schemas.contract.lineage import (
     fingerprint_json,
     fingerprint_model_dir,
     fingerprint_tokenizer_dir,
 )
-from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.layouts.target_config import cpu_engine_args, cpu_kv_cache_tokens
 
 from support import tiny_corpus, tiny_target
 from support.failures import failure_report

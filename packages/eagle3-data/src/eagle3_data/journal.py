@@ -1,6 +1,6 @@
 """The regenerate journal: one JSON line per finished sample, what makes a run resumable.
 
-Appended as each answer arrives and read back by sample id, through eagle3_schemas.jsonl: a
+Appended as each answer arrives and read back by sample id, through eagle3_schemas.io.jsonl: a
 line cut short by a kill or a full disk is the file's last and is ignored on reading; the next
 run drops it before appending (``truncate_torn_tail``). A full disk stops the run by name
 (``DiskFull``, exit 7) with every complete line kept.
@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from eagle3_schemas.jsonl import append_line
+from eagle3_schemas.io.jsonl import append_line
 
 
 def read_journal(path: Path) -> dict[str, int]:

@@ -18,6 +18,10 @@ Resumable and idempotent by sample id: each finished sample is appended to a jou
 the output; a rerun skips what the journal holds. Samples the target answers badly (cut at
 ``max_tokens``, empty) are rejected for good; samples whose endpoint calls kept failing are
 left out of the journal, and the artifact is only published once none remain.
+
+One module of some 570 lines on purpose: both engines walk a row's turns with the same
+acceptance rules into the same journal, and its three sections (the endpoint engine, the vLLM
+offline engine, the command) read top to bottom as one row's life.
 """
 
 from __future__ import annotations
@@ -38,19 +42,19 @@ from tqdm import tqdm
 from eagle3_data.config import RegenerateConfig
 from eagle3_data.journal import Journal, read_journal
 from eagle3_data.rejects import RejectsFile
-from eagle3_schemas.conversations import (
+from eagle3_schemas.contract.header import make_header, parquet_stream, read_header
+from eagle3_schemas.contract.lineage import fingerprint_json
+from eagle3_schemas.io.diskspace import disk_full, is_disk_full
+from eagle3_schemas.io.jsonl import truncate_torn_tail
+from eagle3_schemas.layouts.conversations import (
     SCHEMA,
     TOKEN_FIELDS,
     describe_selection,
     iter_rows,
     select_rows,
 )
-from eagle3_schemas.diskspace import disk_full, is_disk_full
-from eagle3_schemas.header import make_header, parquet_stream, read_header
-from eagle3_schemas.jsonl import truncate_torn_tail
-from eagle3_schemas.lineage import fingerprint_json
-from eagle3_schemas.signals import StopSignals
-from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens, text_config
+from eagle3_schemas.layouts.target_config import cpu_engine_args, cpu_kv_cache_tokens, text_config
+from eagle3_schemas.runtime.signals import StopSignals
 
 Messages = list[dict[str, Any]]
 MAX_EVENTS_PER_TURN = 32  # an agent loop longer than this is rejected (runaway calls)

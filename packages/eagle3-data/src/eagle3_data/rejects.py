@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from eagle3_schemas.atomic import TEMP_MARKER
+from eagle3_schemas.io.atomic import TEMP_MARKER
 
 
 class RejectsFile:

@@ -34,16 +34,20 @@ import pyarrow as pa
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import THINK_CLOSE, THINK_OPEN, ChatRenderer, MaskError, token_mask
 from eagle3_data.rejects import RejectsFile
-from eagle3_schemas.conversations import (
+from eagle3_schemas.contract.header import make_header, parquet_stream, read_header
+from eagle3_schemas.contract.lineage import (
+    fingerprint_artifact,
+    fingerprint_text,
+    fingerprint_tokenizer_dir,
+)
+from eagle3_schemas.layouts.conversations import (
     iter_rows,
     render_prompt,
     served_messages,
     template_kwargs,
 )
-from eagle3_schemas.header import make_header, parquet_stream, read_header
-from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_text, fingerprint_tokenizer_dir
-from eagle3_schemas.remote_code import remote_code_record
-from eagle3_schemas.target_config import read_text_config
+from eagle3_schemas.layouts.remote_code import remote_code_record
+from eagle3_schemas.layouts.target_config import read_text_config
 
 SCHEMA = pa.schema(
     [

@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eagle3_data.config import VocabConfig
-from eagle3_schemas.header import make_header, read_header, write_safetensors
-from eagle3_schemas.lineage import fingerprint_artifact
+from eagle3_schemas.contract.header import make_header, read_header, write_safetensors
+from eagle3_schemas.contract.lineage import fingerprint_artifact
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ to ``num_draft_tokens``, the accepted prefix length a to ``num_accepted_tokens``
 That is the pooled acceptance length (vLLM's, the headline). SpecForge's bench averages each
 request's own ``1 + accepted / drafts`` instead (``acceptance_length_per_request``); the two
 differ whenever requests differ in length and acceptance, so both are reported, each named
-(eagle3_schemas.model_card.ACCEPTANCE_DEFINITIONS).
+(eagle3_schemas.layouts.model_card.ACCEPTANCE_DEFINITIONS).
 
 The "+1" is the token the target adds at every step (the correction or bonus token). Accepted
 tokens are a prefix, so ``per_position_acceptance`` is non-increasing and the histogram of

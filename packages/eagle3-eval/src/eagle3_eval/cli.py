@@ -165,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
 def _online_config(args: argparse.Namespace):
     from eagle3_eval.config import DraftSource, OnlineConfig, parse_engine_args
     from eagle3_eval.prompts import PromptSelection, PromptSource
-    from eagle3_schemas.options import config_from_args
+    from eagle3_schemas.runtime.options import config_from_args
 
     selection = config_from_args(
         PromptSelection,
@@ -201,7 +201,7 @@ def _publish(
     from eagle3_eval.config import output_dirs
     from eagle3_eval.report import format_table as table
     from eagle3_eval.report import read_report, write_report
-    from eagle3_schemas.model_card import update_card
+    from eagle3_schemas.layouts.model_card import update_card
 
     reports = []
     for result, path in zip(results, output_dirs(out, temperatures), strict=True):
@@ -227,12 +227,12 @@ def _run(args: argparse.Namespace) -> int:
         return engine_main([str(args.job), str(args.result)])
 
     from eagle3_eval.config import ConfigError
-    from eagle3_schemas.paths import check_input_artifact
+    from eagle3_schemas.contract.paths import check_input_artifact
 
     if command == "offline":
         from eagle3_eval.config import OfflineConfig
         from eagle3_eval.offline import run_offline
-        from eagle3_schemas.options import config_from_args
+        from eagle3_schemas.runtime.options import config_from_args
 
         temperatures = tuple(args.temperature or [0.0])
         config = config_from_args(OfflineConfig, args, temperatures=temperatures)
@@ -274,7 +274,7 @@ def _run(args: argparse.Namespace) -> int:
     if command == "report":
         from eagle3_eval.plot import render
         from eagle3_eval.report import format_table, read_report
-        from eagle3_schemas.validate import validate
+        from eagle3_schemas.contract.validate import validate
 
         check_input_artifact(args.report, "eval_report", "REPORT")
         violations = validate(args.report)
@@ -305,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3_eval.report import ReportError
     from eagle3_eval.target import TargetError
     from eagle3_eval.vllm_mode import VllmError
-    from eagle3_schemas.header import ArtifactError
-    from eagle3_schemas.paths import PathArgumentError
-    from eagle3_schemas.remote_code import RemoteCodeRefused
+    from eagle3_schemas.contract.header import ArtifactError
+    from eagle3_schemas.contract.paths import PathArgumentError
+    from eagle3_schemas.layouts.remote_code import RemoteCodeRefused
 
     try:
         return _run(args)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_eval.prompts import NAME, PromptSelection
-from eagle3_schemas.paths import (
+from eagle3_schemas.contract.paths import (
     check_input_artifact,
     check_input_dir,
     check_input_file,
@@ -17,7 +17,7 @@ from eagle3_schemas.paths import (
     check_output_artifact,
     refuse,
 )
-from eagle3_schemas.remote_code import check_trust
+from eagle3_schemas.layouts.remote_code import check_trust
 
 DRAFT_PROPOSALS = ("greedy", "sample")
 DRAFT_EXPECTED = "a draft checkpoint directory (speculators format, with config.json)"

@@ -1,23 +1,24 @@
 """How a draft checkpoint's config reads, as vLLM reads it: the speculators ``eagle3``
 layout (Llama-style ``Eagle3LlamaForCausalLM``) and vLLM's native MLA layout
 (``Eagle3DeepseekV2ForCausalLM``) into one ``DraftSpec`` — shapes, flags, aux layer ids, the
-tensors vLLM expects and those it does without. The forwards that run a spec are in
-``draft.py``; this module changes when a checkpoint format does, that one when vLLM's
-computation does."""
+tensors vLLM expects and those it does without. Every layout's reader takes the fields they
+share from one builder (``_common_fields``) and sets only what its layout reads otherwise; the
+MLA attention's own fields are ``mla_spec``'s. The forwards that run a spec are in ``draft.py``;
+this module changes when a checkpoint format does, that one when vLLM's computation does."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from eagle3_schemas.draft_layout import (
+from eagle3_eval.mla_spec import DraftFormatError, MLASpec
+from eagle3_schemas.layouts.draft_layout import (
     SGLANG,
     SPECULATORS,
     VLLM_MLA,
@@ -32,8 +33,6 @@ WEIGHTS_FILE = "model.safetensors"
 LINEAGE_FILE = "eagle3.json"
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLA_ATTENTION = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
-MLA_NORMS = ("q_a_layernorm", "kv_a_layernorm")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
 # vLLM 0.32 registry: both names are deepseek_eagle3.Eagle3DeepseekV2ForCausalLM.
@@ -43,10 +42,6 @@ MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM
 MTP_REWRITTEN_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 # model_arch_config_convertor: the draft runs MLA only for these model types.
 MLA_MODEL_TYPES = ("axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp")
-
-
-class DraftFormatError(ValueError):
-    """The checkpoint is not an EAGLE-3 draft this module (and vLLM) can run."""
 
 
 def _checked_aux_ids(where: str, aux: Any) -> list[int]:
@@ -65,166 +60,48 @@ def _checked_aux_ids(where: str, aux: Any) -> list[int]:
     return list(aux)
 
 
-def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
-    """DeepSeek YaRN's magnitude correction (vLLM ``yarn_get_mscale``)."""
-    if scale <= 1:
-        return 1.0
-    return 0.1 * mscale * math.log(scale) + 1.0
+def _common_fields(
+    config: dict[str, Any],
+    layer: dict[str, Any],
+    need: Callable[[str], Any],
+    hidden: int,
+    heads: int,
+    aux: list[int],
+    notes: list[str],
+    *,
+    norm_before_residual: bool,
+) -> dict[str, Any]:
+    """The ``DraftSpec`` fields every layout reads the same way, as vLLM reads them.
 
-
-@dataclass(frozen=True)
-class MLASpec:
-    """The multi-head latent attention of an ``Eagle3DeepseekV2ForCausalLM`` draft.
-
-    ``rope_type`` is what vLLM runs: ``default`` or ``deepseek_yarn`` (any other type in the
-    config is rewritten to it) or ``deepseek_llama_scaling`` (same rope, no softmax mscale;
-    chosen when ``attention_factor`` is 1.0).
-    """
-
-    q_lora_rank: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    rope_theta: float
-    rope_type: str = "default"
-    factor: float = 1.0
-    original_max_position_embeddings: int = 0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float = 1.0
-    mscale_all_dim: float = 0.0
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def softmax_scale(self) -> float:
-        """deepseek_v2.py DeepseekV2MLAAttention: qk_head_dim^-0.5 [* mscale^2 with yarn]."""
-        scale = self.qk_head_dim**-0.5
-        if self.rope_type == "deepseek_yarn":
-            m = yarn_get_mscale(self.factor, self.mscale_all_dim)
-            scale = scale * m * m
-        return scale
-
-    @property
-    def rope_mscale(self) -> float:
-        """Factor on cos/sin (DeepseekScalingRotaryEmbedding.mscale); 1 for plain rope."""
-        if self.rope_type == "default":
-            return 1.0
-        return yarn_get_mscale(self.factor, self.mscale) / yarn_get_mscale(
-            self.factor, self.mscale_all_dim
-        )
-
-    def inv_freq(self) -> Tensor:
-        """[qk_rope_head_dim / 2] float32, as vLLM's rope cache is built."""
-        dim, base = self.qk_rope_head_dim, self.rope_theta
-        pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
-        if self.rope_type == "default":
-            return 1.0 / pos_freqs
-
-        # DeepseekScalingRotaryEmbedding._compute_inv_freq (rotary_embedding/common.py helpers).
-        def correction_dim(rotations: float) -> float:
-            return (
-                dim * math.log(self.original_max_position_embeddings / (rotations * 2 * math.pi))
-            ) / (2 * math.log(base))
-
-        low = max(math.floor(correction_dim(self.beta_fast)), 0)
-        high = min(math.ceil(correction_dim(self.beta_slow)), dim - 1)
-        if low == high:
-            high += 0.001
-        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float) - low) / (high - low), 0, 1)
-        keep = 1 - ramp  # 1: the original frequency (extrapolation), 0: divided by factor
-        interpolation, extrapolation = 1.0 / (self.factor * pos_freqs), 1.0 / pos_freqs
-        return interpolation * (1 - keep) + extrapolation * keep
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], where: str, notes: list[str]) -> MLASpec:
-        def need_int(key: str) -> int:
-            value = config.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise DraftFormatError(f"{where}: {key} must be a positive int, got {value!r}")
-            return value
-
-        if config.get("q_lora_rank") is None:
-            # vLLM's hf_to_vllm_mapper renames kv_a_proj_with_mqa to fused_qkv_a_proj, which
-            # only exists with a q_lora_rank: the checkpoint would not load.
-            raise DraftFormatError(
-                f"{where}: q_lora_rank is null; vLLM 0.32 cannot load an EAGLE-3 MLA draft "
-                "without q_a_proj (its weight mapper needs fused_qkv_a_proj)"
-            )
-        rope = config.get("rope_parameters")
-        legacy = config.get("rope_scaling")
-        if not isinstance(rope, dict):
-            rope = dict(legacy or {})
-            rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
-        elif isinstance(legacy, dict):
-            for key, value in legacy.items():
-                key = "rope_type" if key == "type" else key
-                if key in rope and rope[key] != value:
-                    notes.append(
-                        f"rope_scaling.{key} {value!r} differs from rope_parameters.{key} "
-                        f"{rope[key]!r}; the rope_parameters value is used"
-                    )
-        rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
-        theta = rope.get("rope_theta", config.get("rope_theta"))
-        if theta is None:
-            raise DraftFormatError(f"{where}: no rope_theta (rope_parameters.rope_theta)")
-        dims = {
-            key: need_int(key)
-            for key in (
-                "q_lora_rank",
-                "kv_lora_rank",
-                "qk_nope_head_dim",
-                "qk_rope_head_dim",
-                "v_head_dim",
-            )
-        }
-        if dims["qk_rope_head_dim"] % 2:
-            raise DraftFormatError(f"{where}: qk_rope_head_dim must be even")
-        if (dims["kv_lora_rank"], dims["qk_rope_head_dim"]) != (512, 64):
-            notes.append(
-                f"kv_lora_rank {dims['kv_lora_rank']} + qk_rope_head_dim "
-                f"{dims['qk_rope_head_dim']}: vLLM 0.32's MLA backends (CPU_MLA, FlashMLA) need "
-                "512 + 64 (cache head size 576)"
-            )
-        if config.get("rope_interleave") is False:
-            notes.append(
-                "rope_interleave is false, but vLLM 0.32 always applies interleaved (GPT-J) rope "
-                "to an MLA draft; it is evaluated (as served) with interleaved rope"
-            )
-        if rope_type == "default":
-            return cls(**dims, rope_theta=float(theta))
-        if rope_type not in ("yarn", "deepseek_yarn"):
-            notes.append(
-                f"rope type {rope_type!r}: vLLM 0.32 runs every non-default rope of an MLA draft "
-                "as DeepSeek YaRN; evaluated as such"
-            )
-        if "factor" not in rope:
-            raise DraftFormatError(f"{where}: rope type {rope_type!r} without factor")
-        original = rope.get("original_max_position_embeddings")
-        if original is None:
-            original = config.get("max_position_embeddings")
-            notes.append(
-                "rope parameters have no original_max_position_embeddings; "
-                f"max_position_embeddings {original} is used"
-            )
-        if original is None:
-            raise DraftFormatError(f"{where}: no original_max_position_embeddings for yarn")
-        return cls(
-            **dims,
-            rope_theta=float(theta),
-            rope_type=(
-                "deepseek_llama_scaling" if rope.get("attention_factor") == 1.0 else "deepseek_yarn"
-            ),
-            factor=float(rope["factor"]),
-            original_max_position_embeddings=int(original),
-            beta_fast=float(rope.get("beta_fast", 32)),
-            beta_slow=float(rope.get("beta_slow", 1)),
-            mscale=float(rope.get("mscale", 1)),
-            mscale_all_dim=float(rope.get("mscale_all_dim") or 0),
-        )
+    ``layer`` holds the decoder layer's keys (speculators: ``transformer_layer_config``; the flat
+    layouts: the config itself) and ``need`` reads a required one with the layout's message;
+    ``config`` holds the draft's own keys (the EAGLE-3 flags, ``target_hidden_size``,
+    ``draft_vocab_size``). ``norm_before_residual`` is vLLM's default on the layout's route when
+    the key is absent. A reader replaces what its layout reads otherwise."""
+    target_vocab = int(need("vocab_size"))
+    return {
+        "hidden_size": hidden,
+        "num_layers": int(layer.get("num_hidden_layers", 1)),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(layer.get("num_key_value_heads") or heads),
+        "head_dim": int(layer.get("head_dim") or hidden // heads),
+        "intermediate_size": int(need("intermediate_size")),
+        "rms_norm_eps": float(need("rms_norm_eps")),
+        "hidden_act": str(layer.get("hidden_act", "silu")),
+        "attention_bias": bool(layer.get("attention_bias", False)),
+        "target_vocab_size": target_vocab,
+        "draft_vocab_size": int(config.get("draft_vocab_size") or target_vocab),
+        "target_hidden_size": int(config.get("target_hidden_size") or hidden),
+        "aux_layer_ids": tuple(aux),
+        "norm_before_residual": bool(config.get("norm_before_residual", norm_before_residual)),
+        "norm_before_fc": bool(config.get("norm_before_fc", False)),
+        "fc_norm": bool(config.get("fc_norm", False)),
+        "norm_output": bool(config.get("norm_output", False)),
+        "logit_scale": float(layer.get("logit_scale", config.get("logit_scale", 1.0))),
+        "verifier_path": "",
+        "layer_config": dict(layer),
+        "vllm_notes": tuple(notes),
+    }
 
 
 @dataclass(frozen=True)
@@ -259,7 +136,7 @@ class DraftSpec:
     # Things vLLM 0.32 would do differently from the config's face value; reported, not fatal.
     vllm_notes: tuple[str, ...] = ()
     mla: MLASpec | None = None
-    # The layout config.json is in (eagle3_schemas.draft_layout) and what decided it; the aux
+    # The layout config.json is in (eagle3_schemas.layouts.draft_layout) and what decided it; the aux
     # ids above are in vLLM's counting whatever the layout.
     layout: str = SPECULATORS
     layout_note: str = ""
@@ -318,37 +195,19 @@ class DraftSpec:
             raise DraftFormatError(f"{where}: attention_bias / mlp_bias are not supported")
         hidden = int(need("hidden_size"))
         heads = int(need("num_attention_heads"))
-        target_vocab = int(need("vocab_size"))
         notes = []
         if len(aux) != 3:
             notes.append(
                 f"SGLang sizes fc for 3 aux states; this draft has {len(aux)} and would fail to "
                 "load there"
             )
+        # llama_eagle3.py (both engines): vLLM's native route defaults norm_before_residual to
+        # False, and SGLang's layer 0 always keeps the un-normed residual. One layer and no
+        # biases were checked above.
         return cls(
-            hidden_size=hidden,
-            num_layers=1,
-            num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate_size=int(need("intermediate_size")),
-            rms_norm_eps=float(need("rms_norm_eps")),
-            hidden_act=str(config.get("hidden_act", "silu")),
-            attention_bias=False,
-            target_vocab_size=target_vocab,
-            draft_vocab_size=int(config.get("draft_vocab_size") or target_vocab),
-            target_hidden_size=int(config.get("target_hidden_size") or hidden),
-            aux_layer_ids=tuple(aux),
-            # llama_eagle3.py (both engines): vLLM's native route defaults it to False, and
-            # SGLang's layer 0 always keeps the un-normed residual.
-            norm_before_residual=bool(config.get("norm_before_residual", False)),
-            norm_before_fc=bool(config.get("norm_before_fc", False)),
-            fc_norm=bool(config.get("fc_norm", False)),
-            norm_output=bool(config.get("norm_output", False)),
-            logit_scale=float(config.get("logit_scale", 1.0)),
-            verifier_path="",
-            layer_config=dict(config),
-            vllm_notes=tuple(notes),
+            **_common_fields(
+                config, config, need, hidden, heads, aux, notes, norm_before_residual=False
+            )
         )
 
     @classmethod
@@ -388,31 +247,25 @@ class DraftSpec:
                 f"vLLM 0.32 sizes fc for 3 aux states when a speculators config has no "
                 f"num_aux_hidden_states; this draft has {len(aux)} and would fail to load there"
             )
-        draft_vocab = int(need(config, "draft_vocab_size"))
+        draft_vocab = int(need(config, "draft_vocab_size"))  # required in this layout
         verifier = config.get("speculators_config", {}).get("verifier", {})
-        return cls(
-            hidden_size=hidden,
-            num_layers=int(layer.get("num_hidden_layers", 1)),
-            num_attention_heads=heads,
-            num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
-            head_dim=int(layer.get("head_dim") or hidden // heads),
-            intermediate_size=int(need(layer, "intermediate_size", p)),
-            rms_norm_eps=float(need(layer, "rms_norm_eps", p)),
-            hidden_act=str(layer.get("hidden_act", "silu")),
-            attention_bias=bool(layer.get("attention_bias", False)),
-            target_vocab_size=int(need(layer, "vocab_size", p)),
-            draft_vocab_size=draft_vocab,
-            target_hidden_size=int(config.get("target_hidden_size") or hidden),
-            aux_layer_ids=tuple(aux),
+        common = _common_fields(
+            config,
+            layer,
+            lambda key: need(layer, key, p),
+            hidden,
+            heads,
+            aux,
+            notes,
             # vLLM's speculators conversion defaults this to True when the key is absent.
-            norm_before_residual=bool(config.get("norm_before_residual", True)),
-            norm_before_fc=bool(config.get("norm_before_fc", False)),
-            fc_norm=bool(config.get("fc_norm", False)),
-            norm_output=bool(config.get("norm_output", False)),
-            logit_scale=float(layer.get("logit_scale", config.get("logit_scale", 1.0))),
-            verifier_path=str(verifier.get("name_or_path", "")),
-            layer_config=dict(layer),
-            vllm_notes=tuple(notes),
+            norm_before_residual=True,
+        )
+        return cls(
+            **common
+            | {
+                "draft_vocab_size": draft_vocab,
+                "verifier_path": str(verifier.get("name_or_path", "")),
+            }
         )
 
     @classmethod
@@ -492,31 +345,27 @@ class DraftSpec:
                 f"{len(aux)} and would fail to load there"
             )
         mla = MLASpec.from_config(config, where, notes)
-        target_vocab = int(need("vocab_size"))
-        return cls(
-            hidden_size=hidden,
-            num_layers=int(config.get("num_hidden_layers", 1)),
-            num_attention_heads=heads,
-            num_key_value_heads=heads,
-            head_dim=mla.qk_head_dim,
-            intermediate_size=int(need("intermediate_size")),
-            rms_norm_eps=float(need("rms_norm_eps")),
-            hidden_act=hidden_act,
-            attention_bias=False,
-            target_vocab_size=target_vocab,
-            draft_vocab_size=int(config.get("draft_vocab_size") or target_vocab),
-            target_hidden_size=int(config.get("target_hidden_size") or hidden),
-            aux_layer_ids=tuple(aux),
+        common = _common_fields(
+            config,
+            config,
+            need,
+            hidden,
+            heads,
+            aux,
+            notes,
             # deepseek_eagle3.py: getattr(config, "norm_before_residual", False) on this route.
-            norm_before_residual=bool(config.get("norm_before_residual", False)),
-            norm_before_fc=False,
-            fc_norm=bool(config.get("fc_norm", False)),
-            norm_output=bool(config.get("norm_output", False)),
-            logit_scale=float(config.get("logit_scale", 1.0)),
-            verifier_path="",
-            layer_config=dict(config),
-            vllm_notes=tuple(notes),
-            mla=mla,
+            norm_before_residual=False,
+        )
+        # MLA has no key/value head groups, and no input_norm (norm_before_fc is ignored);
+        # hidden_act and the biases were checked above.
+        return cls(
+            **common
+            | {
+                "num_key_value_heads": heads,
+                "head_dim": mla.qk_head_dim,
+                "norm_before_fc": False,
+                "mla": mla,
+            }
         )
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -596,7 +445,7 @@ class DraftSpec:
     @property
     def same_vocab(self) -> bool:
         """A full vocabulary: its map is the identity, stored by no d2t (vLLM would refuse
-        one: eagle3_schemas.draft_vocab; a draft written before that rule still reads)."""
+        one: eagle3_schemas.layouts.draft_vocab; a draft written before that rule still reads)."""
         return self.draft_vocab_size == self.target_vocab_size
 
 
@@ -616,7 +465,7 @@ def vllm_view(directory: str | Path, workdir: str | Path) -> str:
     """The directory to hand vLLM as the draft. vLLM reads a flat config's aux ids as they are
     (top level, else ``eagle_config``), in its own counting: an SGLang-layout draft that states
     them only in SGLang's counting is served from a view under ``workdir`` whose config adds
-    the top-level ids converted (eagle3_schemas.draft_layout); its weights are linked. Other
+    the top-level ids converted (eagle3_schemas.layouts.draft_layout); its weights are linked. Other
     drafts are served as they are."""
     directory = Path(directory)
     config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))

@@ -47,9 +47,9 @@ from eagle3_eval.preflight import (
     inspect_draft,
 )
 from eagle3_eval.report import EvalResult, versions
-from eagle3_schemas.hidden_states import resolve_shard_path
-from eagle3_schemas.lineage import fingerprint_artifact
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.lineage import fingerprint_artifact
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.layouts.hidden_states import resolve_shard_path
 
 # The one group of an offline report: the held-out dataset's samples.
 OFFLINE_SET = "hidden_states"
@@ -212,7 +212,7 @@ def run_offline(config: OfflineConfig) -> list[EvalResult]:
     """One result per temperature in ``config.temperatures``."""
     from safetensors.torch import load_file
 
-    from eagle3_schemas.header import read_header
+    from eagle3_schemas.contract.header import read_header
 
     if config.threads is not None:
         torch.set_num_threads(config.threads)

@@ -30,7 +30,7 @@ from eagle3_eval.prompts import (
     renderer,
 )
 from eagle3_eval.report import Baseline, EvalResult
-from eagle3_schemas.lineage import fingerprint_model_dir
+from eagle3_schemas.contract.lineage import fingerprint_model_dir
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from eagle3_eval.groups import group_label
-from eagle3_schemas.atomic import atomic_path
+from eagle3_schemas.io.atomic import atomic_path
 
 WIDTH_INCHES, HEIGHT_INCHES, DPI = 18.0, 4.0, 100
 

@@ -15,10 +15,10 @@ from typing import Any
 from safetensors import safe_open
 
 from eagle3_eval.draft_spec import CONFIG_FILE, LINEAGE_FILE, WEIGHTS_FILE, DraftSpec, read_spec
-from eagle3_schemas.draft_vocab import serving_problems
-from eagle3_schemas.lineage import fingerprint_files, lineage_mismatches
-from eagle3_schemas.target_config import text_config
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.lineage import fingerprint_files, lineage_mismatches
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.layouts.draft_vocab import serving_problems
+from eagle3_schemas.layouts.target_config import text_config
 
 
 class PreflightError(ValueError):
@@ -28,7 +28,7 @@ class PreflightError(ValueError):
 def check_cuda_driver() -> list[str]:
     """On a host with an NVIDIA driver: refuse one too old for the CUDA release torch was
     built for (torch would report no GPU); a note otherwise. Nothing on a machine without."""
-    from eagle3_schemas.cuda_driver import check_this_host
+    from eagle3_schemas.runtime.cuda_driver import check_this_host
 
     verdict = check_this_host()
     if verdict is None:
@@ -46,7 +46,7 @@ class DraftInfo:
     fingerprint: str
     lineage: dict[str, Any] | None  # eagle3.json lineage, None for a foreign checkpoint
     notes: list[str] = field(default_factory=list)
-    # Why vLLM would refuse or misread its vocabulary map (eagle3_schemas.draft_vocab): read
+    # Why vLLM would refuse or misread its vocabulary map (eagle3_schemas.layouts.draft_vocab): read
     # here all the same (a note), refused before an engine starts.
     unserved: list[str] = field(default_factory=list)
 
@@ -57,7 +57,7 @@ def inspect_draft(path: str | Path, strict: bool = True) -> DraftInfo:
     spec = read_spec(path)
     if not (path / WEIGHTS_FILE).is_file():
         raise PreflightError(f"{path}: no {WEIGHTS_FILE}")
-    # Every reader names the layout and the aux-id counting it found (eagle3_schemas.draft_layout).
+    # Every reader names the layout and the aux-id counting it found (eagle3_schemas.layouts.draft_layout).
     notes = [f"{path}: {spec.layout_note}", *spec.vllm_notes]
     with safe_open(str(path / WEIGHTS_FILE), "pt") as weights:
         names = {n.removeprefix("model.") for n in weights.keys()}  # noqa: SIM118
@@ -80,7 +80,7 @@ def inspect_draft(path: str | Path, strict: bool = True) -> DraftInfo:
         notes.append(
             f"{path}: no {LINEAGE_FILE}; a foreign checkpoint, evaluated without lineage checks"
         )
-    # Same definition as eagle3_schemas.lineage.fingerprint_artifact for a draft checkpoint,
+    # Same definition as eagle3_schemas.contract.lineage.fingerprint_artifact for a draft checkpoint,
     # computable for foreign checkpoints (no eagle3.json) too.
     fingerprint = fingerprint_files([path / CONFIG_FILE, path / WEIGHTS_FILE], path)
     return DraftInfo(path, spec, fingerprint, lineage, notes, unserved)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_schemas.conversations import (
+from eagle3_schemas.layouts.conversations import (
     ID_FIELDS,
     MODES,
     NO_TOOLS,

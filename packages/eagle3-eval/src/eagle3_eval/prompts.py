@@ -29,7 +29,7 @@ The run's default mode is what the target's template renders without a mode, giv
 that renders both modes alike has none (``instant``); a probe matching neither mode cannot be
 classified, and a row relying on it is refused, naming its file, line and field ``mode``.
 A row with a mode of its own or declared tools is rendered as the data stage renders a
-generation event's prompt (``eagle3_schemas.conversations.render_prompt``: tools and mode
+generation event's prompt (``eagle3_schemas.layouts.conversations.render_prompt``: tools and mode
 over the run's kwargs); any other prompt with the run's kwargs alone, as before kinds existed.
 """
 
@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_eval.prompt_files import KINDS, Item, PromptFileError, read_items
-from eagle3_schemas.conversations import NO_TOOLS, render_prompt
-from eagle3_schemas.lineage import fingerprint_file, fingerprint_json
+from eagle3_schemas.contract.lineage import fingerprint_file, fingerprint_json
+from eagle3_schemas.layouts.conversations import NO_TOOLS, render_prompt
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from eagle3_eval.acceptance import SampleCounts
-from eagle3_eval.draft import KV, Eagle3Draft
+from eagle3_eval.draft import Eagle3Draft
+from eagle3_eval.draft_layers import KV
 from eagle3_eval.groups import timed_per_sample
 from eagle3_eval.online import OnlineInputs, assemble
 from eagle3_eval.prompts import Prompt

@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 
 from eagle3_eval.acceptance import SampleCounts, Summary
 from eagle3_eval.groups import FIGURES, TimedKey, group_figures, group_label, kind_figures
-from eagle3_schemas.atomic import atomic_directory
-from eagle3_schemas.header import make_header, write_json_header, write_parquet
-from eagle3_schemas.model_card import ACCEPTANCE_DEFINITIONS
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.header import make_header, write_json_header, write_parquet
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.io.atomic import atomic_directory
+from eagle3_schemas.layouts.model_card import ACCEPTANCE_DEFINITIONS
 
 REPORT_FILE = "report.json"
 SAMPLES_FILE = "samples.parquet"

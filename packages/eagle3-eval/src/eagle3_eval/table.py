@@ -16,7 +16,7 @@ from typing import Any
 from eagle3_eval.groups import group_label
 from eagle3_eval.plot import PlotUnavailable
 from eagle3_eval.report import Report, ReportError
-from eagle3_schemas.atomic import atomic_path, write_json_atomic
+from eagle3_schemas.io.atomic import atomic_path, write_json_atomic
 
 TABLE_MD, TABLE_JSON, TABLE_PNG = "table.md", "table.json", "table.png"
 OVERALL = "all"

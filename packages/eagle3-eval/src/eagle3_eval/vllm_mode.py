@@ -34,8 +34,8 @@ from eagle3_eval.online import OnlineInputs, assemble
 from eagle3_eval.prompts import Prompt, awaiting_answer, longest_follow_up
 from eagle3_eval.report import Baseline, EvalResult, versions
 from eagle3_eval.vllm_engine import ANSWERS, PROGRESS
-from eagle3_schemas.failures import exception_lines
-from eagle3_schemas.target_config import cpu_engine_args, cpu_kv_cache_tokens
+from eagle3_schemas.layouts.target_config import cpu_engine_args, cpu_kv_cache_tokens
+from eagle3_schemas.runtime.failures import exception_lines
 
 ENV_PYTHON = "EAGLE3_VLLM_PYTHON"
 LOG_TAIL_LINES = 60

@@ -30,11 +30,11 @@ from eagle3_extract.config import (
     ConfigError,
     ExtractConfig,
 )
-from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
-from eagle3_schemas.options import config_from_args
-from eagle3_schemas.paths import PathArgumentError, check_output
-from eagle3_schemas.remote_code import RemoteCodeRefused
-from eagle3_schemas.signals import EXIT_PREEMPTED
+from eagle3_schemas.contract.paths import PathArgumentError, check_output
+from eagle3_schemas.io.diskspace import EXIT_DISK_FULL, DiskFull
+from eagle3_schemas.layouts.remote_code import RemoteCodeRefused
+from eagle3_schemas.runtime.options import config_from_args
+from eagle3_schemas.runtime.signals import EXIT_PREEMPTED
 
 log = logging.getLogger("eagle3_extract")
 
@@ -285,7 +285,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         print(report.render())
         if args.json:
-            from eagle3_schemas.atomic import write_json_atomic
+            from eagle3_schemas.io.atomic import write_json_atomic
 
             write_json_atomic(args.json, report.to_json())
         return 0 if report.ok else 1
@@ -297,7 +297,7 @@ def _plan(args: argparse.Namespace) -> int:
     from eagle3_extract.preflight import check_cuda_driver
     from eagle3_extract.sizing import PlanInputs, make_plan
     from eagle3_extract.target import read_target
-    from eagle3_schemas.paths import check_input_dir
+    from eagle3_schemas.contract.paths import check_input_dir
 
     check_input_dir(
         args.model, "--model", "a target model directory", must_contain=("config.json",)
@@ -326,7 +326,7 @@ def _plan(args: argparse.Namespace) -> int:
     figures = {"aux_layer_ids": aux, **plan.figures, "ok": plan.ok}
     print(json.dumps(figures))
     if args.json:
-        from eagle3_schemas.atomic import write_json_atomic
+        from eagle3_schemas.io.atomic import write_json_atomic
 
         write_json_atomic(args.json, figures)
     return 0 if plan.ok else 1

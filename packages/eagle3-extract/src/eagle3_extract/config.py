@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_schemas.signals import parse_signals
+from eagle3_schemas.runtime.signals import parse_signals
 
 BACKENDS = ("hf", "vllm")
 STORAGE_DTYPES = ("bfloat16", "float16", "float32", "fp8_e4m3")
@@ -93,7 +93,7 @@ class ExtractConfig:
     enforce_eager: bool = False
     shards_per_call: int = 4
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
-    # Streaming hand-off (eagle3_schemas.stream): shards are trained on while extraction runs;
+    # Streaming hand-off (eagle3_schemas.contract.stream): shards are trained on while extraction runs;
     # the run pauses while the shards on disk would exceed disk_budget bytes.
     stream: bool = False
     disk_budget: int | None = None

@@ -18,11 +18,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3_schemas.atomic import atomic_directory
-from eagle3_schemas.header import make_header, read_header, write_json_header, write_parquet
-from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_file
-from eagle3_schemas.paths import check_input_artifact, check_output_artifact
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.header import (
+    make_header,
+    read_header,
+    write_json_header,
+    write_parquet,
+)
+from eagle3_schemas.contract.lineage import fingerprint_artifact, fingerprint_file
+from eagle3_schemas.contract.paths import check_input_artifact, check_output_artifact
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.io.atomic import atomic_directory
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from eagle3_extract.samples import Sample
-from eagle3_schemas.hidden_states import SHARD_DIR
-from eagle3_schemas.lineage import fingerprint_json
+from eagle3_schemas.contract.lineage import fingerprint_json
+from eagle3_schemas.layouts.hidden_states import SHARD_DIR
 
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1}
 # Per-token bytes besides the hidden states: input_ids (int32) + loss_mask (uint8).

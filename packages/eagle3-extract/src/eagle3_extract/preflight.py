@@ -18,8 +18,8 @@ from eagle3_extract.config import ConfigError, ExtractConfig, check_layer_ids
 from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
 from eagle3_extract.samples import Tokenized
 from eagle3_extract.target import TargetInfo, head_bytes, transformers_refusal
-from eagle3_schemas.lineage import fingerprint_tokenizer_dir
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.lineage import fingerprint_tokenizer_dir
+from eagle3_schemas.contract.validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def check_disk(out: Path, need: int, num_tokens: int) -> list[Finding]:
 def check_cuda_driver(who: str = "torch") -> list[Finding]:
     """On a host with an NVIDIA driver: does it support the CUDA release torch (and vLLM,
     built on the same torch) needs? Nothing on a machine without one."""
-    from eagle3_schemas.cuda_driver import check_this_host
+    from eagle3_schemas.runtime.cuda_driver import check_this_host
 
     verdict = check_this_host(who)
     return [] if verdict is None else [Finding(verdict[0], "cuda_driver", verdict[1])]

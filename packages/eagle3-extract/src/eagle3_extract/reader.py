@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import torch
 
 from eagle3_extract.storage import decode
-from eagle3_schemas.hidden_states import resolve_shard_path
-from eagle3_schemas.safetensors_format import SafetensorsFile, read_safetensors
+from eagle3_schemas.io.safetensors_format import SafetensorsFile, read_safetensors
+from eagle3_schemas.layouts.hidden_states import resolve_shard_path
 
 TORCH_VIEWS = {
     "BF16": torch.bfloat16,

@@ -13,7 +13,8 @@ from typing import Any
 
 from eagle3_extract import preflight
 from eagle3_extract.backends.hf import HFBackend, run_shards_hf
-from eagle3_extract.backends.vllm_backend import introspect, model_findings, run_shards_vllm
+from eagle3_extract.backends.vllm_backend import run_shards_vllm
+from eagle3_extract.backends.vllm_introspect import introspect, model_findings
 from eagle3_extract.config import MODEL_EXPECTED, ExtractConfig, default_aux_layer_ids
 from eagle3_extract.context import RunContext
 from eagle3_extract.plan import (
@@ -26,11 +27,9 @@ from eagle3_extract.samples import read_tokenized
 from eagle3_extract.streaming import DiskGate
 from eagle3_extract.target import read_target, read_target_head
 from eagle3_extract.workdir import WorkDir, cleanup_finished, is_complete, partial_dir
-from eagle3_schemas.conversations import describe_selection
-from eagle3_schemas.diskspace import disk_full, is_disk_full
-from eagle3_schemas.header import Header, make_header
-from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
-from eagle3_schemas.paths import (
+from eagle3_schemas.contract.header import Header, make_header
+from eagle3_schemas.contract.lineage import fingerprint_artifact, fingerprint_model_dir
+from eagle3_schemas.contract.paths import (
     check_input_artifact,
     check_input_dir,
     check_output,
@@ -38,10 +37,12 @@ from eagle3_schemas.paths import (
     describe_artifact,
     refuse,
 )
-from eagle3_schemas.remote_code import check_trust, remote_code_record
-from eagle3_schemas.signals import StopSignals
-from eagle3_schemas.stream import Fragment, stream_section
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.stream import Fragment, stream_section
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.io.diskspace import disk_full, is_disk_full
+from eagle3_schemas.layouts.conversations import describe_selection
+from eagle3_schemas.layouts.remote_code import check_trust, remote_code_record
+from eagle3_schemas.runtime.signals import StopSignals
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3_schemas.conversations import select_rows
-from eagle3_schemas.header import Header, read_header
+from eagle3_schemas.contract.header import Header, read_header
+from eagle3_schemas.layouts.conversations import select_rows
 
 
 @dataclass(frozen=True)

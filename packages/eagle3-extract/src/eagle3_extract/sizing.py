@@ -24,8 +24,8 @@ from typing import Any
 from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
 from eagle3_extract.preflight import DISK_HEADROOM, Finding
 from eagle3_extract.target import TargetInfo, head_bytes
-from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_schemas.target_config import kv_cache_bytes_per_token, text_config
+from eagle3_schemas.io.safetensors_format import read_safetensors
+from eagle3_schemas.layouts.target_config import kv_cache_bytes_per_token, text_config
 
 BF16 = 2
 GIB = 2**30

@@ -1,6 +1,6 @@
 """The producer side of a stream: its header, and the disk budget it pauses on.
 
-The layout and the rules both sides follow are eagle3_schemas.stream's. Here: the header a
+The layout and the rules both sides follow are eagle3_schemas.contract.stream's. Here: the header a
 consumer checks lineage on before any shard exists, and ``DiskGate``, which holds back the
 next shards while writing them would take ``shards/`` past the budget; the consumer's
 reclaim (delete after checkpoint) is what lets it go on.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eagle3_extract.plan import ShardPlan
-from eagle3_schemas.stream import CONSUMER_STOPPED, shard_bytes_on_disk
+from eagle3_schemas.contract.stream import CONSUMER_STOPPED, shard_bytes_on_disk
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_schemas.target_config import text_config
+from eagle3_schemas.io.safetensors_format import read_safetensors
+from eagle3_schemas.layouts.target_config import text_config
 
 # Where multimodal wrappers (Kimi-K2.5, Llama-4, Qwen-VL) keep the language model's tensors.
 TEXT_PREFIXES = ("", "language_model.", "model.language_model.", "text_model.")

@@ -25,10 +25,10 @@ from eagle3_extract.config import MODEL_EXPECTED
 from eagle3_extract.reader import DatasetReader
 from eagle3_extract.samples import Sample, read_tokenized
 from eagle3_extract.storage import STORAGE_RELATIVE_ERROR
-from eagle3_schemas.header import read_header
-from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_model_dir
-from eagle3_schemas.paths import check_input_artifact, check_input_dir
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.header import read_header
+from eagle3_schemas.contract.lineage import fingerprint_artifact, fingerprint_model_dir
+from eagle3_schemas.contract.paths import check_input_artifact, check_input_dir
+from eagle3_schemas.contract.validate import validate
 
 log = logging.getLogger(__name__)
 

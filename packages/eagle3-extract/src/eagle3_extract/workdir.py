@@ -6,7 +6,7 @@ Layout while a run is in progress (beside the final path ``OUT``)::
       shards/r00000-000000.safetensors      complete shards (each written atomically)
       _work/run.json                         the run's identity (inputs, layer ids, plan, ...)
       _work/fragments/r00000-000000.json     manifest rows of each complete shard
-      _work/stream.json, consumed/, end.json  a stream only (--stream): eagle3_schemas.stream
+      _work/stream.json, consumed/, end.json  a stream only (--stream): eagle3_schemas.contract.stream
 
 A fragment is written only after its shard was renamed into place, so: fragment present and the
 shard's size as recorded = shard complete; a shard without a fragment = the run died between
@@ -31,10 +31,8 @@ import pyarrow as pa
 
 from eagle3_extract.plan import ShardPlan
 from eagle3_extract.writer import save_safetensors
-from eagle3_schemas.atomic import TEMP_MARKER, write_json_atomic
-from eagle3_schemas.header import Header, write_json_header, write_parquet
-from eagle3_schemas.hidden_states import SHARD_DIR
-from eagle3_schemas.stream import (
+from eagle3_schemas.contract.header import Header, write_json_header, write_parquet
+from eagle3_schemas.contract.stream import (
     END_FILE,
     FRAGMENTS,
     STREAM_FILE,
@@ -44,6 +42,8 @@ from eagle3_schemas.stream import (
     consumed,
     partial_dir,
 )
+from eagle3_schemas.io.atomic import TEMP_MARKER, write_json_atomic
+from eagle3_schemas.layouts.hidden_states import SHARD_DIR
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Shard writer: captured states of one planned shard -> one packed safetensors file + fragment.
 
-A shard is written whole under a temporary name, fsynced and renamed (eagle3_schemas.atomic);
+A shard is written whole under a temporary name, fsynced and renamed (eagle3_schemas.io.atomic);
 then its *fragment* (the manifest rows and the rejected samples of that shard) is written the
 same way. A fragment therefore only exists for a complete shard, which is what makes a run
 resumable after kill -9 at any point: see ``workdir.py``.
@@ -31,10 +31,10 @@ import torch
 from eagle3_extract.plan import ShardPlan, bytes_per_token
 from eagle3_extract.samples import Sample
 from eagle3_extract.storage import TORCH_DTYPES, encode
-from eagle3_schemas.atomic import atomic_path, write_json_atomic
-from eagle3_schemas.diskspace import check_free, disk_full, is_disk_full
-from eagle3_schemas.hidden_states import PER_TOKEN_TENSORS, SHARD_DIR, checksum_rows
-from eagle3_schemas.stream import Fragment, ManifestRow
+from eagle3_schemas.contract.stream import Fragment, ManifestRow
+from eagle3_schemas.io.atomic import atomic_path, write_json_atomic
+from eagle3_schemas.io.diskspace import check_free, disk_full, is_disk_full
+from eagle3_schemas.layouts.hidden_states import PER_TOKEN_TENSORS, SHARD_DIR, checksum_rows
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_schemas.target_config import text_config
+from eagle3_schemas.layouts.target_config import text_config
 
 
 class PlanError(ValueError):

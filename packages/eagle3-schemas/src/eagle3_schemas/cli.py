@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eagle3_schemas.meta_check import freeze, meta_check
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.meta_check import freeze, meta_check
+from eagle3_schemas.contract.validate import validate
 
 
 def main(argv: list[str] | None = None) -> int:

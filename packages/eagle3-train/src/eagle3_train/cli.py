@@ -26,8 +26,8 @@ import logging
 import sys
 from pathlib import Path
 
-from eagle3_schemas.header import read_header
-from eagle3_schemas.paths import (
+from eagle3_schemas.contract.header import read_header
+from eagle3_schemas.contract.paths import (
     PathArgumentError,
     artifact_noun,
     check_input_artifact,

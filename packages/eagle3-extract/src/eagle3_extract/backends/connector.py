@@ -42,8 +42,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from eagle3_extract.plan import ShardPlan, bytes_per_token
 from eagle3_extract.samples import Sample
 from eagle3_extract.writer import CapturedSample, CaptureError, check_room, write_shard
-from eagle3_schemas.atomic import atomic_path
-from eagle3_schemas.diskspace import DiskFull, disk_full, is_disk_full
+from eagle3_schemas.io.atomic import atomic_path
+from eagle3_schemas.io.diskspace import DiskFull, disk_full, is_disk_full
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_schemas.atomic import write_json_atomic
+from eagle3_schemas.io.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

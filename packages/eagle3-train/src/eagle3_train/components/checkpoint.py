@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from eagle3_schemas.atomic import write_json_atomic
-from eagle3_schemas.diskspace import DiskFull, check_free, disk_full, is_disk_full
+from eagle3_schemas.io.atomic import write_json_atomic
+from eagle3_schemas.io.diskspace import DiskFull, check_free, disk_full, is_disk_full
 from eagle3_train.components.accelerator import agree_on_failure
 from eagle3_train.config.run_config import Config
 

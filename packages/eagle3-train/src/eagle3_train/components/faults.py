@@ -14,7 +14,7 @@ import os
 
 import torch.distributed as dist
 
-from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
+from eagle3_schemas.io.diskspace import EXIT_DISK_FULL, DiskFull
 from eagle3_train.components.causes import Cause, find_cause, peer_message, record_cause
 from eagle3_train.components.checkpoint import Checkpoints
 from eagle3_train.config.run_config import Config
@@ -29,7 +29,7 @@ EXIT_STREAM = 4
 EXIT_PREEMPTED = 5
 EXIT_CORRUPT = 6
 EXIT_PEER = 8
-# EXIT_DISK_FULL (7) is every stage's, from eagle3_schemas.diskspace
+# EXIT_DISK_FULL (7) is every stage's, from eagle3_schemas.io.diskspace
 
 # how gloo / NCCL / torch.distributed word a peer that is gone or silent
 _PEER_FAILURES = (

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from eagle3_schemas.jsonl import append_to
+from eagle3_schemas.io.jsonl import append_to
 from eagle3_train.data.stream import StreamWindows
 from eagle3_train.model.loss import NUM_STATS, summarize, unpack_stats
 
@@ -56,7 +56,7 @@ class MetricWindow:
 
 
 def write_metrics(path: Path, record: dict[str, Any]) -> None:
-    """Append ``record`` as one line (eagle3_schemas.jsonl): a full disk stops the run by
+    """Append ``record`` as one line (eagle3_schemas.io.jsonl): a full disk stops the run by
     name (DiskFull, exit 7) with a torn line at most, dropped when the run resumes."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
     what = f"the {record.get('event')!r} line of step {record.get('step')}"

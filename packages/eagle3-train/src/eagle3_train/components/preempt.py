@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_schemas.signals import StopSignals
+from eagle3_schemas.runtime.signals import StopSignals
 
 
 class Preemption:
-    """Records the preemption signals (eagle3_schemas.signals.StopSignals, every stage's
+    """Records the preemption signals (eagle3_schemas.runtime.signals.StopSignals, every stage's
     handler) and tells the loop, on every rank at the same optimizer step, when to checkpoint
     and leave."""
 

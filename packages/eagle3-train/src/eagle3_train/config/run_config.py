@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-from eagle3_schemas.signals import parse_signals
+from eagle3_schemas.runtime.signals import parse_signals
 from eagle3_train.config.coerce import ConfigError, build, merge
 from eagle3_train.config.train_config import TrainLoopConfig
 

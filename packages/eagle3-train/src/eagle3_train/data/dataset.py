@@ -25,11 +25,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from eagle3_schemas.hidden_states import (
+from eagle3_schemas.io.safetensors_format import NUMPY_VIEWS, read_safetensors
+from eagle3_schemas.layouts.hidden_states import (
     PER_TOKEN_TENSORS,
     resolve_shard_path,
 )
-from eagle3_schemas.safetensors_format import NUMPY_VIEWS, read_safetensors
 
 ROW_COLUMNS = ("sample_id", "row_start", "num_tokens", "num_loss_tokens", "checksum")
 PER_TOKEN = ("aux_hidden_states", "last_hidden_state", "input_ids", "loss_mask")

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3_schemas.header import ArtifactError, read_header
-from eagle3_schemas.lineage import fingerprint_artifact, fingerprint_vocab_map
-from eagle3_schemas.safetensors_format import read_safetensors
-from eagle3_schemas.stream import fingerprint_stream
-from eagle3_schemas.target_config import text_config
+from eagle3_schemas.contract.header import ArtifactError, read_header
+from eagle3_schemas.contract.lineage import fingerprint_artifact, fingerprint_vocab_map
+from eagle3_schemas.contract.stream import fingerprint_stream
+from eagle3_schemas.io.safetensors_format import read_safetensors
+from eagle3_schemas.layouts.target_config import text_config
 from eagle3_train.config.run_config import Config
 from eagle3_train.data.dataset import HiddenStateDataset
 from eagle3_train.data.stream import StreamWindows, wait_for_stream
@@ -249,6 +249,6 @@ def init_from_lineage(inputs: RunInputs) -> dict[str, str]:
     path = inputs.config.draft.init_from
     return {
         "init_from_fingerprint": fingerprint_init_draft(path),
-        # the layout it was read in (eagle3_schemas.draft_layout): speculators, vllm-mla, sglang
+        # the layout it was read in (eagle3_schemas.layouts.draft_layout): speculators, vllm-mla, sglang
         "init_from_layout": read_init_draft(path).layout,
     }

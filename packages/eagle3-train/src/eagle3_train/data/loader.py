@@ -8,7 +8,7 @@
   handed out in plan order whatever the number of threads. Memory is bounded by
   ``num_workers × prefetch + 2`` batches.
 - **Verify** (``verify``, the trainer's data.verify_rows): each sample's rows are hashed as
-  read, by the dataset's schema-version rule (eagle3_schemas.hidden_states), and compared with
+  read, by the dataset's schema-version rule (eagle3_schemas.layouts.hidden_states), and compared with
   the manifest's checksum. A mismatch raises CorruptSample naming shard, sample and rows, or
   (``verify="skip"``) zeroes the sample's rows in the batch — no loss token, so it adds nothing
   to the loss or the gradient, and the batch keeps its shape on every rank — and lists it
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from eagle3_schemas.hidden_states import CHECKSUM_ALGORITHMS
+from eagle3_schemas.layouts.hidden_states import CHECKSUM_ALGORITHMS
 from eagle3_train.data.dataset import (
     PER_TOKEN,
     SCALES,

@@ -1,6 +1,6 @@
 """Training on a stream while ``eagle3-extract run --stream`` writes it.
 
-The layout and the rules both sides keep are eagle3_schemas.stream's. ``StreamWindows`` is
+The layout and the rules both sides keep are eagle3_schemas.contract.stream's. ``StreamWindows`` is
 the shard_window order's source over ``OUT.partial``: a window is read once every shard of
 it is sealed (its fragment exists), each shard checked against its fragment first (rows,
 size, and with train.validate_inputs every row's checksum), never a torn one. With
@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_schemas.atomic import write_json_atomic
-from eagle3_schemas.stream import (
+from eagle3_schemas.contract.stream import (
     CONSUMER_STOPPED,
     FRAGMENTS,
     STREAM_FILE,
@@ -32,6 +31,7 @@ from eagle3_schemas.stream import (
     read_stream,
     reclaim,
 )
+from eagle3_schemas.io.atomic import write_json_atomic
 from eagle3_train.data.dataset import HiddenStateDataset
 
 log = logging.getLogger(__name__)

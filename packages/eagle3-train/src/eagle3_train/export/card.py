@@ -1,6 +1,6 @@
 """The model card written beside an export (``README.md``): Hub front matter, what the draft
 is, what it was trained on and how, the ``vllm serve`` command, and a place for eagle3-eval's
-measured acceptance tables (eagle3_schemas.model_card owns the shape both stages share).
+measured acceptance tables (eagle3_schemas.layouts.model_card owns the shape both stages share).
 
 Everything on the card is read from files, not remembered: the checkpoint's own config.json,
 eagle3.json (lineage, training totals and metrics) and model.safetensors (sizes), the run's
@@ -16,8 +16,8 @@ from typing import Any
 
 from safetensors import safe_open
 
-from eagle3_schemas.header import ArtifactError, read_header
-from eagle3_schemas.model_card import (
+from eagle3_schemas.contract.header import ArtifactError, read_header
+from eagle3_schemas.layouts.model_card import (
     CARD_FILE,
     TABLES_ANCHOR,
     carry_tables,

@@ -1,6 +1,6 @@
 """Start from a published draft (``draft.init_from``): read it, check it fits this run, load it.
 
-Reads the layouts public EAGLE-3 drafts use (eagle3_schemas.draft_layout decides which, and
+Reads the layouts public EAGLE-3 drafts use (eagle3_schemas.layouts.draft_layout decides which, and
 refuses a config that matches none or mixes them): the speculators ``eagle3`` config
 (Llama-style layer) and vLLM's native MLA config (``Eagle3DeepseekV2ForCausalLM``), weights
 under vLLM's names (what eagle3-train exports); and the SpecForge / SGLang layout
@@ -14,7 +14,7 @@ The draft vocabulary: when the draft's ``d2t`` differs from this run's vocabular
 is refused unless ``draft.remap_vocab``; then the LM-head rows of target tokens both
 vocabularies hold are carried over, the others keep the target's rows (the usual start), and
 the count is reported. A full-vocabulary draft stores no ``d2t`` (its map is the identity, the
-rule of eagle3_schemas.draft_vocab, as the public Kimi-K2.5 drafts are published); one written
+rule of eagle3_schemas.layouts.draft_vocab, as the public Kimi-K2.5 drafts are published); one written
 before that rule, with the ``d2t`` vLLM refuses, still starts a run, with a note.
 """
 
@@ -30,14 +30,14 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from eagle3_schemas.draft_layout import (
+from eagle3_schemas.contract.lineage import fingerprint_file, fingerprint_json
+from eagle3_schemas.layouts.draft_layout import (
     SGLANG,
     DraftLayoutError,
     detect_layout,
     sglang_to_vllm_names,
 )
-from eagle3_schemas.draft_vocab import checkpoint_vocab_map, serving_problems
-from eagle3_schemas.lineage import fingerprint_file, fingerprint_json
+from eagle3_schemas.layouts.draft_vocab import checkpoint_vocab_map, serving_problems
 from eagle3_train.model.arch import DraftArch
 
 MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
@@ -60,7 +60,7 @@ class InitDraft:
     # the norms of fc's input: each adds weights of its own (model/draft.py)
     norm_before_fc: bool = False
     fc_norm: bool = False
-    layout: str = "speculators"  # eagle3_schemas.draft_layout
+    layout: str = "speculators"  # eagle3_schemas.layouts.draft_layout
     layout_note: str = ""
     # Stated by the SGLang layout (its layer 0 never norms the residual); None: not compared.
     norm_before_residual: bool | None = None

@@ -5,10 +5,10 @@ Written from a finished speculators export (``write.py``) into its own directory
 (``OUTPUT/draft-sglang``): a flat Llama ``config.json`` naming ``LlamaForCausalLMEagle3`` with
 ``draft_vocab_size``, ``target_hidden_size`` and the aux ids under
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's counting (vLLM's id - 1:
-eagle3_schemas.draft_layout states the rule); the same ids in vLLM's counting at the top level,
+eagle3_schemas.layouts.draft_layout states the rule); the same ids in vLLM's counting at the top level,
 which vLLM reads first and SGLang does not read, so ``vllm serve`` of this folder works too;
 weights with layer 0 as ``midlayer.*``, ``d2t`` and ``t2d`` as they are (a full-vocabulary
-draft has neither: eagle3_schemas.draft_vocab; SGLang then needs no ``hot_token_id``).
+draft has neither: eagle3_schemas.layouts.draft_vocab; SGLang then needs no ``hot_token_id``).
 
 SGLang silently skips a tensor name it does not know, so every tensor written is checked
 against the names its ``load_weights`` maps (``draft_layout.sglang_loads``, read from its
@@ -27,16 +27,16 @@ from typing import Any
 
 from safetensors.torch import load_file
 
-from eagle3_schemas.atomic import atomic_directory, write_json_atomic
-from eagle3_schemas.draft_layout import (
+from eagle3_schemas.contract.header import write_safetensors
+from eagle3_schemas.io.atomic import atomic_directory, write_json_atomic
+from eagle3_schemas.layouts.draft_layout import (
     SGLANG_COUNTING,
     VLLM_COUNTING,
     sglang_loads,
     vllm_to_sglang_ids,
     vllm_to_sglang_name,
 )
-from eagle3_schemas.header import write_safetensors
-from eagle3_schemas.model_card import CARD_FILE, write_card
+from eagle3_schemas.layouts.model_card import CARD_FILE, write_card
 from eagle3_train.config.run_config import Config
 from eagle3_train.export.card import render_card
 

@@ -6,7 +6,7 @@ draft (speculators' parser accepts only llama/qwen3 layers, and a ``deepseek_v3`
 is rewritten to DeepSeek's MTP head by vLLM, so the MLA draft says ``deepseek_v2``),
 ``model.safetensors`` (weights under vLLM's names, plus ``d2t`` offsets and ``t2d`` where the
 draft vocabulary is pruned: vLLM refuses a full-vocabulary draft that holds ``d2t``,
-eagle3_schemas.draft_vocab) and ``eagle3.json`` (header + lineage). Written into a temporary directory and renamed, so a
+eagle3_schemas.layouts.draft_vocab) and ``eagle3.json`` (header + lineage). Written into a temporary directory and renamed, so a
 crash never leaves something that looks like a finished checkpoint.
 """
 
@@ -20,11 +20,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3_schemas.atomic import atomic_directory, write_json_atomic
-from eagle3_schemas.draft_layout import mla_eagle_config
-from eagle3_schemas.draft_vocab import checkpoint_vocab_map, serving_problems, stores_vocab_map
-from eagle3_schemas.header import make_header, write_json_header, write_safetensors
-from eagle3_schemas.lineage import fingerprint_vocab_map
+from eagle3_schemas.contract.header import make_header, write_json_header, write_safetensors
+from eagle3_schemas.contract.lineage import fingerprint_vocab_map
+from eagle3_schemas.io.atomic import atomic_directory, write_json_atomic
+from eagle3_schemas.layouts.draft_layout import mla_eagle_config
+from eagle3_schemas.layouts.draft_vocab import (
+    checkpoint_vocab_map,
+    serving_problems,
+    stores_vocab_map,
+)
 from eagle3_train.config.run_config import Config
 from eagle3_train.export.card import write_model_card
 from eagle3_train.model.arch import DraftArch
@@ -103,7 +107,7 @@ def mla_draft_config(arch: DraftArch, aux_layer_ids: list[int]) -> dict[str, Any
         "target_hidden_size": arch.hidden_size,
         # SGLang's MLA draft has the same class name and reads eagle_config's ids, in its
         # counting (vLLM's - 1); vLLM's target reads the top level, its draft eagle_config's
-        # length (fc's size). One rule: eagle3_schemas.draft_layout.
+        # length (fc's size). One rule: eagle3_schemas.layouts.draft_layout.
         "eagle_config": mla_eagle_config(aux_layer_ids, "MLA draft config.json: "),
         "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
         # Written out: the native route's default is False, speculators' True.

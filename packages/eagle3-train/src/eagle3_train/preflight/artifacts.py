@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle3_schemas.draft_vocab import VLLM_DRAFT_CLASSES, stores_vocab_map
+from eagle3_schemas.layouts.draft_vocab import VLLM_DRAFT_CLASSES, stores_vocab_map
 from eagle3_train.components.checkpoint import read_run_config, read_state, run_config_path
 from eagle3_train.data.inputs import RunInputs, checkpoint_lineage
 from eagle3_train.export.init_from import InitFromError, compatibility_problems, read_init_draft
@@ -22,8 +22,8 @@ from eagle3_train.preflight.report import Finding, error, ok, warning
 def check_schemas(inputs: RunInputs) -> list[Finding]:
     """Each input against its schema. A stream's header is checked here as a finished
     dataset's is; its shards are checked against their fragments as they are sealed."""
-    from eagle3_schemas.stream import check_stream_header
-    from eagle3_schemas.validate import validate
+    from eagle3_schemas.contract.stream import check_stream_header
+    from eagle3_schemas.contract.validate import validate
 
     out = []
     roles: list[tuple[str, Path]] = [("data.vocab_map", inputs.vocab.path)]
@@ -142,7 +142,7 @@ def check_lineage(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
 
 def _check_target_files(inputs: RunInputs) -> list[Finding]:
     """Fingerprints of the target directory against the dataset's lineage, where present."""
-    from eagle3_schemas.lineage import (
+    from eagle3_schemas.contract.lineage import (
         TOKENIZER_FILES,
         fingerprint_model_dir,
         fingerprint_tokenizer_dir,
@@ -320,7 +320,7 @@ def check_export_format(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
 
 def check_export_vocab(arch: DraftArch) -> list[Finding]:
     """The vocabulary map the export will store, by the rule vLLM loads
-    (eagle3_schemas.draft_vocab): d2t and t2d for a pruned vocabulary, none for a full one."""
+    (eagle3_schemas.layouts.draft_vocab): d2t and t2d for a pruned vocabulary, none for a full one."""
     v_draft, v_target = arch.draft_vocab_size, arch.target_vocab_size
     if stores_vocab_map(v_draft, v_target):
         return ok(

@@ -125,7 +125,7 @@ def check_interfaces(
 def check_cuda_driver() -> list[Finding]:
     """On a host with an NVIDIA driver: does it support the CUDA release torch was built for?
     (Too old, and torch reports no GPU: the run would go on on the CPU.) Nothing elsewhere."""
-    from eagle3_schemas.cuda_driver import check_this_host
+    from eagle3_schemas.runtime.cuda_driver import check_this_host
 
     verdict = check_this_host()
     return [] if verdict is None else [Finding(verdict[0], "cuda_driver", verdict[1])]

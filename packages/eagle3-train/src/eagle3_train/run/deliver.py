@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from eagle3_schemas.diskspace import disk_full, is_disk_full
-from eagle3_schemas.validate import validate
+from eagle3_schemas.contract.validate import validate
+from eagle3_schemas.io.diskspace import disk_full, is_disk_full
 from eagle3_train.components.checkpoint import TrainerState
 from eagle3_train.data.inputs import RunInputs, checkpoint_lineage
 from eagle3_train.export.sglang import SGLANG_DIR, write_sglang_export

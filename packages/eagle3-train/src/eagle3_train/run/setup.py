@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from eagle3_schemas.jsonl import truncate_torn_tail
-from eagle3_schemas.stream import CONSUMER_STOPPED
+from eagle3_schemas.contract.stream import CONSUMER_STOPPED
+from eagle3_schemas.io.jsonl import truncate_torn_tail
 from eagle3_train.components import zero_clip
 from eagle3_train.components.accelerator import agree_on_failure
 from eagle3_train.components.build import build_model, lr_lambda, make_optimizer, speed_up

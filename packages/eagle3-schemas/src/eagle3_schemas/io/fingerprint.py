@@ -2,7 +2,7 @@
 
 A leaf: it imports nothing of this library, so the contract modules that hash (conversation
 ids, remote code, the vocab-map check) and ``lineage`` (which also reads headers) all build on
-it without importing each other. Stages import these names from ``eagle3_schemas.lineage``.
+it without importing each other. Stages import these names from ``eagle3_schemas.contract.lineage``.
 """
 
 from __future__ import annotations

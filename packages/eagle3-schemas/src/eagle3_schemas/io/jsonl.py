@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from eagle3_schemas.diskspace import disk_full, is_disk_full
+from eagle3_schemas.io.diskspace import disk_full, is_disk_full
 
 log = logging.getLogger(__name__)
 

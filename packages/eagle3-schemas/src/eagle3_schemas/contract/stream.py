@@ -32,18 +32,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_schemas.atomic import write_json_atomic
-from eagle3_schemas.header import Header
-from eagle3_schemas.hidden_states import (
+from eagle3_schemas.contract.header import Header
+from eagle3_schemas.contract.lineage import fingerprint_json
+from eagle3_schemas.contract.validate import header_violations
+from eagle3_schemas.io.atomic import write_json_atomic
+from eagle3_schemas.io.safetensors_format import SafetensorsFormatError, read_safetensors
+from eagle3_schemas.layouts.hidden_states import (
     PER_TOKEN_TENSORS,
     SHARD_DIR,
     checksum_algorithm,
     resolve_shard_path,
     row_checksum,
 )
-from eagle3_schemas.lineage import fingerprint_json
-from eagle3_schemas.safetensors_format import SafetensorsFormatError, read_safetensors
-from eagle3_schemas.validate import header_violations
 
 PARTIAL_SUFFIX = ".partial"
 WORK = "_work"

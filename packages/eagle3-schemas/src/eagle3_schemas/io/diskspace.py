@@ -1,6 +1,6 @@
 """A full disk as a named stop: before a large write the free space is compared with what it
 needs; a write that still hits ENOSPC is reported with the path, what was needed and what was
-free. The writers are atomic (eagle3_schemas.atomic), so nothing half-written looks whole, and
+free. The writers are atomic (eagle3_schemas.io.atomic), so nothing half-written looks whole, and
 the stages resume once space is freed."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-SCHEMA_DIR = Path(__file__).resolve().parent / "schema_files"
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema_files"
 META = "meta"
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3_schemas.header import Header
-from eagle3_schemas.safetensors_format import SafetensorsFile, read_safetensors
+from eagle3_schemas.contract.header import Header
+from eagle3_schemas.io.safetensors_format import SafetensorsFile, read_safetensors
 
 BATCH_ROWS = 8192
 

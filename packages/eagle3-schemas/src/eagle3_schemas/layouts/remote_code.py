@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_schemas.fingerprint import fingerprint_files
+from eagle3_schemas.io.fingerprint import fingerprint_files
 
 StrPath = str | os.PathLike[str]
 # The files whose auto_map entries transformers and vLLM follow, and the loaders each serves.

@@ -19,7 +19,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from eagle3_schemas.atomic import atomic_path
+from eagle3_schemas.io.atomic import atomic_path
 
 CARD_FILE = "README.md"
 # Where eval's tables go: eagle3-train writes this line at the end of the Acceptance section.

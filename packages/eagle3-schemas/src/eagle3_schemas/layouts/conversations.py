@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from eagle3_schemas.fingerprint import canonical_json
+from eagle3_schemas.io.fingerprint import canonical_json
 
 ROLES = ("system", "user", "assistant")  # version 1
 ROLES_V2 = (*ROLES, "tool")

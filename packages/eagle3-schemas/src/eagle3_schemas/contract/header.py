@@ -18,9 +18,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3_schemas.atomic import atomic_path, write_json_atomic
-from eagle3_schemas.registry import load_schema
-from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.contract.registry import load_schema
+from eagle3_schemas.io.atomic import atomic_path, write_json_atomic
+from eagle3_schemas.io.safetensors_format import read_safetensors
 
 HEADER_KEY = "eagle3"
 # Directory artifacts: the JSON file holding the header.

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from eagle3_schemas.header import read_header
-from eagle3_schemas.registry import artifact_kinds, load_schema
+from eagle3_schemas.contract.header import read_header
+from eagle3_schemas.contract.registry import artifact_kinds, load_schema
 
 StrPath = str | os.PathLike[str]
 

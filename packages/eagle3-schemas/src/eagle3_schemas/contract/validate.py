@@ -2,7 +2,7 @@
 
 Structure (files, columns, tensors, dtypes, shape symbols, header, lineage keys) is checked
 generically from the schema file; the schema's named semantic checks run from
-``eagle3_schemas.checks``.
+``eagle3_schemas.contract.checks``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ import jsonschema
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagle3_schemas.artifact import Artifact, Violation
-from eagle3_schemas.checks import CHECKS, DEEP_CHECKS, symbols_from_header
-from eagle3_schemas.conversations import CONVERSATION_TURNS_V2, MESSAGE_V2
-from eagle3_schemas.header import DIRECTORY_HEADER_FILES, ArtifactError, Header, read_header
-from eagle3_schemas.registry import artifact_kinds, load_schema, versions
-from eagle3_schemas.safetensors_format import SafetensorsFormatError
+from eagle3_schemas.contract.artifact import Artifact, Violation
+from eagle3_schemas.contract.checks import CHECKS, DEEP_CHECKS, symbols_from_header
+from eagle3_schemas.contract.header import (
+    DIRECTORY_HEADER_FILES,
+    ArtifactError,
+    Header,
+    read_header,
+)
+from eagle3_schemas.contract.registry import artifact_kinds, load_schema, versions
+from eagle3_schemas.io.safetensors_format import SafetensorsFormatError
+from eagle3_schemas.layouts.conversations import CONVERSATION_TURNS_V2, MESSAGE_V2
 
 ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import jsonschema
 
-from eagle3_schemas.checks import CHECKS
-from eagle3_schemas.registry import META, SCHEMA_DIR
+from eagle3_schemas.contract.checks import CHECKS
+from eagle3_schemas.contract.registry import META, SCHEMA_DIR
 
 FROZEN_FILE = "FROZEN.json"
 
@@ -71,7 +71,7 @@ def meta_check(schema_dir: Path = SCHEMA_DIR) -> list[str]:
         for name in schema.get("checks", {}):
             if name not in implemented:
                 problems.append(
-                    f"{rel}: check {name!r} has no implementation in eagle3_schemas.checks"
+                    f"{rel}: check {name!r} has no implementation in eagle3_schemas.contract.checks"
                 )
         # A check may arrive with a later version (readers run what a file's version declares);
         # the newest version declares every implemented check.
@@ -81,7 +81,7 @@ def meta_check(schema_dir: Path = SCHEMA_DIR) -> list[str]:
         for name in implemented if path == newest else ():
             if name not in schema.get("checks", {}):
                 problems.append(
-                    f"{rel}: eagle3_schemas.checks implements {name!r}, which the schema does not declare"
+                    f"{rel}: eagle3_schemas.contract.checks implements {name!r}, which the schema does not declare"
                 )
     problems += _frozen_problems(schema_dir, files)
     return problems

@@ -15,7 +15,7 @@ from typing import Any
 
 import xxhash
 
-from eagle3_schemas.safetensors_format import SafetensorsFile
+from eagle3_schemas.io.safetensors_format import SafetensorsFile
 
 SHARD_DIR = "shards"
 # Tensors whose dim 0 is the token axis (sum_T); the checksum covers these.

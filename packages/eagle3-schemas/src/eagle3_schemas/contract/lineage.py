@@ -15,7 +15,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from eagle3_schemas.fingerprint import (
+from eagle3_schemas.contract.header import read_header
+from eagle3_schemas.io.fingerprint import (
     canonical_json,
     fingerprint_file,
     fingerprint_files,
@@ -24,9 +25,8 @@ from eagle3_schemas.fingerprint import (
     fingerprint_vocab_map,
     hex_digest,
 )
-from eagle3_schemas.header import read_header
-from eagle3_schemas.remote_code import remote_code
-from eagle3_schemas.safetensors_format import read_safetensors
+from eagle3_schemas.io.safetensors_format import read_safetensors
+from eagle3_schemas.layouts.remote_code import remote_code
 
 # The primitives are re-exported: stages compute every fingerprint through this module.
 __all__ = [
