@@ -164,4 +164,4 @@ def test_any_damaged_model_folder_is_planned_or_refused_by_name(
         result = outcome(READER, plan, (PlanError,))
         if isinstance(result, PlanError):
             # a file of the folder is named, or (facts read, the node too small) the flag to change
-            assert str(folder) in str(result) or " --" in str(result), result
+            assert str(folder) in str(result) or "--" in str(result), result

@@ -305,12 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3_eval.report import ReportError
     from eagle3_eval.target import TargetError
     from eagle3_eval.vllm_mode import VllmError
+    from eagle3_schemas.diskspace import EXIT_DISK_FULL, DiskFull
     from eagle3_schemas.header import ArtifactError
     from eagle3_schemas.paths import PathArgumentError
     from eagle3_schemas.remote_code import RemoteCodeRefused
 
     try:
         return _run(args)
+    except DiskFull as e:  # every file written is whole or absent; rerun once space is freed
+        print(f"eagle3-eval {args.command}: disk full: {e}", file=sys.stderr)
+        return EXIT_DISK_FULL
     except (
         ConfigError,
         DraftFormatError,
