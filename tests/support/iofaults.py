@@ -4,18 +4,21 @@ makes fails with an errno (ENOSPC, EIO), for every k it makes.
 Counted in one sequence: the ``os`` functions the writers call (``os.fsync``, ``os.replace``,
 ``os.rename``, ``os.write``); every write pyarrow's Parquet writers make (``pq.write_table`` and
 ``pq.ParquetWriter`` are given a Python file over the same path, so each of their writes passes
-here); and safetensors' ``save_file`` (numpy and torch), serialized by safetensors itself and
+here); files a module given in ``opens`` opens with ``"wb"`` (each of their writes); and
+safetensors' ``save_file`` (numpy and torch), serialized by safetensors itself and
 written in chunks, whose failure is raised as the Rust writer raises it (``SafetensorError``
 "... (os error N)"). The writers under test run unchanged.
 """
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -103,10 +106,25 @@ def _safetensors(m: pytest.MonkeyPatch, faults: _Faults) -> None:
         m.setattr(module, "save_file", save_file)
 
 
+def _opens(m: pytest.MonkeyPatch, faults: _Faults, modules: tuple[ModuleType, ...]) -> None:
+    """Files these modules open for binary writing ("wb") count each of their writes."""
+
+    def counted(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if mode == "wb":
+            return _File(file, faults, "file write")
+        return builtins.open(file, mode, *args, **kwargs)
+
+    for module in modules:
+        m.setattr(module, "open", counted, raising=False)
+
+
 @contextmanager
-def failing(monkeypatch: pytest.MonkeyPatch, k: int, code: int) -> Iterator[list[str]]:
+def failing(
+    monkeypatch: pytest.MonkeyPatch, k: int, code: int, opens: tuple[ModuleType, ...] = ()
+) -> Iterator[list[str]]:
     """Count every write, fsync and rename inside the block; the ``k``-th (0-based) fails with
-    ``code`` (k = -1: none fails). Yields the names of the calls made, in order."""
+    ``code`` (k = -1: none fails). ``opens``: modules whose own ``open(..., "wb")`` files are
+    counted too (a writer serializing by hand). Yields the names of the calls made, in order."""
     faults = _Faults(k, code)
     originals = {name: getattr(os, name) for name in OS_CALLS}
 
@@ -122,12 +140,17 @@ def failing(monkeypatch: pytest.MonkeyPatch, k: int, code: int) -> Iterator[list
             m.setattr(os, name, wrap(name))
         _parquet(m, faults)
         _safetensors(m, faults)
+        _opens(m, faults, opens)
         yield faults.seen
 
 
-def count_calls(write: Callable[[], object], monkeypatch: pytest.MonkeyPatch) -> int:
+def count_calls(
+    write: Callable[[], object],
+    monkeypatch: pytest.MonkeyPatch,
+    opens: tuple[ModuleType, ...] = (),
+) -> int:
     """How many counted calls ``write`` makes when none fails."""
-    with failing(monkeypatch, -1, 0) as seen:
+    with failing(monkeypatch, -1, 0, opens) as seen:
         write()
     return len(seen)
 
