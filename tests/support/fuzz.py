@@ -1,7 +1,7 @@
 """What the fuzz tests share: one hypothesis settings object and a tally of outcomes per reader.
 
 Every reader of user files (ingest, the schema validators, the training config and its
-``--set``, a draft's layout) is fuzzed by a property in its package's ``test_fuzz_*.py``: each
+``--set``, a draft's layout, the recipe planner's model folder) is fuzzed by a property in its package's ``test_fuzz_*.py``: each
 generated input is accepted, or refused by the reader's own error naming where, never any
 other exception. The tests run a bounded, derandomized sample (``EXAMPLES``, 100 by default,
 quick tier); ``tools/fuzz/run_fuzz.py`` runs the same tests with ``EAGLE3_FUZZ_EXAMPLES`` set

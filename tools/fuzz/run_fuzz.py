@@ -32,6 +32,7 @@ READERS = {
     "config": ["packages/eagle3-train/tests/test_fuzz_config.py"],
     "layout": ["packages/eagle3-schemas/tests/test_fuzz_draft_layout.py"],
     "init_from": ["packages/eagle3-train/tests/test_fuzz_init_from.py"],
+    "recipe": ["packages/eagle3-recipe/tests/test_fuzz_target.py"],
 }
 # What each reader's property counts under in support.fuzz.TALLY.
 TALLY_NAMES = {
@@ -40,6 +41,7 @@ TALLY_NAMES = {
     "config": "train config",
     "layout": "draft layout",
     "init_from": "init_from",
+    "recipe": "recipe planner",
 }
 COLUMNS = ("examples", "accepted", "refused", "tracebacks")
 

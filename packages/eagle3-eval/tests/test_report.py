@@ -162,3 +162,23 @@ def test_a_v1_report_still_validates_and_reads_as_one_group(tmp_path: Path) -> N
     assert validate(out) == []
     [whole] = read_report(out).groups
     assert whole["acceptance_length"] == pytest.approx(2.6) and whole["num_prompts"] == 2
+
+
+def test_a_full_disk_rendering_the_figure_exits_7_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk while (re)writing a report's file was a DiskFull traceback, exit 1; every
+    stage stops on a full disk with exit 7, naming the file, and keeps the old file whole."""
+    import errno
+
+    from support.iofaults import failing, leftovers
+
+    out = write_report(make_result([[3, 1, 0], [2, 2]]), tmp_path / "report")
+    figure = (out / "acceptance.png").read_bytes()
+    capsys.readouterr()
+    with failing(monkeypatch, 0, errno.ENOSPC) as seen:  # the new figure's fsync
+        assert main(["report", str(out), "--figure"]) == 7
+    assert seen == ["fsync"]
+    err = capsys.readouterr().err
+    assert f"eagle3-eval report: disk full: {out / 'acceptance.png'}: no room for" in err, err
+    assert (out / "acceptance.png").read_bytes() == figure and not leftovers(tmp_path)

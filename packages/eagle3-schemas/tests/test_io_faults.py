@@ -1,63 +1,32 @@
 """Fault injection at I/O: the atomic writers and the journal lines fail their k-th write, fsync
 or rename with ENOSPC or EIO, for every k a write makes. Each failure leaves the old artifact
-(or none) under the final name, no temporary file, and an error that names the failure.
+(or none) under the final name, no temporary file, and an error that names the file: DiskFull
+for a full disk, the OSError with the file named for another fault.
 
 The faults are injected at the ``os`` functions the writers call (``os.fsync``, ``os.replace``,
-``os.rename``, ``os.write``); the writers themselves run unchanged.
+``os.rename``, ``os.write``: support.iofaults); the writers themselves run unchanged.
 """
 
 from __future__ import annotations
 
 import errno
 import json
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from eagle3_schemas.io.atomic import TEMP_MARKER, atomic_directory, write_json_atomic
+from eagle3_schemas.io.atomic import atomic_directory, write_json_atomic
 from eagle3_schemas.io.diskspace import DiskFull
 from eagle3_schemas.io.jsonl import append_to, complete_lines
 
-CALLS = ("fsync", "replace", "rename", "write")
+from support.iofaults import count_calls, failing, leftovers
 
 
-class Injected(Exception):
-    pass
-
-
-@contextmanager
-def failing(monkeypatch: pytest.MonkeyPatch, k: int, code: int) -> Iterator[list[str]]:
-    """Every call to the ``os`` functions of ``CALLS`` counted; the ``k``-th (0-based) raises
-    OSError(``code``). Yields the names of the calls made, in order."""
-    seen: list[str] = []
-    originals = {name: getattr(os, name) for name in CALLS}
-
-    def wrap(name: str) -> Callable[..., object]:
-        def call(*args: object, **kwargs: object) -> object:
-            seen.append(name)
-            if len(seen) - 1 == k:
-                raise OSError(code, f"{os.strerror(code)} (injected at {name} #{k})")
-            return originals[name](*args, **kwargs)
-
-        return call
-
-    with monkeypatch.context() as m:
-        for name in CALLS:
-            m.setattr(os, name, wrap(name))
-        yield seen
-
-
-def _calls(write: Callable[[], None], monkeypatch: pytest.MonkeyPatch) -> int:
-    with failing(monkeypatch, -1, errno.EIO) as seen:
-        write()
-    return len(seen)
-
-
-def _leftovers(directory: Path) -> list[str]:
-    return [p.name for p in directory.iterdir() if TEMP_MARKER in p.name]
+def named(code: int, path: Path) -> tuple[type[Exception], str]:
+    """The error a fault of ``code`` at writing ``path`` raises, and what its message holds."""
+    if code == errno.ENOSPC:
+        return DiskFull, f"{path}: no room for "
+    return OSError, str(path)
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
@@ -71,12 +40,13 @@ def test_write_json_atomic_every_fault_keeps_the_old_file(
     n = len(order)
     for k in range(n):
         write_json_atomic(path, {"v": "old"})
-        with failing(monkeypatch, k, code) as seen, pytest.raises(OSError) as raised:
+        error, words = named(code, path)
+        with failing(monkeypatch, k, code) as seen, pytest.raises(error) as raised:
             write_json_atomic(path, {"v": "new"})
-        assert raised.value.errno == code and "injected" in str(raised.value)
+        assert words in str(raised.value) and "injected" in str(raised.value)
         after_rename = "replace" in seen[:-1]  # the fault hit the directory's fsync
         assert json.loads(path.read_text()) == {"v": "new" if after_rename else "old"}, seen
-        assert not _leftovers(tmp_path), seen
+        assert not leftovers(tmp_path), seen
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
@@ -87,30 +57,32 @@ def test_atomic_directory_every_fault_leaves_none(
         with atomic_directory(final) as tmp:
             (tmp / "a.json").write_text("{}")
 
-    n = _calls(lambda: write(tmp_path / "probe"), monkeypatch)
+    n = count_calls(lambda: write(tmp_path / "probe"), monkeypatch)
     for k in range(n):
         final = tmp_path / f"out{k}"
-        with failing(monkeypatch, k, code) as seen, pytest.raises(OSError):
+        error, words = named(code, final)
+        with failing(monkeypatch, k, code) as seen, pytest.raises(error, match=words):
             write(final)
         renamed = "rename" in seen[:-1]
         assert final.is_dir() == renamed, seen
         if renamed:
             assert (final / "a.json").read_text() == "{}"
-        assert not _leftovers(tmp_path), seen
+        assert not leftovers(tmp_path), seen
 
 
 def test_journal_line_every_fault_keeps_complete_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A full disk at a journal line is DiskFull naming the file; an I/O error is raised as is;
-    either way the lines before it are intact and the torn line is never read back."""
+    """A full disk at a journal line is DiskFull naming the file; an I/O error is the OSError
+    naming the file; either way the lines before it are intact and the torn line is never read
+    back."""
     path = tmp_path / "journal.jsonl"
     for code, named in ((errno.ENOSPC, DiskFull), (errno.EIO, OSError)):
         path.unlink(missing_ok=True)
         append_to(path, b'{"row": 0}\n', "a journal row")
-        n = _calls(lambda: append_to(tmp_path / "probe.jsonl", b"{}\n", "x"), monkeypatch)
+        n = count_calls(lambda: append_to(tmp_path / "probe.jsonl", b"{}\n", "x"), monkeypatch)
         for k in range(n):
             with failing(monkeypatch, k, code), pytest.raises(named) as raised:
                 append_to(path, b'{"row": 1}\n', "a journal row")
-            assert str(path) in str(raised.value) or raised.value.errno == code
+            assert str(path) in str(raised.value) and "a journal row" in str(raised.value)
             assert complete_lines(path) == [b'{"row": 0}']

@@ -62,7 +62,9 @@ def run(config: IngestConfig) -> IngestSummary:
     summary = IngestSummary()
     seen: set[str] = set()
     batch: dict[str, list[Any]] = {k: [] for k in SCHEMA.names}
-    with RejectsFile(config.rejects) as rejects, parquet_stream(config.output, SCHEMA) as out:
+    # the output is published last, after the rejects file: a fault at the rejects leaves no
+    # output, so the same command reruns
+    with parquet_stream(config.output, SCHEMA) as out, RejectsFile(config.rejects) as rejects:
         for record in records(config.inputs):
             summary.read += 1
             if record.error is not None:

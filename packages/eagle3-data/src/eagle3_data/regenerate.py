@@ -527,10 +527,10 @@ def _write_artifact(config: RegenerateConfig, source_fingerprint: str) -> None:
         settings["thinking_fraction"] = config.thinking_fraction
         settings["keep_length_cut"] = config.keep_length_cut
     kept = rejected = 0
-    with (
+    with (  # the output is published last, after the rejects file (a fault there leaves none)
+        parquet_stream(config.output, SCHEMA) as out,
         RejectsFile(config.rejects) as rejects,
         open(config.journal, "rb") as journal,
-        parquet_stream(config.output, SCHEMA) as out,
     ):
         rows: dict[str, list[Any]] = {k: [] for k in SCHEMA.names}
         for row in _conversations(config.conversations, config.limit, config.sample_seed):

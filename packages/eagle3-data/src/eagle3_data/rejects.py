@@ -2,7 +2,8 @@
 
 JSONL, one object per rejected record: ``source`` (file:record), ``reason`` and ``record``
 (the raw text, or the normalised messages), so nothing is lost and every refusal is explained.
-Written to a temporary name and renamed when the command ends.
+Written to a temporary name, flushed to disk and renamed when the command ends; a full disk
+stops the command by name (``DiskFull``, exit 7) and leaves the previous rejects file, if any.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from eagle3_schemas.io.atomic import TEMP_MARKER
+from eagle3_schemas.io.diskspace import disk_full, is_disk_full
 
 
 class RejectsFile:
@@ -29,14 +31,20 @@ class RejectsFile:
     def add(self, source: str, reason: str, record: Any) -> None:
         """Keep one rejected record. ``reason`` starts with a short class name before ':'."""
         self.reasons[reason.split(":", 1)[0]] += 1
-        self._file.write(
-            json.dumps(
-                {"source": source, "reason": reason, "record": record},
-                ensure_ascii=False,
-                default=repr,  # a table's bytes, dates or decimals, kept readable
-            )
-            + "\n"
+        line = json.dumps(
+            {"source": source, "reason": reason, "record": record},
+            ensure_ascii=False,
+            default=repr,  # a table's bytes, dates or decimals, kept readable
         )
+        try:
+            self._file.write(line + "\n")
+        except OSError as e:
+            raise self._named(e) from e
+
+    def _named(self, error: OSError) -> Exception:
+        if is_disk_full(error):
+            return disk_full(self.path, "the rejected records", None, error)
+        return OSError(error.errno, f"{error.strerror or error} (the rejects file)", str(self.path))
 
     @property
     def count(self) -> int:
@@ -52,8 +60,16 @@ class RejectsFile:
         tb: TracebackType | None,
     ) -> None:
         if exc_type is None:
-            self._file.close()
-            os.replace(self._tmp, self.path)
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+                os.replace(self._tmp, self.path)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._tmp.unlink(missing_ok=True)
+                raise self._named(e) from e
             return
         # the command failed (a full disk, maybe): what the buffer still holds is dropped
         # with the file, and a second error from flushing it would hide the first

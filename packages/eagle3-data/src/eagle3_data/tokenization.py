@@ -376,7 +376,8 @@ def run(config: TokenizeConfig) -> TokenizeSummary:
     _worker.update(renderer=renderer, max_length=config.max_length)
     pool = multiprocessing.get_context("fork").Pool(config.workers) if config.workers > 1 else None
     try:
-        with RejectsFile(config.rejects) as rejects, parquet_stream(config.output, SCHEMA) as out:
+        # the output is published last, after the rejects file (a fault there leaves none)
+        with parquet_stream(config.output, SCHEMA) as out, RejectsFile(config.rejects) as rejects:
             chunks = _chunks(config.conversations, config.chunk_rows)
             _write(
                 pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks),

@@ -307,10 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3_eval.vllm_mode import VllmError
     from eagle3_schemas.contract.header import ArtifactError
     from eagle3_schemas.contract.paths import PathArgumentError
+    from eagle3_schemas.io.diskspace import EXIT_DISK_FULL, DiskFull
     from eagle3_schemas.layouts.remote_code import RemoteCodeRefused
 
     try:
         return _run(args)
+    except DiskFull as e:  # every file written is whole or absent; rerun once space is freed
+        print(f"eagle3-eval {args.command}: disk full: {e}", file=sys.stderr)
+        return EXIT_DISK_FULL
     except (
         ConfigError,
         DraftFormatError,

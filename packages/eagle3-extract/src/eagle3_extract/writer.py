@@ -108,10 +108,17 @@ def save_safetensors(
         f.write(struct.pack("<Q", len(raw_header)) + raw_header)
 
         def drain() -> None:
-            while (chunk := pending.get()) is not None:
-                data = memoryview(chunk)
-                while data:  # unbuffered write may be partial
-                    data = data[f.write(data) :]
+            try:
+                while (chunk := pending.get()) is not None:
+                    data = memoryview(chunk)
+                    while data:  # unbuffered write may be partial
+                        data = data[f.write(data) :]
+            except BaseException:
+                # a failed write (a full disk) still takes what the packer puts, up to its end
+                # mark: a bounded queue nobody empties would block the packer for good
+                while pending.get() is not None:
+                    pass
+                raise
 
         with ThreadPoolExecutor(1) as pool:
             writing = pool.submit(drain)

@@ -153,9 +153,23 @@ def _generation_config(model_dir: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
         raise PlanError(f"{path}: unreadable ({exc})") from exc
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    for key, least, most in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0)):
+        value = data.get(key)
+        if value is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not least <= value <= most
+        ):
+            raise PlanError(
+                f"{path}: field '{key}' is {value!r}, not a number in [{least:g}, {most:g}]"
+            )
+    return data
 
 
 # ---- the printed plan -----------------------------------------------------------------------

@@ -176,6 +176,26 @@ class Target:
 
 # ---- reading ----------------------------------------------------------------------------------
 
+# Fields the rules use beyond REQUIRED, each a count when present (null = absent). Positive:
+# a size or a head count (0 has no meaning); the others may be 0 (no experts, no dense layer).
+POSITIVE = (
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "max_position_embeddings",
+    "q_lora_rank",
+    "moe_intermediate_size",
+    "num_experts_per_tok",
+    *MLA_FIELDS,
+)
+COUNTS = ("n_routed_experts", "num_experts", "n_shared_experts", "first_k_dense_replace")
+# A count past this is no model's: the sizes multiply several of them (and floats overflow).
+LARGEST = 2**40
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= LARGEST
+
 
 def read_target(model_dir: Path) -> Target:
     """The target's facts; ``PlanError`` naming the file and field of the first one missing."""
@@ -185,12 +205,13 @@ def read_target(model_dir: Path) -> Target:
     config = text_config(wrapper)
     family_key = _family_key(config_path, wrapper, config)
     for key in REQUIRED:
-        if not isinstance(config.get(key), int) or config[key] <= 0:
+        if not _is_count(config.get(key)) or config[key] <= 0:
             raise PlanError(f"{config_path}: field '{key}' is missing or not a positive integer")
+    _check_fields(config_path, wrapper, config)
     family = FAMILIES[family_key]
-    has_mla = all(isinstance(config.get(k), int) for k in MLA_FIELDS)
+    has_mla = all(config.get(k) is not None for k in MLA_FIELDS)
     if family.attention == "mla" and not has_mla:
-        missing = [k for k in MLA_FIELDS if not isinstance(config.get(k), int)]
+        missing = [k for k in MLA_FIELDS if config.get(k) is None]
         raise PlanError(
             f"{config_path}: model_type '{config['model_type']}' is an MLA family but "
             f"{', '.join(missing)} is missing: attention kind unknown, not guessed"
@@ -200,7 +221,7 @@ def read_target(model_dir: Path) -> Target:
             f"{config_path}: field 'kv_lora_rank' (MLA attention) in a {family.name} config: "
             "attention kind not one this planner knows for that family"
         )
-    if family.attention == "gqa" and not isinstance(config.get("intermediate_size"), int):
+    if family.attention == "gqa" and config.get("intermediate_size") is None:
         raise PlanError(f"{config_path}: field 'intermediate_size' is missing")
     tokenizer = read_tokenizer(model_dir)
     vocab = int(config["vocab_size"])
@@ -219,12 +240,57 @@ def read_target(model_dir: Path) -> Target:
     return Target(model_dir, config, wrapper, family_key, tokenizer, rows, remote)
 
 
+def _check_fields(path: Path, wrapper: dict[str, Any], config: dict[str, Any]) -> None:
+    """Every optional field the rules read has the type they read it as (null = absent)."""
+    for key in (*POSITIVE, *COUNTS):
+        value = config.get(key)
+        if value is not None and (not _is_count(value) or (key in POSITIVE and value == 0)):
+            kind = "a positive" if key in POSITIVE else "a non-negative"
+            raise PlanError(f"{path}: field '{key}' is {_short(value)}, not {kind} integer")
+    experts = config.get("n_routed_experts") or config.get("num_experts")
+    if experts and config.get("moe_intermediate_size") is None:
+        raise PlanError(
+            f"{path}: field 'moe_intermediate_size' is missing in a config with {experts} experts"
+        )
+    dense = config.get("first_k_dense_replace") or 0
+    if dense > config["num_hidden_layers"]:
+        raise PlanError(
+            f"{path}: field 'first_k_dense_replace' is {dense}, more than num_hidden_layers "
+            f"{config['num_hidden_layers']}"
+        )
+    if (dense or not experts) and config.get("intermediate_size") is None:
+        raise PlanError(f"{path}: field 'intermediate_size' is missing (dense MLP layers)")
+    for fields in (config, wrapper):
+        tied = fields.get("tie_word_embeddings")
+        if tied is not None and not isinstance(tied, bool):
+            raise PlanError(
+                f"{path}: field 'tie_word_embeddings' is {_short(tied)}, not true/false"
+            )
+        names = fields.get("architectures")
+        if names is not None and not (
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+        ):
+            raise PlanError(
+                f"{path}: field 'architectures' is {_short(names)}, not a list of names"
+            )
+        quant = fields.get("quantization_config")
+        if quant is not None and not isinstance(quant, dict):
+            raise PlanError(
+                f"{path}: field 'quantization_config' is {_short(quant)}, not an object"
+            )
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise PlanError(f"{path}: missing (the target's config.json; give the model directory)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
         raise PlanError(f"{path}: unreadable ({exc})") from exc
     if not isinstance(data, dict):
         raise PlanError(f"{path}: not a JSON object")
@@ -233,8 +299,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _family_key(path: Path, wrapper: dict[str, Any], config: dict[str, Any]) -> str:
     model_type = config.get("model_type")
-    if model_type in FAMILIES:
-        return str(model_type)
+    if isinstance(model_type, str) and model_type in FAMILIES:
+        return model_type
     known = ", ".join(FAMILIES)
     raise PlanError(
         f"{path}: field 'model_type' is {model_type!r} (architectures "
@@ -254,40 +320,79 @@ def read_tokenizer(model_dir: Path) -> Tokenizer:
         eos = eos.get("content")
     if not isinstance(eos, str) or not eos:
         raise PlanError(f"{path}: field 'eos_token' is missing: a sample's end cannot be trained")
-    template = _chat_template(model_dir, settings)
+    template = _chat_template(model_dir, path, settings)
     if not template:
         raise PlanError(
             f"{path}: field 'chat_template' is missing (nor chat_template.jinja / .json beside "
             "it): the samples cannot be rendered as the target is served"
         )
-    return Tokenizer(eos, template, _max_token_id(model_dir, settings))
+    return Tokenizer(eos, template, _max_token_id(model_dir, path, settings))
 
 
-def _chat_template(model_dir: Path, settings: dict[str, Any]) -> str:
+def _chat_template(model_dir: Path, path: Path, settings: dict[str, Any]) -> str:
     template = settings.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        named = {
+            t.get("name"): t.get("template")
+            for t in template
+            if isinstance(t, dict) and isinstance(t.get("name"), str)
+        }
         template = named.get("default") or next(iter(named.values()), None)
-    if isinstance(template, str) and template:
+    if template is not None and not isinstance(template, str):
+        raise PlanError(
+            f"{path}: field 'chat_template' is {_short(template)}: not a template (a string, or a "
+            "list of {name, template})"
+        )
+    if template:
         return template
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise PlanError(f"{jinja}: unreadable ({exc})") from exc
     as_json = model_dir / "chat_template.json"
     if as_json.is_file():
-        return str(_read_json(as_json).get("chat_template") or "")
+        template = _read_json(as_json).get("chat_template")
+        if template is not None and not isinstance(template, str):
+            raise PlanError(f"{as_json}: field 'chat_template' is {_short(template)}, not a string")
+        return template or ""
     return ""
 
 
-def _max_token_id(model_dir: Path, settings: dict[str, Any]) -> int | None:
-    ids = [int(k) for k in settings.get("added_tokens_decoder", {}) if str(k).isdigit()]
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _max_token_id(model_dir: Path, config_path: Path, settings: dict[str, Any]) -> int | None:
+    decoder = settings.get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        raise PlanError(
+            f"{config_path}: field 'added_tokens_decoder' is {_short(decoder)}, not an object"
+        )
+    ids = [int(k) for k in decoder if k.isascii() and k.isdigit()]
     path = model_dir / "tokenizer.json"
     if path.is_file():
         data = _read_json(path)
-        vocab = (data.get("model") or {}).get("vocab")
-        if isinstance(vocab, dict):
-            ids += [int(v) for v in vocab.values()]
-        ids += [int(t["id"]) for t in data.get("added_tokens", []) if "id" in t]
+        model = data.get("model") or {}
+        if not isinstance(model, dict):
+            raise PlanError(f"{path}: field 'model' is {_short(model)}, not an object")
+        vocab = model.get("vocab")
+        if isinstance(vocab, dict):  # BPE / WordPiece; Unigram's is a list of [piece, score]
+            wrong = [v for v in vocab.values() if not _token_id(v)]
+            if wrong:
+                raise PlanError(
+                    f"{path}: field 'model.vocab' maps a token to {_short(wrong[0])}, not an id"
+                )
+            ids += vocab.values()
+        added = data.get("added_tokens") or []
+        if not isinstance(added, list) or not all(
+            isinstance(t, dict) and _token_id(t.get("id")) for t in added
+        ):
+            raise PlanError(
+                f"{path}: field 'added_tokens' is not a list of tokens with ids ({_short(added)})"
+            )
+        ids += [t["id"] for t in added]
     return max(ids) if ids else None
 
 
@@ -298,7 +403,11 @@ def embedding_rows(model_dir: Path) -> int | None:
     """Rows of the input embedding, from the safetensors header alone (None: no weights here)."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map", {})
+        weight_map = _read_json(index).get("weight_map") or {}
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
+            raise PlanError(f"{index}: field 'weight_map' is not an object of file names")
         names = [n for n in weight_map if n.endswith(EMBEDDING_SUFFIX)]
         if not names or not (model_dir / weight_map[names[0]]).is_file():
             return None
@@ -308,10 +417,22 @@ def embedding_rows(model_dir: Path) -> int | None:
 
 
 def _rows(path: Path, name: str | None) -> int | None:
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    for key, entry in header.items():
-        if (key == name or (name is None and key.endswith(EMBEDDING_SUFFIX))) and "shape" in entry:
-            return int(entry["shape"][0])
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > path.stat().st_size - 8:
+                raise ValueError(f"its header length {length} runs past the file's end")
+            header = json.loads(f.read(length))
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
+        for key, entry in header.items():
+            if (key == name or (name is None and key.endswith(EMBEDDING_SUFFIX))) and isinstance(
+                entry, dict
+            ):
+                shape = entry.get("shape")
+                if isinstance(shape, list) and shape and _token_id(shape[0]):
+                    return int(shape[0])
+                raise ValueError(f"tensor {key!r} has no shape")
+    except (OSError, ValueError, struct.error, RecursionError) as exc:
+        raise PlanError(f"{path}: not a readable safetensors file ({exc})") from exc
     return None

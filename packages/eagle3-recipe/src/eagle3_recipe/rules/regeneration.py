@@ -33,9 +33,11 @@ class Regeneration:
 def regeneration(t: Target, generation_config: dict[str, Any]) -> Decision:
     tok = t.tokenizer
     family_sampling = FAMILY_SAMPLING.get(t.family_key, DEFAULT_SAMPLING)
-    temperature = float(generation_config.get("temperature", family_sampling[0]))
-    top_p = float(generation_config.get("top_p", family_sampling[1]))
-    source = "generation_config.json" if "temperature" in generation_config else "family default"
+    given = generation_config.get("temperature")  # null: not given
+    temperature = float(given if given is not None else family_sampling[0])
+    top_p = generation_config.get("top_p")
+    top_p = float(top_p if top_p is not None else family_sampling[1])
+    source = "generation_config.json" if given is not None else "family default"
     reasons = [
         f"sampling T {temperature:g}, top-p {top_p:g} ({source}): the answers a served "
         "target gives, on-policy for the draft"

@@ -1,7 +1,10 @@
 """Atomic writes: a crash never leaves a half-written file or directory under the final name.
 
 Everything is written under a temporary name in the same directory (same filesystem), flushed
-to disk, then renamed into place; the rename is atomic on POSIX.
+to disk, then renamed into place; the rename is atomic on POSIX. A write that fails removes the
+temporary name and raises an error naming the artifact: ``DiskFull`` (exit 7) for a full disk,
+whichever writer hit it (Python's, pyarrow's, safetensors' Rust one), else the OSError with the
+file named.
 """
 
 from __future__ import annotations
@@ -9,13 +12,38 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from eagle3_schemas.io.diskspace import DiskFull, disk_full, is_disk_full
+
 TEMP_MARKER = ".eagle3-tmp-"
+# how a native writer (safetensors' Rust one) words an OS error: "... (os error 5)"
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def _named(error: BaseException, final: Path) -> BaseException | None:
+    """What to raise for ``error`` from writing ``final``: a full disk as ``DiskFull``, an OS
+    error (Python's, or a native writer's in its words) with ``final`` named; None: ``error``
+    as it is (it is not about the disk, or already names what it is about)."""
+    if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: as they are
+        return None
+    if isinstance(error, DiskFull):  # named by the writer inside
+        return None
+    if is_disk_full(error):
+        return disk_full(final, "this file", None, error)
+    if isinstance(error, OSError):
+        if error.filename is not None or error.errno is None:
+            return None
+        return OSError(error.errno, error.strerror or str(error), str(final))
+    found = _OS_ERROR.search(str(error))
+    if found is not None:
+        return OSError(int(found.group(1)), str(error), str(final))
+    return None
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -44,9 +72,12 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, final)
         _fsync_dir(final.parent)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise
+        named = _named(e, final)
+        if named is None:
+            raise
+        raise named from e
 
 
 @contextlib.contextmanager
@@ -67,9 +98,12 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         os.rename(tmp, final)
         _fsync_dir(final.parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        named = _named(e, final)
+        if named is None:
+            raise
+        raise named from e
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:

@@ -15,7 +15,16 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class DiskFull(RuntimeError):
-    """A write does not fit (or did not fit) on its filesystem; the message says where."""
+    """A write does not fit (or did not fit) on its filesystem; the message says where.
+
+    ``path`` and ``cause`` (the system's words) are set by ``disk_full``, so a caller that adds
+    its own context names the file that hit the full disk without repeating the whole message.
+    """
+
+    def __init__(self, message: str, path: str | Path | None = None, cause: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.cause = cause
 
 
 def free_bytes(path: str | Path) -> int:
@@ -38,6 +47,8 @@ _DISK_FULL_TEXTS = (
 def is_disk_full(error: BaseException) -> bool:
     """ENOSPC / EDQUOT / EFBIG, raised by Python's I/O or reported by a native writer
     (safetensors raises SafetensorError "... No space left on device (os error 28)")."""
+    if isinstance(error, DiskFull):
+        return True
     if isinstance(error, OSError) and error.errno is not None:
         return error.errno in DISK_FULL_ERRNOS
     return any(text in str(error) for text in _DISK_FULL_TEXTS)
@@ -56,15 +67,22 @@ def disk_full(
     """The error to raise: names the path, what was written, what it needed, what is free."""
     free = free_bytes(path)
     need = f"needs about {_mib(needed)}" if needed is not None else "needs more"
-    cause = ""
-    if isinstance(error, OSError) and error.strerror:
-        cause = f" ({error.strerror})"
+    words = ""
+    if isinstance(error, DiskFull):
+        words = error.cause
+    elif isinstance(error, OSError) and error.strerror:
+        words = error.strerror
     elif error is not None:
-        cause = f" ({error})"
+        words = str(error)
+    cause = f" ({words})" if words else ""
+    if isinstance(error, DiskFull) and error.path is not None and str(error.path) != str(path):
+        cause = f" (writing {error.path}{': ' + words if words else ''})"
     return DiskFull(
         f"{path}: no room for {what}{cause}: it {need}, {_mib(free)} free on that filesystem. "
         "Nothing half-written was kept; free space (or point the output elsewhere) and rerun "
-        "the same command to resume"
+        "the same command to resume",
+        path,
+        words,
     )
 
 

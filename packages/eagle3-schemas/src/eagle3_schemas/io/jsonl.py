@@ -3,8 +3,8 @@ the trainer's metrics.jsonl).
 
 Each line is written straight to the file (no buffer that a later flush could retry), so a
 line cut short can only be the file's last. A full disk stops the writer by name
-(``DiskFull``, exit 7) with every complete line kept; readers take complete lines only, and
-the next writer drops the torn tail before appending.
+(``DiskFull``, exit 7) with every complete line kept (another I/O error names the file too);
+readers take complete lines only, and the next writer drops the torn tail before appending.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ def append_line(fd: int, line: bytes, path: Path, what: str) -> None:
         while view:  # a short write (the disk filling up) is followed by the error itself
             view = view[os.write(fd, view) :]
     except OSError as e:
-        if not is_disk_full(e):
-            raise
-        raise disk_full(path, what, len(line), e) from e
+        if is_disk_full(e):
+            raise disk_full(path, what, len(line), e) from e
+        raise OSError(e.errno, f"{e.strerror or e} (writing {what})", str(path)) from e
 
 
 def append_to(path: Path, line: bytes, what: str) -> None:

@@ -89,6 +89,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: {value} is too large for a number") from None
         if math.isnan(number):  # every comparison of the checks is false for NaN
             raise ConfigError(f"{where}: expected a number, found NaN")
+        if math.isinf(number):  # passes "> 0"; no setting of a run means infinity
+            raise ConfigError(f"{where}: expected a finite number, found {number}")
         return number
     if tp is str:
         if not isinstance(value, str):

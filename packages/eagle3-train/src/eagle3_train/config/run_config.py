@@ -289,8 +289,27 @@ def check_config(config: Config) -> list[str]:
         p.append(f"train.muon.lr: {m.lr} must be > 0")
     if m.momentum < 0 or m.weight_decay < 0 or m.adamw_weight_decay < 0:
         p.append("train.muon.momentum, weight_decay and adamw_weight_decay must be >= 0")
+    elif m.momentum >= 1:
+        p.append(f"train.muon.momentum: {m.momentum} must be in [0, 1)")
     if len(t.betas) != 2:
         p.append(f"train.betas: expected two numbers, found {t.betas}")
+    elif not all(0 <= b < 1 for b in t.betas):
+        p.append(f"train.betas: {t.betas} must each be in [0, 1)")
+    if t.weight_decay < 0:
+        p.append(f"train.weight_decay: {t.weight_decay} must be >= 0")
+    if t.adam_eps <= 0:
+        p.append(f"train.adam_eps: {t.adam_eps} must be > 0")
+    if t.max_grad_norm < 0:
+        p.append(f"train.max_grad_norm: {t.max_grad_norm} must be >= 0 (0 = no clip)")
+    if t.warmup_steps < 0:
+        p.append(f"train.warmup_steps: {t.warmup_steps} must be >= 0")
+    for key, eps in (
+        ("target.rms_norm_eps", config.target.rms_norm_eps),
+        ("draft.rms_norm_eps", d.rms_norm_eps),
+        ("draft.rope_theta", d.rope_theta),
+    ):
+        if eps is not None and eps <= 0:
+            p.append(f"{key}: {eps} must be > 0")
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps: {t.max_steps} < 1")
     try:
