@@ -74,9 +74,10 @@ class QuickTestStartedAProcess(RuntimeError):
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if hasattr(config, "workerinput"):
-        # Under pytest-xdist (`--dist loadscope`, a module per worker at a time) the modules of
-        # engines and pipelines, the longest, are handed out first; the short ones fill in.
-        items.sort(key=lambda item: item.get_closest_marker("vllm") is None)
+        # Under pytest-xdist (`--dist loadscope --no-loadscope-reorder`: modules are handed out
+        # in this order, one per worker at a time) the longest go first and the short ones fill
+        # in: the pipelines (the only modules that raise their timeout), then vLLM's engines.
+        items.sort(key=lambda item: (-_timeout_of(item), item.get_closest_marker("vllm") is None))
     for item in items:
         if not any(item.get_closest_marker(name) for name in OUTSIDE_QUICK):
             item.add_marker("quick")
@@ -85,6 +86,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # parametrize id such as "vllm" is a keyword too.)
         marks = sorted({mark.name for mark in item.iter_markers()})
         item.user_properties.append((MARKERS_PROPERTY, marks))
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("timeout")
+    return float(mark.args[0]) if mark is not None and mark.args else 0.0
 
 
 def _refuse_processes(nodeid: str) -> Callable[[], None]:
