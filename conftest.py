@@ -51,7 +51,8 @@ REQUIRE_ENV = "EAGLE3_REQUIRE_TIERS"
 # stays covered: the Kimi recipe's engines (tests/test_kimi_recipe.py, extraction included) and
 # eval's single-draft run ask for it.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-MAX_REASONS = 5  # skip reasons shown per tier; the rest are counted
+MAX_REASONS = 5
+MARKERS_PROPERTY = "eagle3_markers"  # skip reasons shown per tier; the rest are counted
 
 # Tests of these markers start engines, launches, pipelines or other processes: not quick.
 OUTSIDE_QUICK = ("vllm", "distributed", "slow", "tmpfs", "process", "cuda_dry_run")
@@ -71,10 +72,25 @@ class QuickTestStartedAProcess(RuntimeError):
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker added here
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):
+        # Under pytest-xdist (`--dist loadscope --no-loadscope-reorder`: modules are handed out
+        # in this order, one per worker at a time) the longest go first and the short ones fill
+        # in: the pipelines (the only modules that raise their timeout), then vLLM's engines.
+        items.sort(key=lambda item: (-_timeout_of(item), item.get_closest_marker("vllm") is None))
     for item in items:
         if not any(item.get_closest_marker(name) for name in OUTSIDE_QUICK):
             item.add_marker("quick")
+        # Each test's report carries its markers: under pytest-xdist the controller, which
+        # tallies the required tiers, has reports but no items. (Keywords would not do: a
+        # parametrize id such as "vllm" is a keyword too.)
+        marks = sorted({mark.name for mark in item.iter_markers()})
+        item.user_properties.append((MARKERS_PROPERTY, marks))
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("timeout")
+    return float(mark.args[0]) if mark is not None and mark.args else 0.0
 
 
 def _refuse_processes(nodeid: str) -> Callable[[], None]:
@@ -198,21 +214,15 @@ class RequiredTiers:
     def __init__(self, tiers: tuple[str, ...]) -> None:
         self.tiers = tiers
         self.tally = {tier: TierTally() for tier in tiers}
-        self.tiers_of: dict[str, tuple[str, ...]] = {}
         self.collection_skips: list[str] = []  # "nodeid: reason" of modules skipped whole
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.skipped:
             self.collection_skips.append(f"{report.nodeid}: {skip_reason(report)}")
 
-    @pytest.hookimpl(trylast=True)  # after -m/-k deselection; harmless either way
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
-            marks = {m.name for m in item.iter_markers()}
-            self.tiers_of[item.nodeid] = tuple(t for t in self.tiers if t in marks)
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        for tier in self.tiers_of.get(report.nodeid, ()):
+        marks = dict(report.user_properties).get(MARKERS_PROPERTY, ())
+        for tier in (t for t in self.tiers if t in marks):
             tally = self.tally[tier]
             if report.skipped and not hasattr(report, "wasxfail"):
                 tally.skipped.append(f"{report.nodeid}: {skip_reason(report)}")
@@ -266,4 +276,7 @@ def pytest_configure(config: pytest.Config) -> None:
     problems = missing_prerequisites(tiers)
     if problems and not config.option.collectonly:
         raise pytest.UsageError(f"{REQUIRE_ENV}={value}: " + "; ".join(problems))
-    config.pluginmanager.register(RequiredTiers(tiers), "eagle3-required-tiers")
+    # Under pytest-xdist the controller sees every worker's reports: it alone keeps the tally (a
+    # worker sees only its share, and a worker's exit status is not the session's).
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(RequiredTiers(tiers), "eagle3-required-tiers")

@@ -73,6 +73,21 @@ def test_a_deselected_tier_fails(tree: pytest.Pytester, monkeypatch: pytest.Monk
     result.stdout.fnmatch_lines(["*tier 'distributed': no test executed*"])
 
 
+@pytest.mark.process  # pytest-xdist's workers are processes
+def test_the_tally_holds_across_xdist_workers(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI runs the suite on two xdist workers: the controller, which has no items, still counts
+    every worker's tests by tier."""
+    monkeypatch.setenv("EAGLE3_REQUIRE_TIERS", "vllm,distributed")
+    result = tree.runpytest("-n", "2")  # one session: workers start slowly on 2 busy cores
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        ["*tier 'vllm': 1 test(s) skipped*", "*test_skips: Skipped: no vllm python*"]
+    )
+    result.stdout.no_fnmatch_line("*no test executed*")  # both tiers' tests were counted
+
+
 def test_missing_vllm_python_is_a_usage_error(
     tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

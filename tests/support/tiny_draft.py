@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -405,9 +406,18 @@ def build(args) -> Path:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     out: Path = args.out or default_dir(args.target, settings_of(args))
-    if out.exists():
-        print(f"already built: {out}")
-        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel test sessions (pytest-xdist's workers) may ask for the same folder at once: one
+    # builds it, the others wait for the lock and then find it built.
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.exists():
+            print(f"already built: {out}")
+            return out
+        return _build(args, out)
+
+
+def _build(args, out: Path) -> Path:
     began = time.monotonic()
     with atomic_directory(out) as tmp:
         corpus = tmp / "corpus.jsonl"
