@@ -609,7 +609,7 @@ def temperature_of(results: list[dict]) -> float:
 
 
 def run_equal_time(args, recipe: Recipe, run: Path, out: Path, seed: int) -> dict:
-    """Issue 30 item 6: ours' defaults trained for the wall-clock seconds speculators' default
+    """The equal-time arm: ours' defaults trained for the wall-clock seconds speculators' default
     arm took for args.steps steps, this seed. The steps follow from ours' own whole run of
     args.steps steps (the same seed, measured beside it: ours and speculators run one after the
     other), in proportion; the result keeps the seconds it really took, printed beside."""
