@@ -35,6 +35,12 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist two workers share the cores. libgomp's threads spin while they wait (its
+# default policy), taking cycles from the other worker's process; passive waiting yields them.
+# Set before torch is first imported (below); every process a test starts inherits it.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Imported before any test, outside the quick tier's process guard: the first import of
 # transformers' tokenizers loads cuda.pathfinder, whose ctypes.util.find_library("dl") starts
 # /sbin/ldconfig -p; the guard would blame whichever quick test imported it first.
