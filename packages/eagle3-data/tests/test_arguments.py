@@ -13,18 +13,18 @@ from eagle3_data.cli import main
 from eagle3_schemas.contract.validate import Violation
 
 from support import fixtures
-from support.refusal import assert_refused_before_work, work_started
+from support.refusal import refused_before_work_test
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 
 
-@pytest.fixture
-def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first step of real work in each command fails the test if it is reached."""
-    monkeypatch.setattr(ingest, "records", work_started)
-    monkeypatch.setattr(regenerate, "_conversations", work_started)
-    monkeypatch.setattr(tokenization, "load_tokenizer", work_started)
-    monkeypatch.setattr(vocab, "count_loss_tokens", work_started)
+# The first step of real work in each command: reaching it fails the test.
+FIRST_STEPS = [
+    (ingest, "records"),
+    (regenerate, "_conversations"),
+    (tokenization, "load_tokenizer"),
+    (vocab, "count_loss_tokens"),
+]
 
 
 @pytest.fixture
@@ -113,18 +113,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_argument_is_refused_before_any_work(
-    case: str,
-    tmp_path: Path,
-    files: dict[str, Path],
-    no_work: None,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    argv, message = CASES[case]
-    names = {"tmp": tmp_path, **files}
-    assert_refused_before_work(main, argv.format(**names).split(), tmp_path)
-    assert message.format(**names) in capsys.readouterr().err
+test_bad_argument_is_refused_before_any_work = refused_before_work_test(
+    main, CASES, FIRST_STEPS, message_in="stderr"
+)
 
 
 def test_output_that_fails_its_schema_leaves_the_artifact_name(

@@ -13,19 +13,16 @@ from eagle3_eval import offline, online, report
 from eagle3_eval.cli import main
 
 from support import fixtures
-from support.refusal import assert_refused_before_work, work_started
+from support.refusal import refused_before_work_test
 
-
-@pytest.fixture
-def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first step of real work in each command fails the test if it is reached."""
-    monkeypatch.setattr(offline, "run_offline", work_started)
-    monkeypatch.setattr(online, "prepare", work_started)
-    monkeypatch.setattr(report, "read_report", work_started)
+# The first step of real work in each command: reaching it fails the test.
+FIRST_STEPS = [
+    (offline, "run_offline"),
+    (online, "prepare"),
+    (report, "read_report"),
     # The package re-exports validate(), which hides the module of that name from dotted paths.
-    monkeypatch.setattr(
-        importlib.import_module("eagle3_schemas.contract.validate"), "validate", work_started
-    )
+    (importlib.import_module("eagle3_schemas.contract.validate"), "validate"),
+]
 
 
 @pytest.fixture
@@ -133,15 +130,6 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_argument_is_refused_before_any_work(
-    case: str,
-    tmp_path: Path,
-    files: dict[str, Path],
-    no_work: None,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    argv, message = CASES[case]
-    names = {"tmp": tmp_path, **files}
-    assert_refused_before_work(main, argv.format(**names).split(), tmp_path)
-    assert message.format(**names) in capsys.readouterr().err
+test_bad_argument_is_refused_before_any_work = refused_before_work_test(
+    main, CASES, FIRST_STEPS, message_in="stderr"
+)

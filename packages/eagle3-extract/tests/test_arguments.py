@@ -11,15 +11,10 @@ from eagle3_extract import merge, run, verify
 from eagle3_extract.cli import main
 
 from support import fixtures
-from support.refusal import assert_refused_before_work, work_started
+from support.refusal import refused_before_work_test
 
-
-@pytest.fixture
-def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first step of real work in each command fails the test if it is reached."""
-    monkeypatch.setattr(run, "resolve", work_started)
-    monkeypatch.setattr(merge, "check_inputs", work_started)
-    monkeypatch.setattr(verify, "validate", work_started)
+# The first step of real work in each command: reaching it fails the test.
+FIRST_STEPS = [(run, "resolve"), (merge, "check_inputs"), (verify, "validate")]
 
 
 @pytest.fixture
@@ -116,15 +111,6 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_argument_is_refused_before_any_work(
-    case: str,
-    tmp_path: Path,
-    files: dict[str, Path],
-    no_work: None,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    argv, message = CASES[case]
-    names = {"tmp": tmp_path, **files}
-    assert_refused_before_work(main, argv.format(**names).split(), tmp_path)
-    assert message.format(**names) in caplog.text
+test_bad_argument_is_refused_before_any_work = refused_before_work_test(
+    main, CASES, FIRST_STEPS, message_in="log"
+)

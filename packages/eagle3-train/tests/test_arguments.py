@@ -11,13 +11,15 @@ from eagle3_train.cli import main
 from eagle3_train.run import trainer
 
 from support import fixtures
-from support.refusal import assert_refused_before_work, work_started
+from support.refusal import refused_before_work_test
 from support.train import Inputs, write_config
+
+# The first step of real work: reaching it fails the test.
+FIRST_STEPS = [(trainer, "train")]
 
 
 @pytest.fixture
-def files(tmp_path: Path, inputs: Inputs, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    monkeypatch.setattr(trainer, "train", work_started)
+def files(tmp_path: Path, inputs: Inputs) -> dict[str, Path]:
     (tmp_path / "empty").mkdir()
     (tmp_path / "a_file").write_text("")
     (tmp_path / "config.json").write_text("{}")
@@ -85,11 +87,6 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_argument_is_refused_before_any_work(
-    case: str, tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    argv, message = CASES[case]
-    names = {"tmp": tmp_path, **files}
-    assert_refused_before_work(main, argv.format(**names).split(), tmp_path)
-    assert message.format(**names) in capsys.readouterr().err
+test_bad_argument_is_refused_before_any_work = refused_before_work_test(
+    main, CASES, FIRST_STEPS, message_in="stderr"
+)
