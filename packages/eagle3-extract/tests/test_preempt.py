@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -26,6 +28,28 @@ from support import fixtures
 LENGTHS = tuple(3 + (7 * i) % 23 for i in range(40))
 
 
+@contextmanager
+def extraction_under_way(
+    model: Path, tokenized: Path, out: Path, log: Path, stdout: int
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``eagle3-extract run`` in its own interpreter with the smallest shards (stderr into ``log``),
+    handed over once three shards are sealed; killed on the way out."""
+    work = WorkDir(out)
+    command = [sys.executable, "-m", "eagle3_extract", "run", "--model", str(model)]
+    command += ["--tokenized", str(tokenized), "--out", str(out), "--shard-mb", "1e-6"]
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 120
+        while not work.fragments_dir.exists() or len(list(work.fragments_dir.iterdir())) < 3:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "extraction did not start"
+            time.sleep(0.001)
+        yield proc
+    finally:
+        proc.kill()
+
+
 @pytest.mark.process
 def test_sigterm_seals_the_shard_in_flight_and_the_rerun_resumes(
     llama_target: Path, tmp_path: Path
@@ -34,21 +58,10 @@ def test_sigterm_seals_the_shard_in_flight_and_the_rerun_resumes(
     tokenized = fixtures.tokenized(tmp_path / "t.parquet", lengths=LENGTHS)
     out = tmp_path / "ds"
     work = WorkDir(out)
-    command = [sys.executable, "-m", "eagle3_extract", "run", "--model", str(llama_target)]
-    command += ["--tokenized", str(tokenized), "--out", str(out), "--shard-mb", "1e-6"]
     log = tmp_path / "run.log"
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr)
-    try:
-        deadline = time.monotonic() + 120
-        while not work.fragments_dir.exists() or len(list(work.fragments_dir.iterdir())) < 3:
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "extraction did not start"
-            time.sleep(0.001)
+    with extraction_under_way(llama_target, tokenized, out, log, subprocess.PIPE) as proc:
         proc.send_signal(getattr(signal, sig))
         stdout, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
     assert proc.returncode == 5, log.read_text()[-3000:]
     summary = json.loads(stdout)
     assert summary["status"] == "preempted" and summary["signal"] == sig
@@ -90,21 +103,10 @@ def test_a_disk_that_fills_up_stops_naming_the_shard_and_the_rerun_resumes(
     with small_tmpfs(tmp_path / "small") as disk:
         out = disk / "ds"
         work = WorkDir(out)
-        command = [sys.executable, "-m", "eagle3_extract", "run", "--model", str(llama_target)]
-        command += ["--tokenized", str(tokenized), "--out", str(out), "--shard-mb", "1e-6"]
         log = tmp_path / "run.log"
-        with open(log, "wb") as stderr:
-            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
-        try:
-            deadline = time.monotonic() + 120
-            while not work.fragments_dir.exists() or len(list(work.fragments_dir.iterdir())) < 3:
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, "extraction did not start"
-                time.sleep(0.001)
+        with extraction_under_way(llama_target, tokenized, out, log, subprocess.DEVNULL) as proc:
             filler = leave_free(disk, 64 << 10)  # another job fills the disk
             code = proc.wait(timeout=120)
-        finally:
-            proc.kill()
         text = log.read_text()
         assert code == 7, text[-3000:]
         assert f"{work.root / 'shards'}: no room for shard" in text
