@@ -44,6 +44,20 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
+def heldout_prompts(path: Path, prompts: list[str]) -> Path:
+    """A conversations file of ``prompts``, each from its own held-out source file."""
+    rows = (
+        {
+            "messages": [{"role": "user", "content": p}, {"role": "assistant", "content": "x"}],
+            "source": f"handwritten/{i}.py",
+            "split": "heldout",
+        }
+        for i, p in enumerate(prompts)
+    )
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
 def untrained_draft(target: Path, out: Path) -> Path:
     config = json.loads((target / "config.json").read_text())
     draft_config = speculators_config(
@@ -75,23 +89,7 @@ def untrained_draft(target: Path, out: Path) -> Path:
 
 def test_untrained_draft_scores_about_one(tmp_path: Path, tiny_target: Path) -> None:
     draft = untrained_draft(tiny_target, tmp_path / "draft")
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": p},
-                        {"role": "assistant", "content": "x"},
-                    ],
-                    "source": f"handwritten/{i}.py",
-                    "split": "heldout",
-                }
-            )
-            + "\n"
-            for i, p in enumerate(PROMPTS)
-        )
-    )
+    prompts = heldout_prompts(tmp_path / "prompts.jsonl", PROMPTS)
     out = tmp_path / "report"
     argv = ["reference", "--draft", str(draft), "--target", str(tiny_target)]
     argv += ["--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "32"]
@@ -210,23 +208,7 @@ def test_reference_runs_put_their_table_into_the_drafts_card(tmp_path: Path, tin
         front_matter({"library_name": "vllm", "tags": ["eagle3"]})
         + f"\n# a draft\n\n## Acceptance\n\n{TABLES_ANCHOR}\n\n## Lineage\n"
     )
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": p},
-                        {"role": "assistant", "content": "x"},
-                    ],
-                    "source": f"handwritten/{i}.py",
-                    "split": "heldout",
-                }
-            )
-            + "\n"
-            for i, p in enumerate(PROMPTS[:2])
-        )
-    )
+    prompts = heldout_prompts(tmp_path / "prompts.jsonl", PROMPTS[:2])
     common = ["reference", "--draft", str(draft), "--target", str(tiny_target)]
     common += ["--prompts", str(prompts), "--max-new-tokens", "8", "--threads", "1"]
     common += ["--no-baseline", "--no-figure"]
