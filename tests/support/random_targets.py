@@ -16,8 +16,10 @@ and the ChatML template are the project's own.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -66,69 +68,74 @@ def _save(
     return out_dir
 
 
-def build_tiny_qwen3(
+# Each architecture's config class and its shape, beside the vocabulary and special tokens
+# of the tokenizer files.
+ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
+    "qwen3": (
+        Qwen3Config,
+        {
+            "hidden_size": 128,
+            "intermediate_size": 384,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "tie_word_embeddings": False,
+        },
+    ),
+    "deepseek_v3": (
+        DeepseekV3Config,
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,  # the dense first layer
+            "moe_intermediate_size": 64,  # each routed and shared expert
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            # MLA: vLLM's CPU backend supports only kv_lora_rank + qk_rope_head_dim = 576.
+            "q_lora_rank": 96,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 64,
+            "v_head_dim": 64,
+            # MoE laid out like Kimi-K2.5, scaled down.
+            "first_k_dense_replace": 1,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.827,
+            "topk_method": "noaux_tc",  # read by vLLM's loader (e_score_correction_bias)
+            "scoring_func": "sigmoid",
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 50_000.0},
+            "rope_interleave": True,
+            "tie_word_embeddings": False,
+        },
+    ),
+}
+
+
+def build_tiny(
+    architecture: str,
     out_dir: Path,
     *,
     tokenizer_source: Path = TOKENIZER_SOURCE,
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
 ) -> Path:
+    """A tiny random-weight target of ``architecture`` (a key of ``ARCHITECTURES``)."""
+    config_class, shape = ARCHITECTURES[architecture]
     tokenizer = _load_tokenizer(tokenizer_source)
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        tie_word_embeddings=False,
-        **_special_ids(tokenizer),
-    )
+    config = config_class(vocab_size=len(tokenizer), **shape, **_special_ids(tokenizer))
     return _save(config, out_dir, tokenizer_source, seed, dtype)
 
 
-def build_tiny_deepseek_v3(
-    out_dir: Path,
-    *,
-    tokenizer_source: Path = TOKENIZER_SOURCE,
-    seed: int = 0,
-    dtype: torch.dtype = torch.bfloat16,
-) -> Path:
-    tokenizer = _load_tokenizer(tokenizer_source)
-    config = DeepseekV3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,  # the dense first layer
-        moe_intermediate_size=64,  # each routed and shared expert
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        # MLA: vLLM's CPU backend supports only kv_lora_rank + qk_rope_head_dim = 576.
-        q_lora_rank=96,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=64,
-        v_head_dim=64,
-        # MoE laid out like Kimi-K2.5, scaled down.
-        first_k_dense_replace=1,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.827,
-        topk_method="noaux_tc",  # read by vLLM's loader (e_score_correction_bias)
-        scoring_func="sigmoid",
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 50_000.0},
-        rope_interleave=True,
-        tie_word_embeddings=False,
-        **_special_ids(tokenizer),
-    )
-    return _save(config, out_dir, tokenizer_source, seed, dtype)
+build_tiny_qwen3 = functools.partial(build_tiny, "qwen3")
+build_tiny_deepseek_v3 = functools.partial(build_tiny, "deepseek_v3")
