@@ -26,17 +26,10 @@ from support.edits import (
     rewrite_parquet,
     rewrite_tensors,
 )
-from support.fixtures import build
+from support.fixtures import BUILDERS, build
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-KINDS = [
-    "conversations",
-    "tokenized",
-    "vocab_map",
-    "hidden_states",
-    "draft_checkpoint",
-    "eval_report",
-]
+KINDS = list(BUILDERS)  # every kind of artifact
 TENSOR_KINDS = ["vocab_map", "hidden_states", "draft_checkpoint"]
 NUMPY_DTYPES = {
     "F16": np.float16,
@@ -55,8 +48,13 @@ def artifact(kind: str) -> Iterator[Path]:
         yield build(kind, Path(tmp))
 
 
-def _safetensors_files(root: Path) -> list[Path]:
-    return [p for p in artifact_files(root) if p.suffix == ".safetensors"]
+def _draw_tensor(root: Path, data: st.DataObject) -> tuple[Path, str]:
+    """One of the artifact's safetensors files, then one of its tensors: the file and the name."""
+    path = data.draw(
+        st.sampled_from([p for p in artifact_files(root) if p.suffix == ".safetensors"])
+    )
+    tensors, _ = load_tensors(path)
+    return path, data.draw(st.sampled_from(sorted(tensors)))
 
 
 def _messages(violations: list) -> str:
@@ -67,9 +65,7 @@ def _messages(violations: list) -> str:
 @given(kind=st.sampled_from(TENSOR_KINDS), data=st.data())
 def test_wrong_dtype_is_rejected(kind: str, data: st.DataObject) -> None:
     with artifact(kind) as root:
-        path = data.draw(st.sampled_from(_safetensors_files(root)))
-        tensors, _ = load_tensors(path)
-        name = data.draw(st.sampled_from(sorted(tensors)))
+        path, name = _draw_tensor(root, data)
         allowed = _allowed_dtypes(kind, path, name)
         new = data.draw(st.sampled_from(sorted(set(NUMPY_DTYPES) - set(allowed))))
         rewrite_tensors(path, lambda t: t.__setitem__(name, t[name].astype(NUMPY_DTYPES[new])))
@@ -94,9 +90,7 @@ def _allowed_dtypes(kind: str, path: Path, name: str) -> list[str]:
 @given(kind=st.sampled_from(TENSOR_KINDS), data=st.data())
 def test_missing_tensor_is_rejected(kind: str, data: st.DataObject) -> None:
     with artifact(kind) as root:
-        path = data.draw(st.sampled_from(_safetensors_files(root)))
-        tensors, _ = load_tensors(path)
-        name = data.draw(st.sampled_from(sorted(tensors)))
+        path, name = _draw_tensor(root, data)
         rewrite_tensors(path, lambda t: t.pop(name))
         violations = validate(root)
         assert any(v.location == f"tensor {name}" and "missing" in v.message for v in violations), (
@@ -108,9 +102,7 @@ def test_missing_tensor_is_rejected(kind: str, data: st.DataObject) -> None:
 @given(kind=st.sampled_from(TENSOR_KINDS), data=st.data(), grow=st.booleans())
 def test_shape_mismatch_is_rejected(kind: str, data: st.DataObject, grow: bool) -> None:
     with artifact(kind) as root:
-        path = data.draw(st.sampled_from(_safetensors_files(root)))
-        tensors, _ = load_tensors(path)
-        name = data.draw(st.sampled_from(sorted(tensors)))
+        path, name = _draw_tensor(root, data)
 
         def reshape(t: dict[str, np.ndarray]) -> None:
             axis = t[name].ndim - 1  # the last axis: a size fixed by the header or config

@@ -24,18 +24,11 @@ from eagle3_schemas import validate
 from eagle3_schemas.contract.artifact import Violation
 
 from support.edits import artifact_files, rewrite_header
-from support.fixtures import build
+from support.fixtures import BUILDERS, build
 from support.fuzz import FUZZ, outcome, places
 
 READER = "validators"
-KINDS = [
-    "conversations",
-    "tokenized",
-    "vocab_map",
-    "hidden_states",
-    "draft_checkpoint",
-    "eval_report",
-]
+KINDS = list(BUILDERS)  # every kind of artifact
 SCALARS = (
     st.none()
     | st.booleans()
