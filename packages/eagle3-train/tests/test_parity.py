@@ -29,40 +29,36 @@ from eagle3_train.model.loss import unpack_stats
 H, N_AUX, V_T, V_D, HEADS, KV, HEAD_DIM, INTER = 16, 3, 40, 20, 4, 2, 8, 32
 TTT = 3
 RTOL = 1e-5
+# The layer's shape, the same in speculators' LlamaConfig and our DraftArch.
+SHAPE = {
+    "hidden_size": H,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV,
+    "head_dim": HEAD_DIM,
+    "intermediate_size": INTER,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+}
 
 
-def _spec_model(
-    layers: int,
-    norm_before_residual: bool = False,
-    norm_before_fc: bool = False,
-    fc_norm: bool = False,
-    norm_output: bool = False,
-):
+# The draft's optional norms, each off unless a test turns it on.
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def _spec_model(layers: int, **flags: bool):
+    assert set(flags) <= set(NORM_FLAGS), f"not a norm flag: {set(flags) - set(NORM_FLAGS)}"
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import LlamaConfig
 
-    tl = LlamaConfig(
-        hidden_size=H,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV,
-        head_dim=HEAD_DIM,
-        intermediate_size=INTER,
-        vocab_size=V_T,
-        rms_norm_eps=1e-6,
-        num_hidden_layers=layers,
-        max_position_embeddings=512,
-        rope_theta=10000.0,
-    )
+    tl = LlamaConfig(**SHAPE, vocab_size=V_T, num_hidden_layers=layers)
     tl._attn_implementation = "sdpa"  # FlexAttention has no CPU backward
     cfg = Eagle3SpeculatorConfig(
         transformer_layer_config=tl,
         draft_vocab_size=V_D,
-        norm_before_residual=norm_before_residual,
-        norm_before_fc=norm_before_fc,
-        fc_norm=fc_norm,
-        norm_output=norm_output,
+        **{name: flags.get(name, False) for name in NORM_FLAGS},
         eagle_aux_hidden_state_layer_ids=[1, 2, 3],
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3",
@@ -94,18 +90,11 @@ def build_pair(seed: int = 0, **flags):
         theirs.lm_head.weight.copy_(lm_rows)
         theirs.verifier_lm_head.weight.copy_(0.5 * torch.randn(V_D, H, generator=g))
     arch = DraftArch(
-        hidden_size=H,
+        **SHAPE,
         num_aux=N_AUX,
         target_vocab_size=V_T,
         draft_vocab_size=V_D,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV,
-        head_dim=HEAD_DIM,
-        intermediate_size=INTER,
-        rms_norm_eps=1e-6,
         target_rms_norm_eps=1e-6,
-        max_position_embeddings=512,
-        rope_theta=10000.0,
         num_layers=layers,
         **flags,
     )
