@@ -798,32 +798,28 @@ def _int4_weight_bytes(config: dict) -> float:
     return 2 * bf16_params + int4_params * (4 / 8 + 2 / 32)
 
 
-@pytest.mark.process
-@pytest.mark.parametrize(("gpu_gib", "level"), [("141", "ok"), ("80", "warning")])
-def test_plan_on_the_real_config(tmp_path: Path, gpu_gib: str, level: str) -> None:
-    """The recipe's sizes on Kimi-K2.5's config.json: 100k conversations x 2,000 tokens are
-    11.47 TB in bf16 (the issue's figure), 5.74 TB in fp8; INT4 weights 594.2 GB, 74.3 GB per
-    GPU at TP 8 — an H200 fits, an H100 leaves ~3 GB."""
+@pytest.fixture
+def plan_kimi(tmp_path: Path) -> list[str]:
+    """``eagle3-extract plan``'s argv up to the model: a folder with Kimi-K2.5's config.json
+    alone, which is all that plan reads."""
     model = tmp_path / "Kimi-K2.5"
     model.mkdir()
     shutil.copyfile(RECIPE / "target_config.json", model / "config.json")
+    return ["plan", "--model", str(model)]
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("gpu_gib", "level"), [("141", "ok"), ("80", "warning")])
+def test_plan_on_the_real_config(plan_kimi: list[str], gpu_gib: str, level: str) -> None:
+    """The recipe's sizes on Kimi-K2.5's config.json: 100k conversations x 2,000 tokens are
+    11.47 TB in bf16 (the issue's figure), 5.74 TB in fp8; INT4 weights 594.2 GB, 74.3 GB per
+    GPU at TP 8 — an H200 fits, an H100 leaves ~3 GB."""
     plan_args = recipes.stage_flags(RECIPE, {"GPU_MEMORY_GIB": gpu_gib}, ["PLAN_ARGS"])["PLAN_ARGS"]
+    plan = [*plan_kimi, "--samples", "100000", "--tokens-per-sample", "2000"]
     figures = {}
     for dtype in ("bfloat16", "fp8_e4m3"):
         args = replace_value(plan_args, "--storage-dtype", dtype)
-        outcome = run_cli(
-            extract_main,
-            [
-                "plan",
-                "--model",
-                str(model),
-                "--samples",
-                "100000",
-                "--tokens-per-sample",
-                "2000",
-                *args,
-            ],
-        )
+        outcome = run_cli(extract_main, [*plan, *args])
         assert outcome.code == 0, outcome.stdout + outcome.log
         figures[dtype] = json.loads(outcome.stdout.strip().splitlines()[-1])
         assert f"[{level:7}] gpu memory" in outcome.stdout
@@ -857,41 +853,21 @@ def test_plan_on_the_real_config(tmp_path: Path, gpu_gib: str, level: str) -> No
 
 
 def test_plan_warns_on_a_disk_bound_and_refuses_an_estimate_that_does_not_fit(
-    tmp_path: Path,
+    plan_kimi: list[str], tmp_path: Path
 ) -> None:
     """The pipeline passes SAMPLES x MAX_LENGTH as a bound (--max-tokens-per-sample): over the
     free disk it warns, as extract's preflight checks the exact count later; an estimate
     (--tokens-per-sample) over the free disk is an error."""
-    model = tmp_path / "Kimi-K2.5"
-    model.mkdir()
-    shutil.copyfile(RECIPE / "target_config.json", model / "config.json")
-    plan = ["plan", "--model", str(model), "--samples", "100000", "--out", str(tmp_path / "hs")]
+    plan = [*plan_kimi, "--samples", "100000", "--out", str(tmp_path / "hs")]
     bound = run_cli(extract_main, [*plan, "--max-tokens-per-sample", "2000"])
     assert bound.code == 0 and "[warning] disk" in bound.stdout, bound.stdout
     estimate = run_cli(extract_main, [*plan, "--tokens-per-sample", "2000"])
     assert estimate.code == 1 and "[error  ] disk" in estimate.stdout, estimate.stdout
 
 
-def test_plan_refuses_a_layout_the_model_does_not_divide_into(tmp_path: Path) -> None:
-    model = tmp_path / "Kimi-K2.5"
-    model.mkdir()
-    shutil.copyfile(RECIPE / "target_config.json", model / "config.json")
-    outcome = run_cli(
-        extract_main,
-        [
-            "plan",
-            "--model",
-            str(model),
-            "--samples",
-            "10",
-            "--tokens-per-sample",
-            "10",
-            "--tensor-parallel-size",
-            "6",
-            "--gpus",
-            "8",
-        ],
-    )
+def test_plan_refuses_a_layout_the_model_does_not_divide_into(plan_kimi: list[str]) -> None:
+    plan = [*plan_kimi, "--samples", "10", "--tokens-per-sample", "10"]
+    outcome = run_cli(extract_main, [*plan, "--tensor-parallel-size", "6", "--gpus", "8"])
     assert outcome.code == 1
     assert "64 attention heads do not split over tensor_parallel_size 6" in outcome.stdout
 

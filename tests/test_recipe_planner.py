@@ -337,30 +337,34 @@ def test_bad_target_folders_are_refused_naming_file_and_field(tmp_path: Path) ->
     (folder / "config.json").write_text("{not json")
     with pytest.raises(PlanError, match=r"config.json: unreadable"):
         read_target(folder)
-    folder = public_targets.model_dir("Qwen3-8B", tmp_path / "a")
-    _edit(folder, "config.json", hidden_size=None)
-    with pytest.raises(PlanError, match=r"field 'hidden_size'"):
-        read_target(folder)
-    folder = public_targets.model_dir("Qwen3-8B", tmp_path / "b")
-    _edit(folder, "tokenizer_config.json", eos_token=None)
-    with pytest.raises(PlanError, match=r"tokenizer_config.json: field 'eos_token'"):
-        read_target(folder)
-    folder = public_targets.model_dir("Qwen3-8B", tmp_path / "c")
-    _edit(folder, "tokenizer_config.json", chat_template=None)
-    with pytest.raises(PlanError, match=r"field 'chat_template' is missing"):
-        read_target(folder)
-    folder = public_targets.model_dir("Kimi-K2.5", tmp_path / "d")
-    _edit(
-        folder,
-        "config.json",
-        text_config={
-            k: v
-            for k, v in public_targets.facts("Kimi-K2.5")["config"]["text_config"].items()
-            if k != "kv_lora_rank"
-        },
-    )
-    with pytest.raises(PlanError, match=r"kv_lora_rank is missing: attention kind unknown"):
-        read_target(folder)
+    kimi_text = public_targets.facts("Kimi-K2.5")["config"]["text_config"]
+    # (target, the file edited, its changes (None removes a key), the message expected)
+    edits = [
+        ("Qwen3-8B", "config.json", {"hidden_size": None}, r"field 'hidden_size'"),
+        (
+            "Qwen3-8B",
+            "tokenizer_config.json",
+            {"eos_token": None},
+            r"tokenizer_config.json: field 'eos_token'",
+        ),
+        (
+            "Qwen3-8B",
+            "tokenizer_config.json",
+            {"chat_template": None},
+            r"field 'chat_template' is missing",
+        ),
+        (
+            "Kimi-K2.5",
+            "config.json",
+            {"text_config": {k: v for k, v in kimi_text.items() if k != "kv_lora_rank"}},
+            r"kv_lora_rank is missing: attention kind unknown",
+        ),
+    ]
+    for i, (target, file, changes, message) in enumerate(edits):
+        folder = public_targets.model_dir(target, tmp_path / f"edit-{i}")
+        _edit(folder, file, **changes)
+        with pytest.raises(PlanError, match=message):
+            read_target(folder)
 
 
 def test_a_vocabulary_that_disagrees_with_the_embedding_is_refused(tmp_path: Path) -> None:
