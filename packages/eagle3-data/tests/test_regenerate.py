@@ -144,6 +144,23 @@ def _config(tmp_path: Path, source: Path, url: str, **kw: object) -> RegenerateC
     )  # type: ignore[arg-type]
 
 
+def _command(source: Path, out: Path, url: str, concurrency: int) -> list[str]:
+    """``eagle3-data regenerate`` of ``source`` into ``out`` through the endpoint at ``url``, in
+    an interpreter of its own."""
+    command = [sys.executable, "-m", "eagle3_data", "regenerate", str(source)]
+    command += ["--out", str(out), "--model", "tiny", "--endpoint", url]
+    return [*command, "--concurrency", str(concurrency), "--backoff", "0.01"]
+
+
+def _wait_for_lines(journal: Path, count: int, poll: float) -> None:
+    """Until ``journal`` holds ``count`` lines (answers journaled), 60 s at the most."""
+    deadline = time.monotonic() + 60
+    while (
+        not journal.exists() or journal.read_text().count("\n") < count
+    ) and time.monotonic() < deadline:
+        time.sleep(poll)
+
+
 def test_recovers_from_5xx_timeouts_and_malformed_bodies(
     endpoint, tmp_path: Path, write_conversations
 ) -> None:
@@ -240,30 +257,10 @@ def test_kill_9_mid_run_then_rerun_completes_without_duplicates(
     source = write_conversations(tmp_path / "c.parquet", _conversations(24))
     script.delay = 0.15
     out = tmp_path / "regen.parquet"
-    command = [
-        sys.executable,
-        "-m",
-        "eagle3_data",
-        "regenerate",
-        str(source),
-        "--out",
-        str(out),
-        "--model",
-        "tiny",
-        "--endpoint",
-        url,
-        "--concurrency",
-        "2",
-        "--backoff",
-        "0.01",
-    ]
+    command = _command(source, out, url, concurrency=2)
     with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         journal = tmp_path / "regen.parquet.journal.jsonl"
-        deadline = time.monotonic() + 60
-        while (
-            not journal.exists() or journal.read_text().count("\n") < 6
-        ) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for_lines(journal, 6, poll=0.05)
         proc.send_signal(signal.SIGKILL)
     done_before = journal.read_text().count("\n")
     assert 6 <= done_before < 24 and not out.exists()
@@ -331,15 +328,10 @@ def test_sigterm_keeps_every_answer_received_and_the_rerun_asks_nothing_twice(
     source = write_conversations(tmp_path / "c.parquet", _conversations(24))
     script.delay = 0.15
     out = tmp_path / "regen.parquet"
-    command = [sys.executable, "-m", "eagle3_data", "regenerate", str(source), "--out", str(out)]
-    command += ["--model", "tiny", "--endpoint", url, "--concurrency", "3", "--backoff", "0.01"]
+    command = _command(source, out, url, concurrency=3)
     journal = tmp_path / "regen.parquet.journal.jsonl"
     with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
-        deadline = time.monotonic() + 60
-        while (
-            not journal.exists() or journal.read_text().count("\n") < 6
-        ) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _wait_for_lines(journal, 6, poll=0.02)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 5, stderr.decode()[-2000:]
@@ -372,9 +364,7 @@ def test_a_full_disk_while_journaling_stops_by_name_and_the_rerun_resumes(
     with small_tmpfs(tmp_path / "small", size_mib=1) as disk:
         out = disk / "regen.parquet"
         journal = disk / "regen.parquet.journal.jsonl"
-        command = [sys.executable, "-m", "eagle3_data", "regenerate", str(source)]
-        command += ["--out", str(out), "--model", "tiny", "--endpoint", url]
-        command += ["--concurrency", "2", "--backoff", "0.01"]
+        command = _command(source, out, url, concurrency=2)
         filler = leave_free(disk, 4096)
         stopped = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert stopped.returncode == 7, failure_report(stopped.stderr)
@@ -418,9 +408,7 @@ def test_a_full_disk_while_publishing_stops_by_name_and_the_rerun_publishes_from
     source = write_conversations(tmp_path / "c.parquet", _conversations(n))
 
     def command(out: Path) -> list[str]:
-        command = [sys.executable, "-m", "eagle3_data", "regenerate", str(source)]
-        command += ["--out", str(out), "--model", "tiny", "--endpoint", url]
-        return [*command, "--concurrency", "4", "--backoff", "0.01"]
+        return _command(source, out, url, concurrency=4)
 
     # the artifact and the journal's sizes, from a run on the roomy disk
     reference = tmp_path / "reference.parquet"
