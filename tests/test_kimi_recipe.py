@@ -53,6 +53,7 @@ from eagle3_extract.cli import main as extract_main
 from eagle3_schemas import read_header
 
 from support import kimi_standin, recipes
+from support.chat_tools import WEATHER_TOOLS
 from support.failures import failure_report
 from support.recipes import recipe_targets
 from support.stage_cli import run_cli, run_train_cli
@@ -103,16 +104,7 @@ TRAIN = [
 # result, then the answer. Tokenize makes one sample per generation event (the call, the answer);
 # extraction's vLLM-vs-transformers check and training take them as they take the others.
 AGENT = {
-    "tools": [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Weather of a city.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-            },
-        }
-    ],
+    "tools": WEATHER_TOOLS,
     "messages": [
         {"role": "user", "content": "Weather in Paris? 巴黎天气如何？"},
         {

@@ -17,27 +17,10 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
-TEMPLATE = (
-    Path(__file__).resolve().parent / "support" / "kimi_standin_files" / "chat_template.jinja"
-)
+from support.chat_tools import KIMI_CALL, KIMI_RESULT, KIMI_SERVED_TOOLS, KIMI_TEMPLATE, KIMI_TOOLS
+
 SYSTEM = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
-]
-DECLARE = "<|im_system|>tool_declare<|im_middle|>" + json.dumps(TOOLS) + "<|im_end|>"
-# What vLLM hands the template for TOOLS (ChatCompletionToolsParam.model_dump()): a missing
-# description is null (tests/test_tools_as_served.py checks against vLLM itself).
-SERVED_TOOLS = [
-    {
-        "type": "function",
-        "function": {"name": "get_weather", "description": None, "parameters": {"type": "object"}},
-    }
-]
-CALL = {
-    "id": "functions.get_weather:0",
-    "type": "function",
-    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-}
+DECLARE = "<|im_system|>tool_declare<|im_middle|>" + json.dumps(KIMI_TOOLS) + "<|im_end|>"
 CHAT = [
     {"role": "user", "content": "Add?"},
     {"role": "assistant", "content": "2", "reasoning_content": "1+1"},
@@ -47,13 +30,13 @@ CHAT = [
 AGENT = [
     {"role": "system", "content": "Use tools."},
     {"role": "user", "content": "Weather?"},
-    {"role": "assistant", "content": "", "reasoning_content": "Look it up.", "tool_calls": [CALL]},
     {
-        "role": "tool",
-        "content": "12 C",
-        "tool_call_id": "functions.get_weather:0",
-        "name": "get_weather",
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Look it up.",
+        "tool_calls": [KIMI_CALL],
     },
+    KIMI_RESULT,
 ]
 CALL_TEXT = (
     "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
@@ -63,7 +46,7 @@ CALL_TEXT = (
 
 @pytest.fixture(scope="module")
 def render():
-    template = _compile_jinja_template(TEMPLATE.read_text(encoding="utf-8"))
+    template = _compile_jinja_template(KIMI_TEMPLATE.read_text(encoding="utf-8"))
     return lambda messages, **kwargs: template.render(messages=messages, **kwargs)
 
 
@@ -91,7 +74,7 @@ def test_thinking_across_several_turns_drops_the_history_reasoning(render) -> No
 
 
 def test_the_middle_of_an_agent_loop_keeps_the_reasoning_before_the_call(render) -> None:
-    assert render(AGENT, tools=TOOLS, add_generation_prompt=True) == (
+    assert render(AGENT, tools=KIMI_TOOLS, add_generation_prompt=True) == (
         DECLARE + "<|im_system|>system<|im_middle|>Use tools.<|im_end|>"
         "<|im_user|>user<|im_middle|>Weather?<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|><think>Look it up.</think>"
@@ -101,19 +84,19 @@ def test_the_middle_of_an_agent_loop_keeps_the_reasoning_before_the_call(render)
         "<|im_assistant|>assistant<|im_middle|><think>"
     )
     # thinking=false empties the later turns' blocks too, not only the generation prompt's
-    instant = render(AGENT, tools=TOOLS, add_generation_prompt=True, thinking=False)
+    instant = render(AGENT, tools=KIMI_TOOLS, add_generation_prompt=True, thinking=False)
     assert "<think>Look it up.</think>" not in instant and instant.endswith("<think></think>")
     # once the loop ends in an answer, the call becomes history and its reasoning goes
     done = [*AGENT, {"role": "assistant", "content": "12 C.", "reasoning_content": "read"}]
-    assert "<think></think>" + CALL_TEXT in render(done, tools=TOOLS)
-    assert "Look it up." not in render(done, tools=TOOLS)
+    assert "<think></think>" + CALL_TEXT in render(done, tools=KIMI_TOOLS)
+    assert "Look it up." not in render(done, tools=KIMI_TOOLS)
 
 
 def test_every_prompt_is_a_prefix_of_the_conversation_through_its_answer(render) -> None:
     """What tokenize's per-event rendering needs: prompt (with the generation prompt) + the
     target's completion = the conversation rendered through that turn, in the agent loop."""
-    prompt = render(AGENT[:3][:2], tools=TOOLS, add_generation_prompt=True)
-    through = render(AGENT[:3], tools=TOOLS)
+    prompt = render(AGENT[:3][:2], tools=KIMI_TOOLS, add_generation_prompt=True)
+    through = render(AGENT[:3], tools=KIMI_TOOLS)
     assert through.startswith(prompt)
     assert through[len(prompt) :] == "Look it up.</think>" + CALL_TEXT + "<|im_end|>"
 
@@ -128,14 +111,14 @@ def test_tokenize_renders_each_event_as_served() -> None:
     from support.recipe_standins import qwen3_tokenizer_dir
 
     tokenizer = load_tokenizer(qwen3_tokenizer_dir())
-    tokenizer.chat_template = TEMPLATE.read_text(encoding="utf-8")
+    tokenizer.chat_template = KIMI_TEMPLATE.read_text(encoding="utf-8")
     renderer = ChatRenderer.for_tokenizer(tokenizer)
     done = [*AGENT, {"role": "assistant", "content": "12 C.", "reasoning_content": "read"}]
-    tools = json.dumps(TOOLS)
+    tools = json.dumps(KIMI_TOOLS)
     for turn, completion in ((2, "Look it up.</think>" + CALL_TEXT), (4, "read</think>12 C.")):
         prompt, got = event_texts(renderer, done, turn, tools, "thinking")
         served = tokenizer.apply_chat_template(
-            done[:turn], tools=SERVED_TOOLS, add_generation_prompt=True, tokenize=False
+            done[:turn], tools=KIMI_SERVED_TOOLS, add_generation_prompt=True, tokenize=False
         )
         assert prompt == served and prompt.endswith("<think>")
         assert got == completion + "<|im_end|>"
@@ -155,17 +138,17 @@ def test_eval_renders_an_agent_prompt_as_tokenize_renders_its_event(
     from support.recipe_standins import qwen3_tokenizer_dir
 
     tokenizer = load_tokenizer(qwen3_tokenizer_dir())
-    tokenizer.chat_template = TEMPLATE.read_text(encoding="utf-8")
+    tokenizer.chat_template = KIMI_TEMPLATE.read_text(encoding="utf-8")
     # an instant answer carries no reasoning (tokenize refuses one the template would drop)
     reasoning = {"reasoning_content": "read"} if mode == "thinking" else {}
     done = [*AGENT, {"role": "assistant", "content": "12 C.", **reasoning}]
-    row = {"messages": done, "tools": TOOLS, "mode": mode, "split": "heldout"}
+    row = {"messages": done, "tools": KIMI_TOOLS, "mode": mode, "split": "heldout"}
     (tmp_path / "p.jsonl").write_text(json.dumps(row) + "\n")
     selection = PromptSelection((PromptSource(None, tmp_path / "p.jsonl"),))
     (prompt,) = build_prompt_set(selection, tokenizer).prompts
     assert prompt.kind == "agent"
     events = encode_events(
-        ChatRenderer.for_tokenizer(tokenizer), "x", "s", done, json.dumps(TOOLS), mode, 10**6
+        ChatRenderer.for_tokenizer(tokenizer), "x", "s", done, json.dumps(KIMI_TOOLS), mode, 10**6
     )
     last = events[-1]  # the answer after the tool result: the event eval's prompt asks for
     assert last.error is None and last.loss_mask is not None and last.input_ids is not None

@@ -25,18 +25,10 @@ from eagle3_schemas.layouts.conversations import (
     template_kwargs,
 )
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather of a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
+from support.chat_tools import WEATHER_TOOLS
+
 AGENT = {
-    "tools": TOOLS,
+    "tools": WEATHER_TOOLS,
     "messages": [
         {"role": "system", "content": "You are Kimi."},
         {"role": "user", "content": "Weather in Paris and Rome?"},
@@ -63,7 +55,7 @@ AGENT = {
     ],
 }
 SHAREGPT_AGENT = {
-    "tools": json.dumps([TOOLS[0]["function"]]),  # LLaMA-Factory: bare functions, JSON text
+    "tools": json.dumps([WEATHER_TOOLS[0]["function"]]),  # LLaMA-Factory: bare functions, JSON text
     "conversations": [
         {"from": "human", "value": "Weather in Oslo?"},
         {
@@ -88,7 +80,7 @@ def _ingest(tmp_path: Path, records: list[object]) -> tuple[list[dict], list[dic
 def test_openai_agent_record_round_trips(tmp_path: Path) -> None:
     (row,), rejected = _ingest(tmp_path, [AGENT])
     assert rejected == []
-    assert row["mode"] == "thinking" and json.loads(row["tools"]) == TOOLS
+    assert row["mode"] == "thinking" and json.loads(row["tools"]) == WEATHER_TOOLS
     want = copy.deepcopy(AGENT["messages"])
     want[2]["tool_calls"][1]["function"]["arguments"] = '{"city": "Rome"}'  # objects become JSON
     assert row["messages"] == want
@@ -130,7 +122,7 @@ def test_tools_keep_the_sources_key_order_and_render_as_vllm_serves_them(
 def test_sharegpt_function_call_and_observation(tmp_path: Path) -> None:
     (row,), rejected = _ingest(tmp_path, [SHAREGPT_AGENT])
     assert rejected == []
-    assert row["mode"] == "instant" and json.loads(row["tools"]) == TOOLS
+    assert row["mode"] == "instant" and json.loads(row["tools"]) == WEATHER_TOOLS
     assert row["messages"] == [
         {"role": "user", "content": "Weather in Oslo?"},
         {
@@ -227,10 +219,10 @@ def test_a_plain_row_keeps_its_version_1_id() -> None:
 )
 def test_the_id_covers_every_field(turn: int, field: str, value: str) -> None:
     messages = copy.deepcopy(AGENT["messages"])
-    tools, mode = json.dumps(TOOLS), "thinking"
+    tools, mode = json.dumps(WEATHER_TOOLS), "thinking"
     before = conversation_id(messages, tools, mode)
     if field == "tools":
-        tools = json.dumps([*TOOLS, {"type": "function", "function": {"name": value}}])
+        tools = json.dumps([*WEATHER_TOOLS, {"type": "function", "function": {"name": value}}])
     elif field == "mode":
         mode = "instant"
     elif field == "tool_calls":

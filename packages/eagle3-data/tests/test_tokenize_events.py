@@ -18,16 +18,8 @@ from eagle3_schemas import read_header, validate
 from eagle3_schemas.contract.header import make_header, write_parquet
 from eagle3_schemas.layouts.conversations import SCHEMA, conversation_id
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather of a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
+from support.chat_tools import WEATHER_TOOLS
+
 CALL = {
     "id": "call_0",
     "type": "function",
@@ -51,7 +43,11 @@ AGENT = [
 def _served_prompt(tokenizer, messages: list[dict]) -> list[int]:
     """What vLLM's chat endpoint feeds the target for the next turn in thinking mode."""
     text = tokenizer.apply_chat_template(
-        messages, tools=TOOLS, add_generation_prompt=True, enable_thinking=True, tokenize=False
+        messages,
+        tools=WEATHER_TOOLS,
+        add_generation_prompt=True,
+        enable_thinking=True,
+        tokenize=False,
     )
     return tokenizer.encode(text, add_special_tokens=False)  # as vLLM tokenizes a chat prompt
 
@@ -59,7 +55,7 @@ def _served_prompt(tokenizer, messages: list[dict]) -> list[int]:
 def test_qwen3_thinking_agent_row_is_one_sample_per_event(qwen3_tokenizer_dir: Path) -> None:
     tokenizer = load_tokenizer(qwen3_tokenizer_dir)
     renderer = ChatRenderer.for_tokenizer(tokenizer)
-    rows = [("r", "t:0", AGENT, json.dumps(TOOLS), "thinking")]
+    rows = [("r", "t:0", AGENT, json.dumps(WEATHER_TOOLS), "thinking")]
     events = encode_batch(renderer, rows, max_length=4096)
     assert [e.sample_id for e in events] == ["r#0", "r#1", "r#2"]
     assert all(e.error is None for e in events), [e.error for e in events]
@@ -114,7 +110,7 @@ def test_token_ids_kept_by_regeneration_are_trained_as_they_are(
     plain = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     source = _write(
         tmp_path / "c.parquet",
-        [(with_ids, json.dumps(TOOLS), "thinking"), (plain, "[]", "instant")],
+        [(with_ids, json.dumps(WEATHER_TOOLS), "thinking"), (plain, "[]", "instant")],
     )
     out = tmp_path / "tok.parquet"
     summary = run(
@@ -123,7 +119,7 @@ def test_token_ids_kept_by_regeneration_are_trained_as_they_are(
     assert validate(out) == []
     rows = pq.read_table(out).to_pylist()
     assert [r["id"] for r in rows] == [
-        conversation_id(with_ids, json.dumps(TOOLS), "thinking") + "#0",
+        conversation_id(with_ids, json.dumps(WEATHER_TOOLS), "thinking") + "#0",
         conversation_id(plain),
     ]
     assert rows[0]["input_ids"] == prompt + completion

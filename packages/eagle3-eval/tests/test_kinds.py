@@ -19,41 +19,18 @@ from eagle3_eval.report import Baseline, EvalResult, format_table, read_report, 
 from eagle3_eval.table import build_table, markdown
 from eagle3_schemas.contract.validate import validate
 
+from support.chat_tools import KIMI_CALL, KIMI_RESULT, KIMI_SERVED_TOOLS, KIMI_TEMPLATE, KIMI_TOOLS
 from support.fixtures import fake_fingerprint
 
-KIMI_TEMPLATE = (
-    Path(__file__).resolve().parents[3]
-    / "tests"
-    / "support"
-    / "kimi_standin_files"
-    / "chat_template.jinja"
-)
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
-]
-# What vLLM hands the template for TOOLS (ChatCompletionToolsParam.model_dump()): a missing
-# description is null (tests/test_tools_as_served.py checks against vLLM itself).
-SERVED_TOOLS = [
-    {
-        "type": "function",
-        "function": {"name": "get_weather", "description": None, "parameters": {"type": "object"}},
-    }
-]
-CALL = {
-    "id": "functions.get_weather:0",
-    "type": "function",
-    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-}
-RESULT = {
-    "role": "tool",
-    "content": "12 C",
-    "tool_call_id": "functions.get_weather:0",
-    "name": "get_weather",
-}
 AGENT = [
     {"role": "user", "content": "Weather?"},
-    {"role": "assistant", "content": "", "reasoning_content": "Look it up.", "tool_calls": [CALL]},
-    RESULT,
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Look it up.",
+        "tool_calls": [KIMI_CALL],
+    },
+    KIMI_RESULT,
     {"role": "assistant", "content": "12 C.", "reasoning_content": "read"},
 ]
 GENERATION = "<|im_assistant|>assistant<|im_middle|>"
@@ -97,9 +74,9 @@ def test_one_file_holds_all_three_kinds_each_rendered_as_the_template_does(
     rows = [
         chat("Add?", mode="instant", id="i"),
         chat("Mul?", mode="thinking", id="t"),
-        {"id": "a", "messages": AGENT, "tools": TOOLS, "mode": "thinking", "split": "heldout"},
+        {"id": "a", "messages": AGENT, "tools": KIMI_TOOLS, "mode": "thinking", "split": "heldout"},
         # tools as eagle3-data's Parquet holds them (JSON text), in instant mode
-        {"id": "b", "messages": AGENT, "tools": json.dumps(TOOLS), "mode": "instant"}
+        {"id": "b", "messages": AGENT, "tools": json.dumps(KIMI_TOOLS), "mode": "instant"}
         | {"split": "heldout"},
     ]
     built = build(write_jsonl(tmp_path / "p.jsonl", rows), kimi)
@@ -115,9 +92,9 @@ def test_one_file_holds_all_three_kinds_each_rendered_as_the_template_does(
     gen = {"add_generation_prompt": True}
     assert by["i"].token_ids == as_served(kimi, user, thinking=False, **gen)
     assert by["t"].token_ids == as_served(kimi, [{"role": "user", "content": "Mul?"}], **gen)
-    assert by["a"].token_ids == as_served(kimi, AGENT[:3], tools=SERVED_TOOLS, **gen)
+    assert by["a"].token_ids == as_served(kimi, AGENT[:3], tools=KIMI_SERVED_TOOLS, **gen)
     assert by["b"].token_ids == as_served(
-        kimi, AGENT[:3], tools=SERVED_TOOLS, thinking=False, **gen
+        kimi, AGENT[:3], tools=KIMI_SERVED_TOOLS, thinking=False, **gen
     )
     text = {k: kimi.decode(p.token_ids) for k, p in by.items()}
     # thinking vs instant as the template defines them: an open think block or an empty one
@@ -125,7 +102,9 @@ def test_one_file_holds_all_three_kinds_each_rendered_as_the_template_does(
     assert text["t"].endswith(GENERATION + "<think>")
     # agent: the tools are declared, the prompt ends after the tool result; in thinking mode the
     # loop's reasoning stays before its call, in instant mode it goes
-    declare = "<|im_system|>tool_declare<|im_middle|>" + json.dumps(SERVED_TOOLS) + "<|im_end|>"
+    declare = (
+        "<|im_system|>tool_declare<|im_middle|>" + json.dumps(KIMI_SERVED_TOOLS) + "<|im_end|>"
+    )
     result = "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n12 C<|im_end|>"
     assert text["a"].startswith(declare) and text["b"].startswith(declare)
     assert text["a"].endswith(result + GENERATION + "<think>")
@@ -166,7 +145,7 @@ def test_a_row_the_template_cannot_classify_is_refused(tmp_path: Path, tiny_toke
 
 
 def _agent_row(**change) -> dict:
-    row = {"messages": copy.deepcopy(AGENT), "tools": TOOLS, "split": "heldout"}
+    row = {"messages": copy.deepcopy(AGENT), "tools": KIMI_TOOLS, "split": "heldout"}
     return row | change
 
 
@@ -374,7 +353,7 @@ def test_the_agent_corpus_rows_are_classified_as_they_were_made(tmp_path: Path, 
 def test_a_row_whose_kind_contradicts_it_is_refused(
     tmp_path: Path, kimi, change: dict, why: str
 ) -> None:
-    row = {"messages": AGENT[:1], "tools": TOOLS, "split": "heldout"} | change
+    row = {"messages": AGENT[:1], "tools": KIMI_TOOLS, "split": "heldout"} | change
     path = write_jsonl(tmp_path / "p.jsonl", [chat("Fine.", mode="instant"), row])
     with pytest.raises(PromptError, match=rf"p\.jsonl:2: field 'kind': {why}"):
         build(path, kimi)
