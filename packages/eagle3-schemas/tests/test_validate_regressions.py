@@ -7,9 +7,15 @@ import json
 from pathlib import Path
 
 from eagle3_schemas import validate
+from eagle3_schemas.contract.artifact import Violation
 from eagle3_schemas.contract.header import HEADER_KEY
 
 from support.fixtures import build
+
+
+def _assert_named(violations: list[Violation], file: str, message: str) -> None:
+    """One of ``violations`` is of the file ``file`` and says ``message``."""
+    assert any(v.file.endswith(file) and message in v.message for v in violations), violations
 
 
 def test_json_file_that_is_a_directory(tmp_path: Path) -> None:
@@ -17,11 +23,7 @@ def test_json_file_that_is_a_directory(tmp_path: Path) -> None:
     draft = build("draft_checkpoint", tmp_path)
     (draft / "config.json").unlink()
     (draft / "config.json").mkdir()
-    violations = validate(draft)
-    assert any(
-        v.file.endswith("config.json") and "not a readable UTF-8 JSON file" in v.message
-        for v in violations
-    ), violations
+    _assert_named(validate(draft), "config.json", "not a readable UTF-8 JSON file")
 
 
 def test_parquet_footer_that_is_not_utf8(tmp_path: Path) -> None:
@@ -69,11 +71,7 @@ def test_data_parquet_footer_that_is_not_utf8(tmp_path: Path) -> None:
     name = b"\x18\x09sample_id"
     raw[raw.index(name) + 2] = 0x80  # the first byte of a column's name in the footer
     samples.write_bytes(bytes(raw))
-    violations = validate(report)
-    assert any(
-        v.file.endswith("samples.parquet") and "not a readable Parquet file" in v.message
-        for v in violations
-    ), violations
+    _assert_named(validate(report), "samples.parquet", "not a readable Parquet file")
 
 
 def test_header_schema_version_true_or_float(tmp_path: Path) -> None:
