@@ -54,8 +54,15 @@ from eagle3_train.data.inputs import load_inputs, resolve_arch
 from eagle3_train.data.loader import ShardReader
 from eagle3_train.model.layers import RMSNorm
 
-from support.synthetic_states import fake_fingerprint, write_samples
-from support.train import Inputs, write_config, write_target_config, write_vocab_map
+from support.drafts import YARN
+from support.synthetic_states import llama_target, synthetic_lineage, write_samples
+from support.train import (
+    Inputs,
+    train_in_process,
+    write_config,
+    write_target_config,
+    write_vocab_map,
+)
 
 STEPS = 4  # k = 0..3
 HIDDEN, V_TARGET, V_DRAFT = 32, 96, 40
@@ -93,15 +100,7 @@ VARIANTS = {
         **MLA,
         "norm_before_residual": True,
         "attention": "sdpa",
-        "rope_scaling": {
-            "type": "yarn",
-            "factor": 64.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-            "original_max_position_embeddings": 4096,
-        },
+        "rope_scaling": YARN,
     },
 }
 
@@ -137,18 +136,8 @@ def realistic_inputs(root: Path) -> Inputs:
         last = 14.0 * base + 4.0 * outliers + torch.randn(n, HIDDEN, generator=gen)
         samples.append((x, mask, aux, last))
     label = "parity"
-    lineage = {
-        "target_fingerprint": fake_fingerprint(f"{label}/target"),
-        "tokenizer_fingerprint": fake_fingerprint(f"{label}/tokenizer"),
-        "tokenized_fingerprint": fake_fingerprint(f"{label}/tokenized"),
-    }
-    target = {
-        "architecture": "LlamaForCausalLM",
-        "hidden_size": HIDDEN,
-        "num_hidden_layers": 4,
-        "vocab_size": V_TARGET,
-        "rms_norm_eps": 1e-5,
-    }
+    lineage = synthetic_lineage(label)
+    target = llama_target(HIDDEN, 4, V_TARGET, rms_norm_eps=1e-5)
     head = {
         "norm.weight": 1.0 + 0.1 * torch.randn(HIDDEN, generator=gen),
         "lm_head.weight": torch.randn(V_TARGET, HIDDEN, generator=gen),
@@ -189,10 +178,6 @@ def runs(inputs, tmp_path_factory: pytest.TempPathFactory):
 
 
 def train_variant(name: str, inputs, out: Path) -> Path:
-    from accelerate.state import AcceleratorState
-
-    from eagle3_train.cli import main
-
     config = write_config(
         inputs,
         out,
@@ -219,12 +204,7 @@ def train_variant(name: str, inputs, out: Path) -> Path:
         data={"validation_fraction": 0.0, "max_tokens_per_batch": 96},
         export={"dtype": "float32"},
     )
-    threads = torch.get_num_threads()
-    try:
-        assert main(["--config", str(config)]) == 0
-    finally:
-        torch.set_num_threads(threads)
-        AcceleratorState._reset_state(reset_partial_state=True)
+    assert train_in_process(["--config", str(config)]) == 0
     return out
 
 

@@ -15,6 +15,18 @@ from eagle3_schemas.contract.header import write_safetensors
 from eagle3_schemas.io.atomic import atomic_directory, write_json_atomic
 from eagle3_schemas.layouts.draft_vocab import stores_vocab_map
 
+# A YaRN rope_scaling block as a long-context target's config.json writes it (the legacy "type"
+# key): 64 times the 4,096 positions it was trained on.
+YARN = {
+    "type": "yarn",
+    "factor": 64.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+}
+
 
 def random_draft(
     spec: DraftSpec, embed_tokens: Tensor, d2t: Tensor | None = None, seed: int = 0

@@ -10,10 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-from accelerate.state import AcceleratorState
-
-from eagle3_train.cli import main as train_main
+from support.train import train_in_process
 
 
 @dataclass
@@ -53,9 +50,4 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str]) -> Outcome
 
 def run_train_cli(argv: list[str]) -> Outcome:
     """eagle3-train in this process; its global state (threads, Accelerate) undone after."""
-    threads = torch.get_num_threads()
-    try:
-        return run_cli(train_main, argv)
-    finally:
-        torch.set_num_threads(threads)
-        AcceleratorState._reset_state(reset_partial_state=True)
+    return run_cli(train_in_process, argv)

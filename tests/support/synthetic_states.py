@@ -115,6 +115,27 @@ def write_samples(
     return directory
 
 
+def synthetic_lineage(label: str) -> dict[str, str]:
+    """The fingerprints of what a synthetic dataset came from (target, tokenizer, tokenized),
+    derived from ``label``."""
+    return {
+        "target_fingerprint": fake_fingerprint(f"{label}/target"),
+        "tokenizer_fingerprint": fake_fingerprint(f"{label}/tokenizer"),
+        "tokenized_fingerprint": fake_fingerprint(f"{label}/tokenized"),
+    }
+
+
+def llama_target(hidden: int, num_layers: int, v_target: int, rms_norm_eps: float) -> dict:
+    """The header's description of the Llama target whose states these are."""
+    return {
+        "architecture": "LlamaForCausalLM",
+        "hidden_size": hidden,
+        "num_hidden_layers": num_layers,
+        "vocab_size": v_target,
+        "rms_norm_eps": rms_norm_eps,
+    }
+
+
 def write_dataset(
     directory: Path,
     num_samples: int = 32,
@@ -155,18 +176,8 @@ def write_dataset(
             dim=1,
         )
         samples.append((x, mask, aux, last))
-    lineage = {
-        "target_fingerprint": fake_fingerprint(f"{label}/target"),
-        "tokenizer_fingerprint": fake_fingerprint(f"{label}/tokenizer"),
-        "tokenized_fingerprint": fake_fingerprint(f"{label}/tokenized"),
-    }
-    target = {
-        "architecture": "LlamaForCausalLM",
-        "hidden_size": hidden,
-        "num_hidden_layers": num_layers,
-        "vocab_size": v_target,
-        "rms_norm_eps": rms_norm_eps,
-    }
+    lineage = synthetic_lineage(label)
+    target = llama_target(hidden, num_layers, v_target, rms_norm_eps)
     head = {
         "norm.weight": torch.ones(hidden),
         "lm_head.weight": lm_head,

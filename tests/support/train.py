@@ -180,6 +180,46 @@ def write_config(inputs: Inputs, output_dir: Path, **sections) -> Path:
     return path
 
 
+def validation_losses(config_path: Path) -> tuple[float, float]:
+    """(val/loss of the model build_model makes for this config, of a fresh random start)."""
+    from accelerate.state import AcceleratorState
+
+    from eagle3_train.components.accelerator import make_accelerator
+    from eagle3_train.components.build import build_model
+    from eagle3_train.config.run_config import load_config
+    from eagle3_train.data.inputs import load_inputs, resolve_arch
+    from eagle3_train.run.setup import make_order
+    from eagle3_train.run.validation import evaluate
+
+    out = []
+    for init in (True, False):
+        config = load_config(config_path)
+        if not init:
+            config.draft.init_from = None
+        inputs = load_inputs(config)
+        model = build_model(inputs, resolve_arch(inputs), seed=config.train.seed)
+        accelerator = make_accelerator(config, with_trackers=False)
+        val_idx = make_order(inputs, config, 0, 1).validation_idx
+        out.append(evaluate(accelerator, model, inputs, val_idx, config)["val/loss"])
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return out[0], out[1]
+
+
+def train_in_process(argv: list[str] | None) -> int:
+    """eagle3-train's CLI in this process, its exit code; its global state (torch's thread count,
+    Accelerate's state) undone after."""
+    from accelerate.state import AcceleratorState
+
+    from eagle3_train.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        return main(argv)
+    finally:
+        torch.set_num_threads(threads)
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def env_for_subprocess() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -236,15 +276,16 @@ def small_arch(**overrides) -> DraftArch:
     return DraftArch(**(base | overrides))
 
 
-def small_draft(seed: int = 0) -> Eagle3Draft:
-    """A small_arch draft over 3 draft tokens with a random target head (40 tokens), seeded."""
+def small_draft(seed: int = 0, **overrides) -> Eagle3Draft:
+    """A small_arch draft (with ``overrides``) with a random target head, seeded."""
+    arch = small_arch(**overrides)
     torch.manual_seed(seed)
-    model = Eagle3Draft(small_arch(draft_vocab_size=3))
+    model = Eagle3Draft(arch)
     g = torch.Generator().manual_seed(seed + 1)
     model.load_target_head(
-        torch.randn(40, 16, generator=g),
-        1 + 0.1 * torch.randn(16, generator=g),
-        torch.randn(3, 16, generator=g),
+        torch.randn(arch.target_vocab_size, arch.hidden_size, generator=g),
+        1 + 0.1 * torch.randn(arch.hidden_size, generator=g),
+        torch.randn(arch.draft_vocab_size, arch.hidden_size, generator=g),
     )
     return model
 

@@ -36,20 +36,11 @@ from eagle3_schemas.contract.lineage import fingerprint_vocab_map
 from eagle3_schemas.contract.validate import validate
 
 from support import fixtures
-from support.drafts import checkpoint_tensors, random_draft, save_draft, vocab_t2d
+from support.drafts import YARN, checkpoint_tensors, random_draft, save_draft, vocab_t2d
 
 H, HEADS, Q_LORA, KV_LORA, NOPE, ROPE, V_DIM, INTER = 64, 2, 32, 512, 32, 64, 32, 128
 V_TARGET, V_DRAFT, AUX = 300, 100, [1, 2, 3]
 EPS = 1e-5  # not transformers' 1e-6 default of q_a/kv_a_layernorm: the eps must be wired
-YARN = {
-    "type": "yarn",
-    "factor": 64.0,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-    "original_max_position_embeddings": 4096,
-}
 THETA = 50000.0
 
 

@@ -11,18 +11,14 @@ import logging
 import numpy as np
 import pytest
 import torch
-from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from eagle3_train.components.accelerator import make_accelerator
 from eagle3_train.components.build import build_model
 from eagle3_train.config.run_config import load_config
 from eagle3_train.data.inputs import load_inputs, resolve_arch
 from eagle3_train.export.init_from import fingerprint_init_draft
-from eagle3_train.run.setup import make_order
-from eagle3_train.run.validation import evaluate
 
-from support.train import make_inputs, write_config, write_vocab_map
+from support.train import make_inputs, validation_losses, write_config, write_vocab_map
 
 
 @pytest.fixture
@@ -39,23 +35,6 @@ def run_a(tmp_path, in_process):
     return inputs, tmp_path / "a" / "draft"
 
 
-def _validation_loss(config_path) -> tuple[float, float]:
-    """(val/loss of the model build_model makes for this config, of a fresh random start)."""
-    out = []
-    for init in (True, False):
-        config = load_config(config_path)
-        if not init:
-            config.draft.init_from = None
-        inputs = load_inputs(config)
-        arch = resolve_arch(inputs)
-        model = build_model(inputs, arch, seed=config.train.seed)
-        accelerator = make_accelerator(config, with_trackers=False)
-        val_idx = make_order(inputs, config, 0, 1).validation_idx
-        out.append(evaluate(accelerator, model, inputs, val_idx, config)["val/loss"])
-        AcceleratorState._reset_state(reset_partial_state=True)
-    return out[0], out[1]
-
-
 def test_run_b_starts_where_run_a_ended(run_a, tmp_path, in_process, caplog):
     inputs, draft_a = run_a
     recorded = json.loads((draft_a / "eagle3.json").read_text())["training"]["metrics"]
@@ -66,7 +45,7 @@ def test_run_b_starts_where_run_a_ended(run_a, tmp_path, in_process, caplog):
         train={"max_steps": 2, "save_every": 0, "warmup_steps": 1},
         data={"validation_fraction": 0.2},
     )
-    loaded, fresh = _validation_loss(config_b)
+    loaded, fresh = validation_losses(config_b)
     # the same validation batches through A's exported weights loaded into B's fresh model
     assert loaded == pytest.approx(recorded["val/loss"], rel=1e-5, abs=1e-6)
     assert fresh > loaded + 0.1, (fresh, loaded)  # the start is not a fresh one by accident

@@ -11,13 +11,12 @@ import torch
 
 from eagle3_schemas.contract.registry import load_schema
 from eagle3_train.model.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
-from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.flash_attention import flash_ttt_attention
 from eagle3_train.model.loss import NUM_STATS, fused_linear_kl
 from eagle3_train.model.shift import document_bounds
 
 from support.reference_kl import reference_linear_kl
-from support.train import small_arch
+from support.train import small_arch, small_draft
 
 
 def _reference_attention(q, k0, v0, kd, vd, doc_start):
@@ -103,20 +102,8 @@ def _batch(seed=0, lengths=(30, 18, 25)):
     )
 
 
-def _model(seed=0, **kw):
-    torch.manual_seed(seed)
-    model = Eagle3Draft(small_arch(**kw))
-    g = torch.Generator().manual_seed(seed + 1)
-    model.load_target_head(
-        torch.randn(40, 16, generator=g),
-        1 + 0.1 * torch.randn(16, generator=g),
-        torch.randn(20, 16, generator=g),
-    )
-    return model
-
-
 def test_shapes_and_parameter_names_are_the_checkpoint_schema():
-    model = _model(num_layers=2, norm_before_fc=True)
+    model = small_draft(num_layers=2, norm_before_fc=True)
     schema = load_schema("draft_checkpoint")["files"]["weights"]["tensors"]
     state = model.state_dict()
     required = {n for n, spec in schema.items() if spec["required"]} - {"d2t", "t2d"}
@@ -135,7 +122,7 @@ def test_shapes_and_parameter_names_are_the_checkpoint_schema():
 
 
 def test_lm_head_frozen_by_default_gets_no_gradient_but_rest_does():
-    model = _model()
+    model = small_draft()
     model.lm_head.weight.requires_grad_(False)
     loss, _ = model(*_batch(), ttt_steps=2)
     loss.backward()
@@ -149,7 +136,7 @@ def test_bf16_autocast_keeps_softmax_statistics_in_float32():
     """Under bf16 autocast (the GPU setting) the linear layers run in bf16 but attention,
     target distribution and KL stay float32: loss and gradients stay near the fp32 ones."""
     batch = _batch(seed=3)
-    model = _model(seed=4)
+    model = small_draft(seed=4)
     loss32, _ = model(*batch, ttt_steps=3)
     loss32.backward()
     grads32 = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -428,7 +415,7 @@ def test_each_attention_path_gives_the_chunked_loss_and_gradients(impl, architec
     extra = {"architecture": "mla", **MLA_SHAPE} if architecture == "mla" else {}
     results = []
     for path in ("chunked", impl):
-        model = _model(attention=path, attention_chunk=16, **extra)
+        model = small_draft(attention=path, attention_chunk=16, **extra)
         loss, stats = model(*batch, ttt_steps=3)
         loss.backward()
         results.append((loss, stats, {n: p.grad for n, p in model.named_parameters()}))
@@ -487,7 +474,7 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
             objective = ObjectiveConfig(topk_weight=1.0, divergence=divergence)
             results = []
             for compiled in (False, True):
-                model = _model(attention="flash", **extra)
+                model = small_draft(attention="flash", **extra)
                 torch._dynamo.reset()
                 counters.clear()
                 layers = CompileCounterWithBackend("inductor")
@@ -533,7 +520,7 @@ def test_under_bf16_autocast_every_ttt_step_reaches_the_flash_kernel_in_bf16(mon
 
     monkeypatch.setattr(attention, "_kernel_forward", spy)
     batch = _batch()
-    model = _model(attention="flash", norm_before_residual=True)  # the config's default
+    model = small_draft(attention="flash", norm_before_residual=True)  # the config's default
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, _ = model(*batch, ttt_steps=3)
     loss.backward()

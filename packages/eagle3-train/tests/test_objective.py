@@ -108,7 +108,7 @@ def test_one_minus_tv_is_the_acceptance_rate_of_speculative_sampling():
 
 
 def _draft(seed: int = 0) -> Eagle3Draft:
-    return small_draft(seed).double()
+    return small_draft(seed, draft_vocab_size=3).double()
 
 
 def _batch(loss_mask_fraction: float, seed: int = 0):

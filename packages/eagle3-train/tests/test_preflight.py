@@ -7,7 +7,6 @@ import time
 from dataclasses import replace
 
 import pytest
-import torch
 import yaml
 
 from eagle3_schemas.contract.validate import validate
@@ -26,6 +25,7 @@ from support.train import (
     make_inputs,
     run_cli,
     small_arch,
+    train_in_process,
     write_config,
     write_vocab_map_from_counts,
 )
@@ -218,21 +218,13 @@ def test_aux_ids_are_taken_from_the_dataset_when_the_config_omits_them(tmp_path)
 def test_a_run_without_target_path_or_aux_ids_trains_and_exports_the_datasets_ids(tmp_path):
     """No target section at all, no draft.aux_layer_ids: the dataset ([0, 2, 4], eps,
     architecture, sizes) and the draft section are enough; the export serves those ids."""
-    from accelerate.state import AcceleratorState
-
-    from eagle3_train.cli import main
 
     other = make_inputs(tmp_path / "other", aux_layer_ids=(0, 2, 4))
     path = write_config(
         other, tmp_path / "run", draft=DRAFT_SHAPE, train={"max_steps": 2, "save_every": 0}
     )
     path = _without(path, "target", "draft.aux_layer_ids")
-    threads = torch.get_num_threads()
-    try:
-        assert main(["--config", str(path), "--set", "target.name_or_path=org/target"]) == 0
-    finally:
-        torch.set_num_threads(threads)
-        AcceleratorState._reset_state(reset_partial_state=True)
+    assert train_in_process(["--config", str(path), "--set", "target.name_or_path=org/target"]) == 0
     exported = json.loads((tmp_path / "run" / "draft" / "config.json").read_text())
     assert exported["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
     verifier = exported["speculators_config"]["verifier"]

@@ -14,38 +14,15 @@ import logging
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from eagle3_schemas.layouts.draft_layout import sglang_loads
-from eagle3_train.components.accelerator import make_accelerator
-from eagle3_train.components.build import build_model
-from eagle3_train.config.run_config import load_config
-from eagle3_train.data.inputs import load_inputs, resolve_arch
 from eagle3_train.export.init_from import read_init_draft
-from eagle3_train.run.setup import make_order
-from eagle3_train.run.validation import evaluate
 
 from support.sglang_layout import sglang_copy
-from support.train import make_inputs, write_config
+from support.train import make_inputs, validation_losses, write_config
 
 DRAFT = {"norm_before_residual": False, "attention_chunk": 64}
-
-
-def _validation_loss(config_path) -> tuple[float, float]:
-    """(val/loss of the model build_model makes for this config, of a fresh random start)."""
-    out = []
-    for init in (True, False):
-        config = load_config(config_path)
-        if not init:
-            config.draft.init_from = None
-        inputs = load_inputs(config)
-        model = build_model(inputs, resolve_arch(inputs), seed=config.train.seed)
-        accelerator = make_accelerator(config, with_trackers=False)
-        val_idx = make_order(inputs, config, 0, 1).validation_idx
-        out.append(evaluate(accelerator, model, inputs, val_idx, config)["val/loss"])
-        AcceleratorState._reset_state(reset_partial_state=True)
-    return out[0], out[1]
 
 
 def test_both_layouts_are_published_and_the_sglang_one_starts_a_run(
@@ -93,7 +70,7 @@ def test_both_layouts_are_published_and_the_sglang_one_starts_a_run(
         train={"max_steps": 1, "save_every": 0, "warmup_steps": 1},
         data={"validation_fraction": 0.2},
     )
-    loaded, fresh = _validation_loss(config_b)
+    loaded, fresh = validation_losses(config_b)
     assert loaded == pytest.approx(recorded, rel=1e-5, abs=1e-6)
     assert fresh > loaded + 0.1
     with caplog.at_level(logging.INFO, logger="eagle3_train"):
