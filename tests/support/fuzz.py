@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 EXAMPLES_ENV = "EAGLE3_FUZZ_EXAMPLES"
 EXAMPLES = int(os.environ.get(EXAMPLES_ENV, "100"))
@@ -36,6 +37,22 @@ FUZZ = settings(
         HealthCheck.function_scoped_fixture,
     ],
 )
+
+
+def json_of(
+    scalars: st.SearchStrategy[Any],
+    keys: st.SearchStrategy[str] | None = None,
+    max_leaves: int = 5,
+) -> st.SearchStrategy[Any]:
+    """JSON values built of ``scalars``: lists and objects of up to three entries, nested, up to
+    ``max_leaves`` leaves; object keys from ``keys`` (text of up to 5 characters by default)."""
+    names = st.text(max_size=5) if keys is None else keys
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(names, inner, max_size=3),
+        max_leaves=max_leaves,
+    )
+
 
 # reader -> Counter(examples, accepted, refused, tracebacks)
 TALLY: defaultdict[str, Counter[str]] = defaultdict(Counter)

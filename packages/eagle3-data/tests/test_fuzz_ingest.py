@@ -33,7 +33,7 @@ from eagle3_data.ingest import run
 from eagle3_schemas import validate
 from eagle3_schemas.io.atomic import TEMP_MARKER
 
-from support.fuzz import FUZZ, count, outcome, places
+from support.fuzz import FUZZ, count, json_of, outcome, places
 
 READER = "ingest"
 REJECT_CLASSES = {
@@ -63,11 +63,7 @@ SCALARS = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | TEXT
 )
-ANY_JSON = st.recursive(
-    SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT | WORDS, inner, max_size=3),
-    max_leaves=6,
-)
+ANY_JSON = json_of(SCALARS, keys=TEXT | WORDS, max_leaves=6)
 NAMES = st.sampled_from(["get_weather", "search", "f"])
 ARGUMENTS = st.sampled_from(['{"city": "Paris"}', "{}", "[1]", "{", "", "null"]) | st.dictionaries(
     WORDS, SCALARS, max_size=2

@@ -22,7 +22,7 @@ from eagle3_recipe.plan import Request, make_plan, plan_text
 from eagle3_recipe.target import PlanError
 
 from support import public_targets
-from support.fuzz import FUZZ, outcome, places
+from support.fuzz import FUZZ, json_of, outcome, places
 
 READER = "recipe planner (make_plan)"
 TARGETS = [
@@ -40,13 +40,7 @@ SCALARS = (
     | st.text(max_size=5)
     | st.sampled_from(["12", "²", "1e3", "<think>", "{{ messages }}", "tools"])
 )
-ANY_JSON = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=5,
-)
+ANY_JSON = json_of(SCALARS)
 FILES = [
     "config.json",
     "tokenizer_config.json",

@@ -19,7 +19,7 @@ from eagle3_schemas.layouts.draft_layout import (
     detect_layout,
 )
 
-from support.fuzz import FUZZ, outcome
+from support.fuzz import FUZZ, json_of, outcome
 
 READER = "draft layout (detect_layout)"
 SCALARS = (
@@ -29,13 +29,7 @@ SCALARS = (
     | st.floats(allow_nan=True)
     | st.text(max_size=6)
 )
-ANY_JSON = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=5,
-)
+ANY_JSON = json_of(SCALARS)
 IDS = st.lists(st.integers(0, 8), max_size=4) | ANY_JSON
 ARCHS = st.lists(
     st.sampled_from([*SGLANG_ARCHITECTURES, *VLLM_MLA_ARCHITECTURES, "LlamaForCausalLM"])

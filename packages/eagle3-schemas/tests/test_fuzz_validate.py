@@ -25,7 +25,7 @@ from eagle3_schemas.contract.artifact import Violation
 
 from support.edits import artifact_files, rewrite_header
 from support.fixtures import BUILDERS, build
-from support.fuzz import FUZZ, outcome, places
+from support.fuzz import FUZZ, json_of, outcome, places
 
 READER = "validators"
 KINDS = list(BUILDERS)  # every kind of artifact
@@ -37,13 +37,7 @@ SCALARS = (
     | st.text(max_size=8)
     | st.sampled_from(["conversations", "hidden_states", "1", "v2", "../x", "/abs", ""])
 )
-ANY_JSON = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
+ANY_JSON = json_of(SCALARS, keys=st.text(max_size=6), max_leaves=6)
 
 
 @pytest.fixture(scope="module")

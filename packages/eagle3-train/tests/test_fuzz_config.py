@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from eagle3_train.config.coerce import ConfigError
 from eagle3_train.config.run_config import Config, load_config, parse_override
 
-from support.fuzz import FUZZ, outcome
+from support.fuzz import FUZZ, json_of, outcome
 
 READER = "train config + --set"
 BASE = {"data": {"hidden_states": "hs", "vocab_map": "vocab_map.safetensors"}}
@@ -53,13 +53,7 @@ SCALARS = (
     | st.text(max_size=8)
     | st.sampled_from(["3e-4", "no", "off", "auto", "sglang", "mla", "SIGTERM", "USR1", "nan", ""])
 )
-VALUES = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=5,
-)
+VALUES = json_of(SCALARS)
 
 
 def _nested(key: str, value: Any) -> dict[str, Any]:

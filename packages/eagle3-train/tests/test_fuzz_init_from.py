@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 from eagle3_train.export.init_from import InitDraft, InitFromError, read_init_draft
 
-from support.fuzz import FUZZ, outcome
+from support.fuzz import FUZZ, json_of, outcome
 
 READER = "init_from (read_init_draft)"
 SCALARS = (
@@ -30,13 +30,7 @@ SCALARS = (
     | st.floats(allow_nan=True)
     | st.text(max_size=5)
 )
-ANY_JSON = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=5,
-)
+ANY_JSON = json_of(SCALARS)
 LAYER = {"hidden_size": 16, "vocab_size": 32, "num_hidden_layers": 1, "intermediate_size": 32}
 LAYOUTS = [
     {
