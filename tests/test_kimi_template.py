@@ -17,7 +17,12 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
-from support.chat_tools import KIMI_CALL, KIMI_RESULT, KIMI_SERVED_TOOLS, KIMI_TEMPLATE, KIMI_TOOLS
+from support.chat_tools import (
+    KIMI_AGENT_LOOP,
+    KIMI_SERVED_TOOLS,
+    KIMI_TEMPLATE,
+    KIMI_TOOLS,
+)
 
 SYSTEM = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
 DECLARE = "<|im_system|>tool_declare<|im_middle|>" + json.dumps(KIMI_TOOLS) + "<|im_end|>"
@@ -27,17 +32,7 @@ CHAT = [
     {"role": "user", "content": "Mul?"},
     {"role": "assistant", "content": "4", "reasoning_content": "2*2"},
 ]
-AGENT = [
-    {"role": "system", "content": "Use tools."},
-    {"role": "user", "content": "Weather?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "reasoning_content": "Look it up.",
-        "tool_calls": [KIMI_CALL],
-    },
-    KIMI_RESULT,
-]
+AGENT = [{"role": "system", "content": "Use tools."}, *KIMI_AGENT_LOOP]
 CALL_TEXT = (
     "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
     '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'

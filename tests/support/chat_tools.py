@@ -5,7 +5,8 @@
   what vLLM hands the template for it (``ChatCompletionToolsParam.model_dump()``): a missing
   description is null (tests/test_tools_as_served.py checks against vLLM itself).
 - ``KIMI_CALL``: a call of it with Kimi's id (``functions.NAME:INDEX``); ``KIMI_RESULT``: its
-  result message.
+  result message; ``KIMI_AGENT_LOOP``: the middle of an agent loop, a question, the call with
+  its reasoning, the result.
 - ``KIMI_TEMPLATE``: the Kimi stand-in's chat template (Kimi-K2.5's structure).
 """
 
@@ -45,3 +46,13 @@ KIMI_RESULT = {
     "tool_call_id": "functions.get_weather:0",
     "name": "get_weather",
 }
+KIMI_AGENT_LOOP = [
+    {"role": "user", "content": "Weather?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Look it up.",
+        "tool_calls": [KIMI_CALL],
+    },
+    KIMI_RESULT,
+]

@@ -19,18 +19,11 @@ from eagle3_eval.report import Baseline, EvalResult, format_table, read_report, 
 from eagle3_eval.table import build_table, markdown
 from eagle3_schemas.contract.validate import validate
 
-from support.chat_tools import KIMI_CALL, KIMI_RESULT, KIMI_SERVED_TOOLS, KIMI_TEMPLATE, KIMI_TOOLS
+from support.chat_tools import KIMI_AGENT_LOOP, KIMI_SERVED_TOOLS, KIMI_TEMPLATE, KIMI_TOOLS
 from support.fixtures import fake_fingerprint
 
 AGENT = [
-    {"role": "user", "content": "Weather?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "reasoning_content": "Look it up.",
-        "tool_calls": [KIMI_CALL],
-    },
-    KIMI_RESULT,
+    *KIMI_AGENT_LOOP,
     {"role": "assistant", "content": "12 C.", "reasoning_content": "read"},
 ]
 GENERATION = "<|im_assistant|>assistant<|im_middle|>"
