@@ -56,7 +56,7 @@ from support import kimi_standin, recipes
 from support.chat_tools import WEATHER_TOOLS
 from support.failures import failure_report
 from support.recipes import recipe_targets
-from support.stage_cli import run_cli, run_train_cli
+from support.stage_cli import Outcome, run_cli, run_train_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "kimi-k2.5"
@@ -264,22 +264,16 @@ def run(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
                 str(work / report),
             ],
         )
-    o["eval offline"] = run_cli(
-        eval_main,
-        [
-            "offline",
-            "--draft",
-            str(work / "train" / "draft"),
-            "--hidden-states",
-            str(work / "heldout.hs"),
-            "--k",
-            "3",
-            "--no-figure",
-            "--out",
-            str(work / "eval-offline"),
-        ],
+    o["eval offline"] = eval_offline(
+        work / "train" / "draft", work / "heldout.hs", work / "eval-offline"
     )
     return Run(work, standin, aux, f, o)
+
+
+def eval_offline(draft: Path, hidden_states: Path, out: Path) -> Outcome:
+    """eagle3-eval offline of ``draft`` on ``hidden_states`` at k 3, without a figure."""
+    argv = ["offline", "--draft", str(draft), "--hidden-states", str(hidden_states), "--k", "3"]
+    return run_cli(eval_main, [*argv, "--no-figure", "--out", str(out)])
 
 
 def train(
@@ -698,21 +692,7 @@ def predictable(run: Run) -> Predictable:
                 str(work / f"reference-{name}"),
             ],
         )
-    o["offline llama"] = run_cli(
-        eval_main,
-        [
-            "offline",
-            "--draft",
-            str(drafts["llama"]),
-            "--hidden-states",
-            str(work / "heldout.hs"),
-            "--k",
-            "3",
-            "--no-figure",
-            "--out",
-            str(work / "offline-llama"),
-        ],
-    )
+    o["offline llama"] = eval_offline(drafts["llama"], work / "heldout.hs", work / "offline-llama")
     return Predictable(target, token, j, drafts, o)
 
 
