@@ -167,12 +167,8 @@ def speculators_loss(s: SpeculatorsRun, batch: dict):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, loss, _ = s.model(
-            hidden_states=cat["hidden_states"],
-            input_ids=cat["input_ids"],
+            **cat,
             document_ids=documents,
-            loss_mask=cat["loss_mask"],
-            position_ids=cat["position_ids"],
-            verifier_last_hidden_states=cat["verifier_last_hidden_states"],
             ttt_steps=s.cli.loss.ttt_steps,
             ttt_step_loss_decay=s.cli.loss.ttt_step_loss_decay,
             loss_config=s.loss_config,

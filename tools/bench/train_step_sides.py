@@ -217,14 +217,7 @@ def run_speculators(args) -> dict[str, float]:
         with warnings.catch_warnings(), _autocast(args):
             warnings.simplefilter("ignore")
             _, loss, _ = model(
-                hidden_states=cat["hidden_states"],
-                input_ids=cat["input_ids"],
-                document_ids=doc,
-                loss_mask=cat["loss_mask"],
-                position_ids=cat["position_ids"],
-                verifier_last_hidden_states=cat["verifier_last_hidden_states"],
-                ttt_steps=args.ttt_steps,
-                loss_config=loss_config,
+                **cat, document_ids=doc, ttt_steps=args.ttt_steps, loss_config=loss_config
             )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, SPECULATORS_CLIP)
