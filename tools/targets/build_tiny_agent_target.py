@@ -44,12 +44,12 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-# The tiny target's builder beside this file; the corpus and the target's shared code with the tests.
+# The trainer the builders share beside this file; it puts tests/ on the path (tests/support
+# holds the corpus and the target's shared code, shared with the tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-import build_tiny_target as tiny
+import target_training as training
 
 from support import agent_corpus
 from support.agent_target import (
@@ -103,7 +103,7 @@ def train_tokenizer(rows: Sequence[dict[str, Any]]) -> PreTrainedTokenizerFast:
         if piece
     ]
     return PreTrainedTokenizerFast(
-        tokenizer_object=tiny.train_bpe(texts, VOCAB_SIZE, SPECIAL_TOKENS),
+        tokenizer_object=training.train_bpe(texts, VOCAB_SIZE, SPECIAL_TOKENS),
         bos_token=BOS,
         eos_token=IM_END,
         pad_token=PAD,
@@ -114,44 +114,6 @@ def train_tokenizer(rows: Sequence[dict[str, Any]]) -> PreTrainedTokenizerFast:
     )
 
 
-def model_config(tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        **MODEL_SIZES,
-        max_position_embeddings=MAX_SEQ_LEN * 2,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        initializer_range=0.02,
-        bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
-        dtype="float32",
-    )
-
-
-def save_target(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-    )
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
-    # tokenizer.json without indentation: the same tokenizer in 40 % of the bytes, so that the
-    # repository still fits the 64 MiB a GPU check carries.
-    tokenizer_file = out_dir / "tokenizer.json"
-    compact = json.dumps(
-        json.loads(tokenizer_file.read_text()), ensure_ascii=False, separators=(",", ":")
-    )
-    tokenizer_file.write_text(compact, encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the class older loaders know too
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-
-
 def unigram_per_kind(
     tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict[str, Any]]
 ) -> dict[str, float]:
@@ -160,7 +122,7 @@ def unigram_per_kind(
     out = {}
     for kind in agent_corpus.KINDS:
         encoded = [e for r in heldout_events(rows, kind, CHECK_EVENTS) for e in encode_row(tokenizer, r)]  # fmt: skip
-        out[kind] = round(tiny.unigram_ce(train, encoded, len(tokenizer)), 4)
+        out[kind] = round(training.unigram_ce(train, encoded, len(tokenizer)), 4)
     return out
 
 
@@ -177,11 +139,13 @@ def build(args: argparse.Namespace) -> int:
     kept = [e for e in encoded if len(e.ids) <= MAX_SEQ_LEN]
     print(f"corpus: {len(train_rows)} train rows -> {len(kept)} sequences "
           f"({sum(len(e.ids) for e in kept)} tokens; {len(encoded) - len(kept)} too long)")  # fmt: skip
-    model = LlamaForCausalLM(model_config(tokenizer))
-    n_params = tiny.count_parameters(model)
+    model = LlamaForCausalLM(training.llama_config(tokenizer, MODEL_SIZES, MAX_SEQ_LEN * 2, BOS))
+    n_params = training.count_parameters(model)
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params} parameters")
-    stats = tiny.train(model, kept, tokenizer.pad_token_id, args.steps, args.max_minutes, args.seed)
-    save_target(model, tokenizer, args.out)
+    stats = training.train(
+        model, kept, tokenizer.pad_token_id, args.steps, args.max_minutes, args.seed
+    )
+    training.save_target(model, tokenizer, args.out)
     shipped, tokenizer = load_target(args.out)
     ce = ce_per_kind(shipped, tokenizer, rows)
     calls = tool_call_quality(shipped, tokenizer, rows)
@@ -201,21 +165,13 @@ def build(args: argparse.Namespace) -> int:
         "vocab_size": len(tokenizer),
         "model_sizes": MODEL_SIZES,
         "parameters": n_params,
-        "training": {
-            "loss": "next-token CE on each generation event's completion (reasoning, </think>, "
+        "training": training.training_record(
+            stats,
+            args,
+            "next-token CE on each generation event's completion (reasoning, </think>, "
             "answer, tool-call section, <|im_end|>) only",
-            "steps": stats.steps,
-            "requested_steps": args.steps,
-            "max_minutes": args.max_minutes,
-            "stopped_by_time": stats.stopped_by_time,
-            "schedule_followed_time": stats.time_bound,
-            "batch_tokens": tiny.BATCH_TOKENS,
-            "peak_lr": tiny.PEAK_LR,
-            "tokens_trained": stats.tokens_seen,
-            "epochs": round(stats.epochs, 3),
-            "train_seconds": round(stats.seconds, 1),
-            "final_train_completion_ce": round(stats.final_train_loss, 4),
-        },
+            "final_train_completion_ce",
+        ),
         "heldout_ce_per_kind": ce,
         "unigram_ce_per_kind": unigram_per_kind(tokenizer, rows),
         "check_events_per_kind": CHECK_EVENTS,
@@ -243,21 +199,10 @@ def check(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="verify the shipped target")
-    parser.add_argument("--out", type=Path, default=TARGET_DIR, help="target directory")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps")
-    parser.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    return parser.parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    return check(args) if args.check else build(args)
+    return training.builder_main(
+        argv, __doc__, TARGET_DIR, DEFAULT_STEPS, DEFAULT_MAX_MINUTES, build, check
+    )
 
 
 if __name__ == "__main__":

@@ -36,12 +36,19 @@ from typing import Any
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast
 
-# The tiny target's builder beside this file; the Kimi stand-in with the tests (tests/support).
+# The trainer the builders share beside this file; it puts tests/ on the path (tests/support
+# holds the tiny target's corpus and scoring and the Kimi stand-in, shared with the tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-import build_tiny_target as tiny
+import target_training as training
 
-from support import kimi_standin
+from support import kimi_standin, tiny_target
+from support.tiny_corpus import corpus_fingerprint
+from support.tiny_target import (
+    CHECK_CONVERSATIONS,
+    IM_END,
+    PAD_TOKEN,
+    encode_all,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET_DIR = REPO_ROOT / "recipes" / "tiny-mla" / "target"
@@ -77,9 +84,9 @@ def wrapper_config(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
     config = kimi_standin.standin_config(kimi_standin.target_facts())
     ids = {
         "vocab_size": len(tokenizer),
-        "bos_token_id": tokenizer.convert_tokens_to_ids(tiny.PAD_TOKEN),
-        "eos_token_id": tokenizer.convert_tokens_to_ids(tiny.IM_END),
-        "pad_token_id": tokenizer.convert_tokens_to_ids(tiny.PAD_TOKEN),
+        "bos_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
+        "pad_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
     }
     config["text_config"].update(TEXT_SIZES, **ids)
     config["vision_config"]["text_hidden_size"] = TEXT_SIZES["hidden_size"]
@@ -91,7 +98,7 @@ def wrapper_config(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
 
 
 def load_tokenizer() -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast.from_pretrained(tiny.TARGET_DIR, local_files_only=True)
+    return PreTrainedTokenizerFast.from_pretrained(tiny_target.TARGET_DIR, local_files_only=True)
 
 
 def load_target(target_dir: Path) -> torch.nn.Module:
@@ -105,70 +112,46 @@ def build(args: argparse.Namespace) -> int:
     started = time.monotonic()
     torch.manual_seed(args.seed)
     out_dir: Path = args.out
-    corpus = tiny.build_corpus()
-    train_convs = [c for c in corpus if c.split == "train"]
-    heldout_convs = [c for c in corpus if c.split == "heldout"]
+    corpus, train_convs, heldout_convs = training.corpus_splits()
     tokenizer = load_tokenizer()
-    train_enc = tiny.encode_all(tokenizer, train_convs)
-    heldout_enc = tiny.encode_all(tokenizer, heldout_convs)
+    train_enc = encode_all(tokenizer, train_convs)
+    heldout_enc = encode_all(tokenizer, heldout_convs)
     pad_id = tokenizer.pad_token_id
     print(f"corpus: {len(train_enc)} train / {len(heldout_enc)} held-out conversations encoded")
 
     config = wrapper_config(tokenizer)
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**kimi_standin.text_model_config(config)))
-    n_params = tiny.count_parameters(model)
+    n_params = training.count_parameters(model)
     print(f"model: {n_params} parameters")
-    stats = tiny.train(model, train_enc, pad_id, args.steps, args.max_minutes, args.seed)
+    stats = training.train(model, train_enc, pad_id, args.steps, args.max_minutes, args.seed)
 
     # What ships is bf16 in the wrapper's layout: save, then measure the saved checkpoint.
     out_dir.mkdir(parents=True, exist_ok=True)
     kimi_standin.save_wrapped(model, out_dir)
     kimi_standin.save_wrapper_files(out_dir, config)
     for name in TOKENIZER_FILES:
-        shutil.copyfile(tiny.TARGET_DIR / name, out_dir / name)
+        shutil.copyfile(tiny_target.TARGET_DIR / name, out_dir / name)
     shipped = load_target(out_dir)
-    heldout_ce, heldout_tokens = tiny.answer_ce(shipped, heldout_enc, pad_id)
-    unigram = tiny.unigram_ce(train_enc, heldout_enc, len(tokenizer))
-    check_ce, _ = tiny.heldout_answer_ce(
-        shipped, tokenizer, heldout_convs, tiny.CHECK_CONVERSATIONS
+    heldout_ce, heldout_tokens, unigram, check_ce = training.heldout_figures(
+        shipped, tokenizer, train_enc, heldout_enc, heldout_convs
     )
-    print(f"held-out answer CE {heldout_ce:.3f} nats (unigram {unigram:.3f})")
-    samples = []
-    for conv in tiny.check_subset(heldout_convs, 2):
-        ids = tiny.greedy_generate(shipped, tokenizer, conv)
-        text = tokenizer.decode(ids, skip_special_tokens=False)
-        samples.append({"source": conv.source, "prompt": conv.prompt, "generation": text})
-        print(f"--- {conv.prompt}\n{text}")
+    samples = training.generation_samples(shipped, tokenizer, heldout_convs)
 
     info = {
         "seed": args.seed,
         "python_version": platform.python_version(),
         "torch_version": torch.__version__,
-        "corpus_fingerprint": tiny.corpus_fingerprint(corpus),
+        "corpus_fingerprint": corpus_fingerprint(corpus),
         # Read by eagle3-eval --heldout-sources: prompts only from files no training saw.
         "heldout_sources": sorted({c.source for c in heldout_convs}),
         "tokenizer": "recipes/tiny/target (same files)",
         "text_sizes": TEXT_SIZES,
         "parameters": n_params,
-        "training": {
-            "loss": "next-token CE on assistant answer tokens (incl. <|im_end|>) only",
-            "dtype": "float32 (saved as bfloat16)",
-            "steps": stats.steps,
-            "requested_steps": args.steps,
-            "max_minutes": args.max_minutes,
-            "stopped_by_time": stats.stopped_by_time,
-            "schedule_followed_time": stats.time_bound,
-            "batch_tokens": tiny.BATCH_TOKENS,
-            "peak_lr": tiny.PEAK_LR,
-            "tokens_trained": stats.tokens_seen,
-            "epochs": round(stats.epochs, 3),
-            "train_seconds": round(stats.seconds, 1),
-            "final_train_answer_ce": round(stats.final_train_loss, 4),
-        },
+        "training": training.training_record(stats, args, dtype="float32 (saved as bfloat16)"),
         "heldout_answer_ce": round(heldout_ce, 4),
         "heldout_answer_tokens": heldout_tokens,
         "unigram_heldout_answer_ce": round(unigram, 4),
-        "check_subset_conversations": tiny.CHECK_CONVERSATIONS,
+        "check_subset_conversations": CHECK_CONVERSATIONS,
         "check_subset_answer_ce": round(check_ce, 4),
         "check_max_ce": CHECK_MAX_CE,
         "samples": samples,
@@ -180,24 +163,15 @@ def build(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    return tiny.check_verdict(load_target(args.out), load_tokenizer(), args.out, CHECK_MAX_CE)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="verify the shipped target")
-    parser.add_argument("--out", type=Path, default=TARGET_DIR, help="target directory")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps")
-    parser.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    return parser.parse_args(argv)
+    return training.check_heldout_ce(
+        load_target(args.out), load_tokenizer(), args.out, CHECK_MAX_CE
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    return check(args) if args.check else build(args)
+    return training.builder_main(
+        argv, __doc__, TARGET_DIR, DEFAULT_STEPS, DEFAULT_MAX_MINUTES, build, check
+    )
 
 
 if __name__ == "__main__":

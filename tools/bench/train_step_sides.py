@@ -1,0 +1,354 @@
+"""One side of bench_train.py's training step, run in its own process (``--side``): ours'
+Eagle3Draft or speculators' Eagle3DraftModel at the same config, on the same synthetic packed
+batch, timed over the asked steps, with its phases, peak memory and (CUDA) the probes of
+cuda_probes.py. Prints one line ``BENCH {json}`` for the parent.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+import warnings
+from pathlib import Path
+
+from cuda_probes import pageable_copies, raised_at, top_kernels
+from speculators_loop import SPECULATORS_CLIP, pack_documents
+
+STARTED = time.perf_counter()  # the side's process start, for its phases' seconds
+
+
+def _batch(args, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    docs = args.tokens // args.doc_len
+    lengths = [args.doc_len] * docs
+    total = sum(lengths)
+    mask = torch.zeros(total, dtype=torch.bool)
+    for i in range(docs):
+        mask[i * args.doc_len + args.doc_len // 4 : (i + 1) * args.doc_len] = True
+    cu = torch.tensor([0, *[args.doc_len * (i + 1) for i in range(docs)]])
+    return {
+        "aux": torch.randn(total, 3, args.hidden, generator=g),
+        "last": torch.randn(total, args.hidden, generator=g),
+        "ids": torch.randint(0, args.v_target, (total,), generator=g),
+        "mask": mask,
+        "cu": cu,
+        "lengths": lengths,
+    }
+
+
+def _vocab(args):
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    chosen = torch.sort(torch.randperm(args.v_target, generator=g)[: args.v_draft]).values
+    t2d = torch.zeros(args.v_target, dtype=torch.bool)
+    t2d[chosen] = True
+    return chosen - torch.arange(args.v_draft), t2d
+
+
+def heads_of(args) -> tuple[int, int, int]:
+    heads = args.heads or max(1, args.hidden // 64)
+    return heads, max(1, heads // 2), args.hidden // heads
+
+
+def run_ours(args) -> dict[str, float]:
+    import torch
+
+    from eagle3_train.model.arch import DraftArch
+    from eagle3_train.model.draft import Eagle3Draft
+
+    heads, kv, head_dim = heads_of(args)
+    arch = DraftArch(
+        hidden_size=args.hidden,
+        num_aux=3,
+        target_vocab_size=args.v_target,
+        draft_vocab_size=args.v_draft,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=args.intermediate,
+        rms_norm_eps=1e-5,
+        target_rms_norm_eps=1e-5,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        attention=args.attention,
+    )
+    from eagle3_train.model.loss import compile_kl_chunk
+    from eagle3_train.model.shift import align
+
+    phases = {"imports": time.perf_counter() - STARTED}
+    built = time.perf_counter()
+    torch.manual_seed(0)
+    # built and filled on the device: V_target × H random values per tensor (1.17 G at Kimi's
+    # shape) take seconds each from the CPU's generator
+    with torch.device(args.device):
+        model = Eagle3Draft(arch)
+    _, t2d = _vocab(args)
+    g = torch.Generator(device=args.device).manual_seed(2)
+    head = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+    embed = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+    model.load_target_head(embed, torch.ones(args.hidden), head[t2d.to(args.device)])
+    del head, embed
+    model.lm_head.weight.requires_grad_(False)
+    # as eagle3-train sets a run up (eagle3_train.components.build: speed_up, make_optimizer)
+    if args.dtype == "bfloat16":
+        model.store_frozen_as(torch.bfloat16)
+    if args.compile:
+        for layer in model.layers:
+            layer.compile()
+        compile_kl_chunk(True)
+    for layer in model.layers:  # train.recompute
+        layer.recompute = bool(args.recompute)
+    model.to(args.device)
+    params = model.trainable_parameters()
+    opt = _optimizer(args.optimizer, model, params, fused=args.device == "cuda")
+    host = _batch(args)
+    b = _on_device(host, args)
+    objective, decay, max_grad_norm = _objective(args.objective)
+    phases["build"] = time.perf_counter() - built
+
+    def step() -> None:
+        # the trainer's step: alignment on the host, moved with the batch; clipping
+        al = align(host["ids"], host["mask"], host["cu"], args.ttt_steps).to(args.device)
+        with _autocast(args):
+            loss, _ = model(
+                b["aux"],
+                b["last"],
+                b["ids"],
+                b["mask"],
+                b["cu"],
+                args.ttt_steps,
+                decay,
+                alignment=al,
+                objective=objective,
+            )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    result = _time(step, args, b["ids"].shape[0], phases)
+    if args.sync_check and args.device == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+            result["host_syncs_in_step"] = "none"
+        except RuntimeError as e:
+            result["host_syncs_in_step"] = raised_at(e)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        result["pageable_copies_in_step"] = pageable_copies(step) or "none"
+    if args.profile and args.device == "cuda":
+        result["top_kernels"] = top_kernels(step)
+    return result
+
+
+def run_speculators(args) -> dict[str, float]:
+    import torch
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.losses.utils import resolve_loss_config
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    heads, kv, head_dim = heads_of(args)
+    tl = LlamaConfig(
+        hidden_size=args.hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=args.intermediate,
+        vocab_size=args.v_target,
+        rms_norm_eps=1e-5,
+        num_hidden_layers=1,
+        max_position_embeddings=4096,
+    )
+    if args.device == "cpu":
+        tl._attn_implementation = "sdpa"  # FlexAttention has no CPU backward
+    cfg = Eagle3SpeculatorConfig(
+        transformer_layer_config=tl,
+        draft_vocab_size=args.v_draft,
+        norm_before_residual=False,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=args.ttt_steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]),
+        ),
+    )
+    phases = {"imports": time.perf_counter() - STARTED}
+    built = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.device(args.device):  # as ours: built and filled on the device
+        model = Eagle3DraftModel(cfg)
+    d2t, t2d = _vocab(args)
+    model.load_vocab_mappings(t2d.to(args.device), d2t.to(args.device))
+    g = torch.Generator(device=args.device).manual_seed(2)
+    with torch.no_grad():
+        head = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
+        model.embed_tokens.weight.normal_(generator=g)
+        rows = head[t2d.to(args.device)]
+        model.lm_head.weight.copy_(rows)
+        model.verifier_lm_head.weight.copy_(rows)
+        del head, rows
+    model.to(args.device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    b = _batch(args)
+    # speculators' own per-sample shift, then packing
+    cat, doc = pack_documents(b["ids"], b["aux"], b["last"], b["mask"], b["cu"].tolist())
+    if args.device == "cuda":  # FlexAttention's block mask: pad to whole 128-token blocks, as
+        # speculators' collator pads to its fixed length (a padding document, loss_mask 0)
+        pad = -cat["input_ids"].shape[1] % 128
+        cat = {
+            k: torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, pad)) for k, v in cat.items()
+        }
+        doc = torch.nn.functional.pad(doc, (0, pad), value=len(b["lengths"]))
+    cat, doc = _on_device(cat, args), doc.to(args.device)
+    # its eager loss: the fused Triton one needs a GPU and, under torch 2.11's dynamo, fails
+    # ("ListVariable ... is already tracked for mutation", speculators/losses/fused.py)
+    loss_config = resolve_loss_config("kl_div", "eager")
+
+    def step() -> None:
+        with warnings.catch_warnings(), _autocast(args):
+            warnings.simplefilter("ignore")
+            _, loss, _ = model(
+                **cat, document_ids=doc, ttt_steps=args.ttt_steps, loss_config=loss_config
+            )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, SPECULATORS_CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    phases["build"] = time.perf_counter() - built
+    return _time(step, args, b["ids"].shape[0], phases)
+
+
+def _on_device(batch: dict, args) -> dict:
+    return {k: v.to(args.device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def _autocast(args):
+    """Mixed precision as the trainer runs it (fp32 master weights, autocast compute)."""
+    import contextlib
+
+    import torch
+
+    if args.dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(args.device, dtype=getattr(torch, args.dtype))
+
+
+def _synchronize(args) -> None:
+    import torch
+
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object]:
+    """Seconds per step over ``args.steps`` after ``args.warmup`` steps (compilation
+    included), and the side's phases in seconds: imports, build, warmup, timed steps."""
+    import torch
+
+    base_rss = _rss_mib()  # weights and batch in place, no step yet
+    warm = time.perf_counter()
+    for _ in range(args.warmup):
+        step()
+    _synchronize(args)
+    phases["warmup"] = time.perf_counter() - warm
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base_gpu = torch.cuda.memory_allocated()
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(args.steps):
+        step()
+    _synchronize(args)
+    seconds = (time.perf_counter() - start) / args.steps
+    # CPU seconds of this process per step: on a shared machine less disturbed by other
+    # jobs than wall time (with one thread; OpenMP threads may spin-wait)
+    cpu_seconds = (time.process_time() - cpu) / args.steps
+    phases["timed"] = seconds * args.steps
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "phases_s": {k: round(v, 2) for k, v in phases.items()},
+        "seconds_per_step": seconds,
+        "tokens_per_s": tokens / seconds,
+        "cpu_seconds_per_step": cpu_seconds,
+        "peak_rss_mib": peak_rss,
+        # on a GPU: the device's peak over the timed steps (weights, optimizer, activations)
+        **(
+            {"peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20}
+            if args.device == "cuda"
+            else {}
+        ),
+        # what a step adds at its peak over the memory held before it (activations, and on
+        # CPU the optimizer's state, created by the first step): grows with T
+        "step_peak_mib": (torch.cuda.max_memory_allocated() - base_gpu) / 2**20
+        if args.device == "cuda"
+        else peak_rss - base_rss,
+    }
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (Linux)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+def _device_peak_tflops() -> float | None:
+    """Dense bf16 peak by the vendor's datasheet, for the GPUs this project is measured on."""
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    return 989.0 if ("H100" in name or "H200" in name) else None
+
+
+def _optimizer(name: str, model, params, fused: bool):
+    """Ours' optimizer. ``adamw``: AdamW on every trained tensor (what speculators' row steps
+    with). ``muon``: the GPU recipes' train.optimizer, eagle3-train's own Muon on the hidden
+    matrices and AdamW on the rest (components/build.make_muon), as the Llama-3.1-8B recipe's
+    train.yaml sets it."""
+    import torch
+
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, fused=fused)
+    from eagle3_train.components.build import make_muon
+    from eagle3_train.config.run_config import load_config
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "llama-3.1-8b" / "train.yaml"
+    return make_muon(model, load_config(recipe), fused)
+
+
+def _objective(name: str):
+    """(train.objective, ttt_step_loss_decay, max_grad_norm) of ours. ``plain``: what
+    speculators trains — plain TTT KL (no top-k term), no step decay, gradients clipped as its
+    trainer clips them — so the two sides' rows compare the same work. ``defaults``: eagle3-
+    train's own train: defaults (the HASS top-k term, step decay, its clipping)."""
+    from eagle3_train.config.train_config import TrainLoopConfig
+    from eagle3_train.model.draft import PLAIN_TTT
+
+    if name == "plain":
+        return PLAIN_TTT, 1.0, SPECULATORS_CLIP
+    t = TrainLoopConfig()
+    return t.objective, t.ttt_step_loss_decay, t.max_grad_norm
+
+
+def run_side(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.memory_cap_gib and args.device == "cpu":  # an allocation past it fails in this
+        # process (reported "out of memory"), not in a neighbour the kernel's OOM killer picks
+        cap = int(args.memory_cap_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    if args.device == "cuda":  # as eagle3-train sets it (train.tf32: true), for both sides
+        torch.set_float32_matmul_precision("high")
+    result = run_ours(args) if args.side == "ours" else run_speculators(args)
+    if args.device == "cuda":
+        result["peak_tflops"] = _device_peak_tflops()
+    print("BENCH " + json.dumps(result))
