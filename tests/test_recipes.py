@@ -35,14 +35,12 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from eagle3_data.cli import main as data_main
 from eagle3_extract.config import default_aux_layer_ids
 from eagle3_recipe.cli import main as recipe_main
 
 from support import public_targets, recipe_stages, recipe_standins, recipes
 from support.recipe_stages import CONVERSATIONS, CPU_KNOBS, EXIT_OK, FLAG_ARRAYS, StagesRun
 from support.recipes import recipe_targets
-from support.stage_cli import run_cli
 
 # Most tests here run the stages' CLIs in their own interpreters.
 pytestmark = pytest.mark.process
@@ -211,27 +209,15 @@ def test_llama31_answers_with_surrounding_whitespace_are_trained(tmp_path: Path)
     """Llama-3.1's template trims contents: an answer with surrounding whitespace is still
     found (stripped) and trained, not rejected as a template rewrite."""
     standin = recipe_standins.build_standin(recipe_dir("llama-3.1-8b"), tmp_path / "target")
-    raw = tmp_path / "chat.jsonl"
     padded = [
         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there.\n"}],
         [{"role": "user", "content": "Again"}, {"role": "assistant", "content": " Hello."}],
     ]
-    raw.write_text("".join(json.dumps({"messages": m}) + "\n" for m in padded))
-    conversations, tokenized = tmp_path / "c.parquet", tmp_path / "t.parquet"
-    assert run_cli(data_main, ["ingest", str(raw), "--out", str(conversations)]).code == EXIT_OK
+    tokenized = tmp_path / "t.parquet"
     flags = stage_flags("llama-3.1-8b")["TOKENIZE_ARGS"]
-    done = run_cli(
-        data_main,
-        [
-            "tokenize",
-            str(conversations),
-            "--tokenizer",
-            str(standin),
-            *flags,
-            "--out",
-            str(tokenized),
-        ],
-    )
+    outcomes = recipe_stages.ingest_and_tokenize(padded, standin, flags, tmp_path, tokenized)
+    assert outcomes["ingest"].code == EXIT_OK
+    done = outcomes["tokenize"]
     assert done.code == EXIT_OK and done.summary()["written"] == len(padded), done.stdout
     from transformers import AutoTokenizer
 

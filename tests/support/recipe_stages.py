@@ -102,28 +102,11 @@ def run_stages(
     config = json.loads((standin / "config.json").read_text())
     layers = text_config(config)["num_hidden_layers"]
     aux = recipes.eagle3_aux_layer_ids(layers)  # the recipe's rule at the stand-in's depth
-    raw = work / "chat.jsonl"
-    raw.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
-    conversations, tokenized = (
-        work / "train.conversations.parquet",
-        work / "train.tokenized.parquet",
-    )
+    tokenized = work / "train.tokenized.parquet"
     vocab_map, hidden_states = work / "vocab_map.safetensors", work / "hidden_states"
     extract = ["--model", str(standin), "--tokenized", str(tokenized), "--aux-layer-ids", csv(aux)]
     extract += [*on_cpu(flags["EXTRACT_ARGS"]), "--out", str(hidden_states)]
-    outcomes = {"ingest": run_cli(data_main, ["ingest", str(raw), "--out", str(conversations)])}
-    outcomes["tokenize"] = run_cli(
-        data_main,
-        [
-            "tokenize",
-            str(conversations),
-            "--tokenizer",
-            str(standin),
-            *flags["TOKENIZE_ARGS"],
-            "--out",
-            str(tokenized),
-        ],
-    )
+    outcomes = ingest_and_tokenize(CONVERSATIONS, standin, flags["TOKENIZE_ARGS"], work, tokenized)
     outcomes["vocab"] = run_cli(
         data_main, ["vocab", str(tokenized), *flags["VOCAB_ARGS"], "--out", str(vocab_map)]
     )
@@ -145,6 +128,22 @@ def run_stages(
         ]
     )
     return StagesRun(recipe, standin, aux, tokenized, vocab_map, hidden_states, outcomes)
+
+
+def ingest_and_tokenize(
+    conversations: Sequence[list[dict[str, str]]],
+    standin: Path,
+    tokenize_args: list[str],
+    work: Path,
+    tokenized: Path,
+) -> dict[str, Outcome]:
+    """Chat records → `eagle3-data ingest` → `tokenize` with the recipe's flags, into ``tokenized``."""
+    raw, ingested = work / "chat.jsonl", work / "train.conversations.parquet"
+    raw.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
+    outcomes = {"ingest": run_cli(data_main, ["ingest", str(raw), "--out", str(ingested)])}
+    tokenize = ["tokenize", str(ingested), "--tokenizer", str(standin), *tokenize_args]
+    outcomes["tokenize"] = run_cli(data_main, [*tokenize, "--out", str(tokenized)])
+    return outcomes
 
 
 def passed(run: StagesRun, stage: str) -> Outcome:
