@@ -10,15 +10,22 @@ disk before it is named.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+import shutil
 from pathlib import Path
 
+import accelerate.checkpointing
 import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
+from eagle3_schemas.io.diskspace import DiskFull
 from eagle3_train.components.checkpoint import Checkpoints, TrainerState, read_state
+
+from support.iofaults import count_calls, failing
 
 
 class Killed(BaseException):
@@ -45,7 +52,7 @@ def test_a_kill_while_a_step_s_save_is_replaced_resumes_from_that_step(
     checkpoints.save(accelerator, state, scheduler)
     state.epoch, state.batches_done = 1, 0  # the epoch's end, at the same step
 
-    rename, rmtree = os.rename, __import__("shutil").rmtree
+    rename, rmtree = os.rename, shutil.rmtree
 
     def killed_rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
         if at == "rename of the new save" and Path(src).name.startswith(".tmp-"):
@@ -78,3 +85,60 @@ def test_a_kill_while_a_step_s_save_is_replaced_resumes_from_that_step(
         "step-00000004",
     ]
     assert read_state(tmp_path / "checkpoints" / "step-00000004")["epoch"] == 1
+
+
+def _through_os_write(obj: object, f: object, *args: object, **kwargs: object) -> None:
+    """accelerate's ``save`` and ``torch.save`` as a stand-in that writes the same bytes with
+    ``os.write`` in chunks, so support.iofaults counts (and fails) each of them."""
+    buffer = io.BytesIO()
+    _torch_save(obj, buffer)
+    fd = os.open(str(f), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        data = buffer.getvalue()
+        for start in range(0, len(data), 4096):
+            os.write(fd, data[start : start + 4096])
+    finally:
+        os.close(fd)
+
+
+_torch_save = torch.save
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC])
+def test_every_fault_while_a_step_s_save_is_replaced_keeps_a_whole_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """``accelerator.save_state`` (model, optimizer, RNG), the flush, the renames and the
+    pointer fail in turn at their k-th write, fsync or rename: a whole checkpoint of the step is
+    always there to resume from, and the same save run again completes."""
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    accelerator = Accelerator(cpu=True)
+    try:
+        model, optimizer = accelerator.prepare(model, optimizer)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        first = tmp_path / "first"
+        Checkpoints(first, keep=2).save(accelerator, TrainerState(step=4), scheduler)
+        whole = sorted(p.name for p in (first / "checkpoints" / "step-00000004").iterdir())
+        monkeypatch.setattr(accelerate.checkpointing, "save", _through_os_write)
+        monkeypatch.setattr(torch, "save", _through_os_write)
+        state = TrainerState(step=4, epoch=1)
+
+        def replace(root: Path) -> None:
+            Checkpoints(root, keep=2).save(accelerator, state, scheduler)
+
+        shutil.copytree(first, tmp_path / "count")
+        n = count_calls(lambda: replace(tmp_path / "count"), monkeypatch)
+        assert n >= 8, n
+        for k in range(n):
+            root = tmp_path / f"k{k}"
+            shutil.copytree(first, root)
+            with failing(monkeypatch, k, code) as seen, pytest.raises((OSError, DiskFull)):
+                replace(root)
+            found = Checkpoints(root, keep=2).find("auto")
+            assert found is not None, seen
+            assert sorted(p.name for p in found.iterdir()) == whole, (seen, found)
+            replace(root)  # the rerun's save of that step
+            assert read_state(Checkpoints(root, keep=2).find("auto"))["epoch"] == 1
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
