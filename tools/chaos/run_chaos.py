@@ -56,7 +56,7 @@ CONVERSATIONS = {"regenerated": 12, "agent": 16}
 @dataclass
 class Stage:
     name: str
-    command: list[str]
+    command: str  # split at spaces
     output: Path  # the stage is done when it exists (pipeline.sh's rule)
     preempts: bool = True  # SIGTERM is a documented preemption (exit 5)
     ranks: int = 1  # 2: a 2-process launch; one rank is signalled
@@ -80,128 +80,40 @@ def _free_port() -> int:
 
 
 def stages(kind: str, out: Path, endpoint: str | None) -> list[Stage]:
-    """The pipeline's stages with the commands recipes/tiny/pipeline.sh gives them, made small."""
+    """The pipeline's stages with the commands recipes/tiny/pipeline.sh gives them, made small
+    (the run's paths hold no spaces)."""
     recipe = REPO / "recipes" / ("tiny" if kind == "regenerated" else "tiny-agent")
-    target, data = str(recipe / "target"), [str(BIN / "eagle3-data")]
+    data, target = f"{BIN}/eagle3-data", recipe / "target"
     conv, tok = out / "conversations.parquet", out / "tokenized.parquet"
     vocab, states = out / "vocab_map.safetensors", out / "hidden_states"
     done = [
-        Stage(
-            "ingest",
-            [*data, "ingest", str(out / "corpus.jsonl"), "--out", str(conv)],
-            conv,
-            preempts=False,
-            rows="id",
-        )
+        Stage("ingest", f"{data} ingest {out}/corpus.jsonl --out {conv}", conv, False, rows="id")
     ]
     if kind == "regenerated":
+        answers = f"--endpoint {endpoint} --model tiny --max-tokens 48 --concurrency 1"
         regen = out / "regenerated.parquet"
-        done.append(
-            Stage(
-                "regenerate",
-                [
-                    *data,
-                    "regenerate",
-                    str(conv),
-                    "--endpoint",
-                    str(endpoint),
-                    "--model",
-                    "tiny",
-                    "--max-tokens",
-                    "48",
-                    "--concurrency",
-                    "1",
-                    "--out",
-                    str(regen),
-                ],
-                regen,
-                rows="id",
-            )
-        )
-        conv = regen
-    max_length = "512" if kind == "regenerated" else "1024"
+        done += [Stage("regenerate", f"{data} regenerate {conv} {answers} --out {regen}", regen)]
+        done[-1].rows, conv = "id", regen
+    length = 512 if kind == "regenerated" else 1024
+    tokenize = f"{data} tokenize {conv} --tokenizer {target} --max-length {length} --out {tok}"
     done += [
-        Stage(
-            "tokenize",
-            [
-                *data,
-                "tokenize",
-                str(conv),
-                "--tokenizer",
-                target,
-                "--max-length",
-                max_length,
-                "--out",
-                str(tok),
-            ],
-            tok,
-            preempts=False,
-            rows="id",
-        ),
-        Stage(
-            "vocab",
-            [*data, "vocab", str(tok), "--draft-vocab-size", "256", "--out", str(vocab)],
-            vocab,
-            preempts=False,
-        ),
-        Stage(
-            "extract",
-            [
-                str(BIN / "eagle3-extract"),
-                "run",
-                "--model",
-                target,
-                "--tokenized",
-                str(tok),
-                "--shard-mb",
-                "0.2",
-                "--out",
-                str(states),
-            ],
-            states,
-            rows="sample_id",
-        ),
-    ]
-    train = ["--config", str(recipe / "train.yaml"), "--max-steps", "4"]
-    for key, value in {
-        "data.hidden_states": states,
-        "data.vocab_map": vocab,
-        "train.epochs": 4,
-        "train.save_every": 2,
-        "train.log_every": 1,
-        "train.trackers": "[]",
-        "train.warmup_steps": 2,
-        "data.max_tokens_per_batch": 512,
-        "data.validation_fraction": 0.1,
-        "train.torch_threads": 1,
-    }.items():
-        train += ["--set", f"{key}={value}"]
-    done.append(
-        Stage(
-            "train",
-            [sys.executable, "-m", "eagle3_train", *train, "--output-dir", str(out / "train")],
-            out / "train" / "draft",
-            rows="steps",
-        )
-    )
-    if kind == "regenerated":
-        launch = [
-            str(BIN / "accelerate"),
-            "launch",
-            "--config_file",
-            str(REPO / "recipes/accelerate/ddp.yaml"),
-            "--main_process_port",
-            "PORT",
-        ]
-        done.append(
-            Stage(
-                "train 2-rank",
-                [*launch, "-m", "eagle3_train", *train, "--output-dir", str(out / "train2")],
-                out / "train2" / "draft",
-                ranks=2,
-                rows="steps",
-            )
-        )
+        Stage("tokenize", tokenize, tok, False, rows="id"),
+        Stage("vocab", f"{data} vocab {tok} --draft-vocab-size 256 --out {vocab}", vocab, False),
+        Stage("extract", f"{BIN}/eagle3-extract run --model {target} --tokenized {tok} "
+              f"--shard-mb 0.2 --out {states}", states, rows="sample_id"),
+    ]  # fmt: skip
+    sets = {"data.hidden_states": states, "data.vocab_map": vocab, "train.epochs": 4,
+            "train.save_every": 2, "train.log_every": 1, "train.trackers": "[]",
+            "train.warmup_steps": 2, "data.max_tokens_per_batch": 512,
+            "data.validation_fraction": 0.1, "train.torch_threads": 1}  # fmt: skip
+    train = f"-m eagle3_train --config {recipe}/train.yaml --max-steps 4 "
+    train += " ".join(f"--set {key}={value}" for key, value in sets.items())
+    done += [Stage("train", f"{sys.executable} {train} --output-dir {out}/train",
+                   out / "train" / "draft", rows="steps")]  # fmt: skip
+    if kind == "regenerated":  # the port is drawn at each start
+        launch = f"{BIN}/accelerate launch --config_file {REPO}/recipes/accelerate/ddp.yaml"
+        done += [Stage("train 2-rank", f"{launch} --main_process_port PORT {train} --output-dir "
+                       f"{out}/train2", out / "train2" / "draft", ranks=2, rows="steps")]  # fmt: skip
     return done
 
 
@@ -227,7 +139,7 @@ def _env() -> dict[str, str]:
 
 
 def _start(stage: Stage, log: Path) -> subprocess.Popen[bytes]:
-    command = [str(_free_port()) if a == "PORT" else a for a in stage.command]
+    command = [str(_free_port()) if a == "PORT" else a for a in stage.command.split()]
     with log.open("ab") as f:
         return subprocess.Popen(command, cwd=REPO, env=_env(), stdout=f, stderr=f)
 
