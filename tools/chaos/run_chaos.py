@@ -252,6 +252,9 @@ def run_stage(
                 int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", text.split("launch#")[-1])
             ]
             codes = codes or [code]
+        if codes == [0]:  # the signal reached a process already leaving: not a kill
+            tally.codes[stage.name]["0"] += 1
+            continue
         with log.open("a") as f:
             f.write(
                 f"\nlaunch# {name} {'at a write' if aim else f'at {moment:.2f}s'} rank {rank}: {codes}\n"
