@@ -232,10 +232,10 @@ def run_stage(
             tally.codes[stage.name][str(code)] += 1
             continue
         # drawn up front, so a seed gives the same plan whatever the timings: the signal, the
-        # rank, and a moment: a share of the unkilled duration, or (aim) the first moment a
-        # file under the run is open to write, plus a few milliseconds
+        # rank, and a moment: up to 70 % of the unkilled duration (a resumed start is shorter),
+        # or (aim) the first moment a file under the run is open to write, plus a few ms
         name, rank = rng.choice(sorted(SIGNALS)), rng.randrange(stage.ranks)
-        aim, moment, lag = rng.random() < 0.5, rng.uniform(0.05, 1.0) * seconds, rng.random() / 50
+        aim, moment, lag = rng.random() < 0.5, rng.uniform(0.05, 0.7) * seconds, rng.random() / 50
         victim = _victim(proc, stage, rank, aim, moment, seconds)
         if victim is None:  # it finished first: not a kill
             tally.codes[stage.name][str(proc.wait())] += 1
