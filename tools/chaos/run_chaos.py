@@ -16,7 +16,7 @@ is checked against an unkilled run of the same pipeline:
 - every exit status is a documented one (-9 for kill -9; 5, or -15 before the stage's handler is
   installed, for SIGTERM; 8 or 5 for the surviving rank).
 
-    nice -n 10 uv run --frozen python tools/chaos/run_chaos.py --rounds 8 --kills 4 --seed 0
+    nice -n 10 uv run --frozen python tools/chaos/run_chaos.py --rounds 3 --kills 6 --seed 1
 """
 
 from __future__ import annotations
