@@ -2,7 +2,9 @@
 
 step-N/        resumable state: model, optimizer, RNG (accelerate.save_state) and
                trainer_state.json (step, data position, scheduler, best); written as
-               .tmp-step-N and renamed when complete
+               .tmp-step-N, flushed to disk and renamed when complete
+.old-step-N/   the earlier save of step N while a later save of the same step (an epoch's end
+               at a save step) takes its name; resumed from when a kill fell between the renames
 latest.json    the newest complete checkpoint
 ../run.yaml    the resolved config of the run that wrote them
 """
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
 LATEST_FILE = "latest.json"
+OLD = ".old-"  # the prefix of a step's earlier save while a later one replaces it
 RUN_CONFIG_FILE = "run.yaml"  # in the output directory, beside checkpoints/
 
 
@@ -90,7 +93,11 @@ class Checkpoints:
                 )
             return path
         path = self.latest()
-        return path if path is not None and is_checkpoint(path) else None
+        if path is None:
+            return None
+        if not is_checkpoint(path) and is_checkpoint(self.root / f"{OLD}{path.name}"):
+            return self.root / f"{OLD}{path.name}"  # killed while replacing a save of this step
+        return path if is_checkpoint(path) else None
 
     def remove_partial(self) -> None:
         """Temporary directories left by a killed save (main process)."""
@@ -134,10 +141,16 @@ class Checkpoints:
             shutil.rmtree(tmp, ignore_errors=True)
             raise disk_full(tmp, f"checkpoint {name}", needed or None, e) from e
         if accelerator.is_main_process:
-            if final.exists():  # the same step saved twice (epoch end == save step)
-                shutil.rmtree(final)
+            _fsync_tree(tmp)  # accelerate's writers do not flush: on disk before it is named
+            old = root / f"{OLD}{name}"
+            if final.exists():  # the same step saved twice (epoch end == save step): the
+                shutil.rmtree(old, ignore_errors=True)  # earlier save stays whole until the
+                os.rename(final, old)  # new one has its name (find falls back to it)
             os.rename(tmp, final)
+            _fsync_dir(root)
             write_json_atomic(root / LATEST_FILE, {"path": name, "step": state.step})
+            for stale in root.glob(f"{OLD}*"):
+                shutil.rmtree(stale, ignore_errors=True)
             kept = sorted(p for p in root.glob("step-*") if p.is_dir())
             for old in kept[: max(0, len(kept) - self.keep)]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -156,6 +169,25 @@ class Checkpoints:
         accelerator.load_state(str(path))
         scheduler.load_state_dict(state.scheduler)
         return state
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Every file under ``directory``, then the directories, flushed to disk."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    for path in sorted((p for p in directory.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(path)
+    _fsync_dir(directory)
 
 
 def is_checkpoint(path: Path) -> bool:
