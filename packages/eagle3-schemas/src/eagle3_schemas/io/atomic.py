@@ -46,12 +46,25 @@ def _named(error: BaseException, final: Path) -> BaseException | None:
     return None
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Flush ``directory``'s entries (a rename into it, a file created in it) to disk."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(directory: Path) -> None:
+    """Every file under ``directory``, then its directories deepest first, flushed to disk: what
+    a library wrote there without fsync is on disk before the tree is renamed into place."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    for path in sorted((p for p in directory.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(path)
+    fsync_dir(directory)
 
 
 @contextlib.contextmanager
@@ -71,7 +84,7 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         named = _named(e, final)
@@ -96,8 +109,9 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}{TEMP_MARKER}", dir=final.parent))
     try:
         yield tmp
+        fsync_tree(tmp)  # the writers inside (safetensors, pyarrow, json) do not all fsync
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         named = _named(e, final)

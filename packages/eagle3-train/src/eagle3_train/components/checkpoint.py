@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from eagle3_schemas.io.atomic import write_json_atomic
+from eagle3_schemas.io.atomic import fsync_dir, fsync_tree, write_json_atomic
 from eagle3_schemas.io.diskspace import DiskFull, check_free, disk_full, is_disk_full
 from eagle3_train.components.accelerator import agree_on_failure
 from eagle3_train.config.run_config import Config
@@ -141,13 +141,13 @@ class Checkpoints:
             shutil.rmtree(tmp, ignore_errors=True)
             raise disk_full(tmp, f"checkpoint {name}", needed or None, e) from e
         if accelerator.is_main_process:
-            _fsync_tree(tmp)  # accelerate's writers do not flush: on disk before it is named
+            fsync_tree(tmp)  # accelerate's writers do not flush: on disk before it is named
             old = root / f"{OLD}{name}"
             if final.exists():  # the same step saved twice (epoch end == save step): the
                 shutil.rmtree(old, ignore_errors=True)  # earlier save stays whole until the
                 os.rename(final, old)  # new one has its name (find falls back to it)
             os.rename(tmp, final)
-            _fsync_dir(root)
+            fsync_dir(root)
             write_json_atomic(root / LATEST_FILE, {"path": name, "step": state.step})
             for stale in root.glob(f"{OLD}*"):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -169,25 +169,6 @@ class Checkpoints:
         accelerator.load_state(str(path))
         scheduler.load_state_dict(state.scheduler)
         return state
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(directory: Path) -> None:
-    """Every file under ``directory``, then the directories, flushed to disk."""
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    for path in sorted((p for p in directory.rglob("*") if p.is_dir()), reverse=True):
-        _fsync_dir(path)
-    _fsync_dir(directory)
 
 
 def is_checkpoint(path: Path) -> bool:
