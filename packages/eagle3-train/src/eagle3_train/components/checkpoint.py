@@ -152,8 +152,8 @@ class Checkpoints:
             for stale in root.glob(f"{OLD}*"):
                 shutil.rmtree(stale, ignore_errors=True)
             kept = sorted(p for p in root.glob("step-*") if p.is_dir())
-            for old in kept[: max(0, len(kept) - self.keep)]:
-                shutil.rmtree(old, ignore_errors=True)
+            for expired in kept[: max(0, len(kept) - self.keep)]:
+                shutil.rmtree(expired, ignore_errors=True)
             log.info("checkpoint saved: %s (step %d)", final, state.step)
         accelerator.wait_for_everyone()
         return final
