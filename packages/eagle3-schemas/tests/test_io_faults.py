@@ -57,7 +57,11 @@ def test_atomic_directory_every_fault_leaves_none(
         with atomic_directory(final) as tmp:
             (tmp / "a.json").write_text("{}")
 
-    n = count_calls(lambda: write(tmp_path / "probe"), monkeypatch)
+    with failing(monkeypatch, -1, code) as order:
+        write(tmp_path / "probe")
+    # the file's data, then the folder's entries, on disk before the folder has its name
+    assert order == ["fsync", "fsync", "rename", "fsync"]
+    n = count_calls(lambda: write(tmp_path / "probe2"), monkeypatch)
     for k in range(n):
         final = tmp_path / f"out{k}"
         error, words = named(code, final)
