@@ -20,8 +20,7 @@ that thinks and calls tools in Kimi-K2.5's chat format, gated by vLLM on each ki
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -30,7 +29,7 @@ import pytest
 from eagle3_schemas import read_header
 from eagle3_schemas.contract.lineage import fingerprint_artifact
 
-from support.failures import failure_report
+from support.pipeline_runs import cached_run
 
 # The pipeline takes ~3.5 min on 2 idle cores: room for a busy machine.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -44,18 +43,14 @@ PROMPTS_PER_KIND = {"instant": 14, "thinking": 20, "agent": 26}
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("agent-pipeline") / "tiny-agent"
-    env = dict(os.environ, EAGLE3_VLLM_PYTHON=vllm_python, PROMPTS=str(PROMPTS))
-    done = subprocess.run(
-        ["bash", str(RECIPE / "pipeline.sh"), str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + failure_report(done.stderr)
-    return out, done.stdout
+def run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator[tuple[Path, str]]:
+    """The recipe's whole run, kept between sessions by its content (support.pipeline_runs)."""
+    fallback = tmp_path_factory.mktemp("agent-pipeline")
+    with cached_run("tiny-agent", {"PROMPTS": str(PROMPTS)}, vllm_python, fallback) as (
+        out,
+        printed,
+    ):
+        yield out, printed["stdout"]
 
 
 def _report(out: Path) -> dict:

@@ -23,7 +23,8 @@ embedded target, and this tier checks each hand-off and the quality gate.
 - A full-vocabulary draft (the target's 4,096 tokens, speculators' default and the public
   Kimi-K2.5 drafts' choice) trained on the same states stores no `d2t` (vLLM creates the
   parameter only for a pruned vocabulary and refuses to load one otherwise), is served by vLLM
-  losslessly, and vLLM's acceptance equals the transformers reference loop's, prompt by prompt.
+  losslessly, and vLLM's acceptance equals the transformers reference loop's, prompt by prompt
+  (16 of the 40 held-out prompts).
 - The gate's negative cases: the same dataset with its aux states paired one position late
   (checksums recomputed, so only recomputation can tell) or with a post-norm last state is
   stopped by `eagle3-extract verify`, the check the recipe runs before training.
@@ -32,9 +33,8 @@ embedded target, and this tier checks each hand-off and the quality gate.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +51,8 @@ from eagle3_schemas import read_header
 from eagle3_schemas.contract.lineage import fingerprint_artifact, fingerprint_model_dir
 
 from support.edits import map_hidden_state_rows
-from support.failures import failure_report
-from support.mt_bench import MT_BENCH_SOURCES, write_mt_bench
+from support.mt_bench import MT_BENCH_SOURCES
+from support.pipeline_runs import cached_run
 from support.stage_cli import Outcome, run_cli, run_train_cli
 
 # The first test also runs the whole pipeline (~7 min on 2 idle cores): room for a busy machine.
@@ -62,42 +62,22 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "recipes" / "tiny" / "target"
 GATE, K = 2.5, 3
 PROMPTS = 40
+# The full-vocabulary draft's comparisons run on the first 16 of them (eval's stable spread): the
+# reference loop is one thread, and per prompt what it checks is the same at 16 as at 40.
+FULL_VOCAB_PROMPTS = 16
 OFFLINE_TOLERANCE = 0.05  # the issue's bar: offline within 5 % of vLLM
 CATEGORIES = [Path(source).stem for source in MT_BENCH_SOURCES]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> tuple[Path, str, str]:
-    out = tmp_path_factory.mktemp("pipeline") / "tiny"
-    out.mkdir()
-    # The benchmark file is made from the corpus the pipeline uses: made first, the way the
-    # pipeline makes it (which then keeps it).
-    corpus = out / "corpus.jsonl"
-    subprocess.run(
-        [
-            "uv",
-            "run",
-            "--frozen",
-            "tools/targets/build_tiny_target.py",
-            "--corpus-only",
-            str(corpus),
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    bench = write_mt_bench(corpus, out / "question.jsonl")
-    env = dict(os.environ, EAGLE3_VLLM_PYTHON=vllm_python, PROMPTS=str(PROMPTS))
-    env["BENCH"] = f"mt-bench={bench}"
-    done = subprocess.run(
-        ["bash", str(ROOT / "recipes" / "tiny" / "pipeline.sh"), str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + failure_report(done.stderr)
-    return out, done.stdout, done.stderr
+def run(
+    tmp_path_factory: pytest.TempPathFactory, vllm_python: str
+) -> Iterator[tuple[Path, str, str]]:
+    """The recipe's whole run, kept between sessions by its content (support.pipeline_runs)."""
+    settings = {"PROMPTS": str(PROMPTS), "BENCH": "question.jsonl"}
+    fallback = tmp_path_factory.mktemp("pipeline")
+    with cached_run("tiny", settings, vllm_python, fallback) as (out, printed):
+        yield out, printed["stdout"], printed["stderr"]
 
 
 def _report(out: Path) -> dict:
@@ -231,7 +211,8 @@ def test_a_full_vocabulary_draft_is_served_by_vllm_as_the_reference_loop_measure
     ]
     argv += ["--set", f"data.hidden_states={out / 'hidden_states'}"]
     argv += ["--set", f"data.vocab_map={vocab}", "--set", "train.save_every=0"]
-    trained = run_train_cli([*argv, "--max-steps", "150", "--set", "train.epochs=150"])
+    # 100 steps: the draft is near its plateau (the proxy read 3.18 at 70 steps, 3.32 at 100).
+    trained = run_train_cli([*argv, "--max-steps", "100", "--set", "train.epochs=100"])
     assert trained.code == 0, trained.log[-4000:]
     assert "full vocabulary (V_draft = V_target = 4096): the export stores no d2t" in trained.log
     draft = tmp_path / "draft"
@@ -250,9 +231,10 @@ def test_a_full_vocabulary_draft_is_served_by_vllm_as_the_reference_loop_measure
         str(out / "corpus.jsonl"),
     ]
     common += ["--split", "none", "--heldout-sources", str(TARGET / "build_info.json")]
-    common += ["--limit", str(PROMPTS), "--max-new-tokens", "128"]
+    common += ["--limit", str(FULL_VOCAB_PROMPTS), "--max-new-tokens", "128"]
     common += ["--no-baseline", "--no-card", "--no-figure"]
-    served = ["vllm", *common, "--vllm-python", vllm_python, "--concurrency", str(PROMPTS)]
+    served = ["vllm", *common, "--vllm-python", vllm_python]
+    served += ["--concurrency", str(FULL_VOCAB_PROMPTS)]
     assert eval_main([*served, "--out", str(tmp_path / "vllm")]) == 0
     threads = torch.get_num_threads()
     try:
@@ -270,7 +252,8 @@ def test_a_full_vocabulary_draft_is_served_by_vllm_as_the_reference_loop_measure
     }
     v_rows = {r["sample_id"]: r for r in vllm.samples.to_pylist()}
     r_rows = {r["sample_id"]: r for r in reference.samples.to_pylist()}
-    assert v_rows.keys() == r_rows.keys() == pipeline.keys() and len(v_rows) == PROMPTS
+    assert v_rows.keys() == r_rows.keys() and len(v_rows) == FULL_VOCAB_PROMPTS
+    assert v_rows.keys() <= pipeline.keys()
     for sid, row in v_rows.items():
         assert row["output_token_ids"] == pipeline[sid]["output_token_ids"], sid
         assert row["output_token_ids"] == r_rows[sid]["output_token_ids"], sid
