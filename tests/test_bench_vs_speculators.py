@@ -15,17 +15,12 @@ from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "bench" / "bench_vs_speculators.py"
+RUNS = SCRIPT.with_name("tiny_runs.py")  # the tiny recipe's runs as the bench reads them
 
 
 @pytest.fixture(scope="module")
 def bench():
     return load_script(SCRIPT)
-
-
-@pytest.fixture(scope="module")
-def runs(bench):
-    """tiny_runs.py, the module beside the bench that holds its runs (as the bench loaded it)."""
-    return load_script(SCRIPT.with_name("tiny_runs.py"))
 
 
 def test_each_temperature_is_named_and_keyed_apart(bench) -> None:
@@ -171,12 +166,13 @@ def test_an_arm_accumulating_batches_counts_their_tokens(bench) -> None:
 
 
 @pytest.mark.process
-def test_ours_trains_the_steps_asked_past_the_recipes_epochs(runs, tmp_path: Path) -> None:
+def test_ours_trains_the_steps_asked_past_the_recipes_epochs(tmp_path: Path) -> None:
     """--steps beyond the recipe's train.epochs (tiny: 4 epochs, ~310 steps, against 600): the
     bench's sets make eagle3-train take every step, as speculators' loop does; the recipe's
     epochs alone (the negative control) stop it at the end of its last epoch."""
     from support.train import make_inputs, run_cli, write_config
 
+    runs = load_script(RUNS)
     inputs = make_inputs(tmp_path / "run", num_samples=96)  # ~2 batches of 2048 tokens an epoch
     steps, seed = 5, 0
     per_epoch = len(runs.epoch_plans(inputs.hidden_states, 1, seed)[0])
@@ -197,8 +193,8 @@ def test_ours_trains_the_steps_asked_past_the_recipes_epochs(runs, tmp_path: Pat
     assert taken == {"recipe's epochs": per_epoch, "bench": steps}
 
 
-def test_a_run_that_did_not_finish_is_refused(runs, tmp_path: Path) -> None:
+def test_a_run_that_did_not_finish_is_refused(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"event": "train", "step": 10}) + "\n")
     with pytest.raises(SystemExit, match="no 'done' event"):
-        runs.trained_steps(metrics)
+        load_script(RUNS).trained_steps(metrics)
