@@ -15,6 +15,7 @@ from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "bench" / "bench_vs_speculators.py"
+RUNS = SCRIPT.with_name("tiny_runs.py")  # the tiny recipe's runs as the bench reads them
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,7 @@ def test_a_kept_reading_stands_only_for_its_own_temperature(
     summary = bench.summarize_arm([hot], lambda steps: 1, 3)
     assert summary["temperature"] == 1.0
     with pytest.raises(ValueError, match="several temperatures"):
-        bench.temperature_of([first, hot])
+        load_script(SCRIPT.with_name("readings.py")).temperature_of([first, hot])
 
 
 @pytest.mark.parametrize(
@@ -165,34 +166,35 @@ def test_an_arm_accumulating_batches_counts_their_tokens(bench) -> None:
 
 
 @pytest.mark.process
-def test_ours_trains_the_steps_asked_past_the_recipes_epochs(bench, tmp_path: Path) -> None:
+def test_ours_trains_the_steps_asked_past_the_recipes_epochs(tmp_path: Path) -> None:
     """--steps beyond the recipe's train.epochs (tiny: 4 epochs, ~310 steps, against 600): the
     bench's sets make eagle3-train take every step, as speculators' loop does; the recipe's
     epochs alone (the negative control) stop it at the end of its last epoch."""
     from support.train import make_inputs, run_cli, write_config
 
+    runs = load_script(RUNS)
     inputs = make_inputs(tmp_path / "run", num_samples=96)  # ~2 batches of 2048 tokens an epoch
     steps, seed = 5, 0
-    per_epoch = len(bench.epoch_plans(inputs.hidden_states, 1, seed)[0])
+    per_epoch = len(runs.epoch_plans(inputs.hidden_states, 1, seed)[0])
     assert 1 < per_epoch < steps  # one epoch is too few, as 4 are for tiny at 600 steps
-    data = {"validation_fraction": bench.VALIDATION_FRACTION}
-    data |= {"max_tokens_per_batch": bench.MAX_TOKENS}
+    data = {"validation_fraction": runs.VALIDATION_FRACTION}
+    data |= {"max_tokens_per_batch": runs.MAX_TOKENS}
     taken = {}
     for name, sets in {
         "recipe's epochs": [],
-        "bench": bench.ours_sets(inputs.root, steps, 1e-3, seed, []),
+        "bench": runs.ours_sets(inputs.root, steps, 1e-3, seed, []),
     }.items():
         out = tmp_path / name.replace("'", "").replace(" ", "-")
         config = write_config(inputs, out, data=data, train={"epochs": 1, "max_steps": None})
         args = ["--config", str(config), "--output-dir", str(out), "--max-steps", str(steps)]
         result = run_cli([*args, *(x for s in sets for x in ("--set", s))])
         assert result.returncode == 0, result.stderr[-2000:]
-        taken[name] = bench.trained_steps(out / "metrics.jsonl")
+        taken[name] = runs.trained_steps(out / "metrics.jsonl")
     assert taken == {"recipe's epochs": per_epoch, "bench": steps}
 
 
-def test_a_run_that_did_not_finish_is_refused(bench, tmp_path: Path) -> None:
+def test_a_run_that_did_not_finish_is_refused(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"event": "train", "step": 10}) + "\n")
     with pytest.raises(SystemExit, match="no 'done' event"):
-        bench.trained_steps(metrics)
+        load_script(RUNS).trained_steps(metrics)

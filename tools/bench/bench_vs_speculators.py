@@ -95,40 +95,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's modules beside it
-from readings import (
-    Sampling,
-    eval_command,
-    print_table,
-    result_suffix,
-    summarize_arm,
-    temperature_of,
-)
+from readings import Sampling, eval_command, print_table, result_suffix, summarize_arm
 from speculators_loop import SPECULATORS_ARMS, speculators_child
 from tiny_runs import (
-    MAX_TOKENS,
     ROOT,
-    VALIDATION_FRACTION,
     Recipe,
     code_fingerprint,
     epoch_batches,
-    epoch_plans,
     micro_batches_per_step,
-    ours_sets,
     run_logged,
     train_ours,
-    trained_steps,
 )
-
-# what the tests read from here that this module does not use itself (it lives beside it)
-__all__ = [
-    "MAX_TOKENS",
-    "VALIDATION_FRACTION",
-    "epoch_plans",
-    "ours_sets",
-    "result_suffix",
-    "temperature_of",
-    "trained_steps",
-]
 
 EQUAL_TIME = "ours-equal-time"  # --equal-time: run_equal_time
 # the EAGLE 3.1 arms of ours (--eagle31-arms): each one option away from our defaults

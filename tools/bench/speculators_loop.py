@@ -75,6 +75,35 @@ def speculators_layer_config(recipe: Recipe):
     )
 
 
+def speculators_config(
+    layer,
+    draft_vocab_size: int,
+    aux_layer_ids: list[int],
+    speculative_tokens: int,
+    verifier: str | None,
+    architectures: list[str],
+    **draft: Any,
+):
+    """speculators' eagle3 draft config of ``layer``, proposing greedily ``speculative_tokens``
+    tokens for the ``verifier``; ``draft``: its norm and embedding settings."""
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    return Eagle3SpeculatorConfig(
+        transformer_layer_config=layer,
+        draft_vocab_size=draft_vocab_size,
+        eagle_aux_hidden_state_layer_ids=aux_layer_ids,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=speculative_tokens)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=verifier, architectures=architectures),
+        ),
+        **draft,
+    )
+
+
 @dataclass
 class SpeculatorsRun:
     """speculators' side of a run, built as its trainer builds it: the draft, its optimizers
@@ -96,10 +125,8 @@ def speculators_run(
 
     import torch
     from safetensors.numpy import load_file
-    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.losses.utils import resolve_loss_config
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.config.resolution import resolve
     from speculators.train.config.schema import TrainConfig
     from speculators.train.optimizers import build_optimizers
@@ -120,23 +147,15 @@ def speculators_run(
     layer.num_hidden_layers = 1
     layer._attn_implementation = "sdpa"  # its FlexAttention default has no CPU backward
     vocab = load_file(str(run / "vocab_map.safetensors"))
-    config = Eagle3SpeculatorConfig(
-        transformer_layer_config=layer,
-        draft_vocab_size=int(vocab["d2t"].shape[0]),
-        norm_before_residual=cli.draft.norm_before_residual,
-        norm_before_fc=cli.draft.norm_before_fc,
-        fc_norm=cli.draft.fc_norm,
-        norm_output=cli.draft.norm_output,
-        embed_requires_grad=cli.draft.embed_requires_grad,
-        eagle_aux_hidden_state_layer_ids=list(dataset.aux_layer_ids),
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig(
-                name_or_path=str(recipe.target), architectures=layer.architectures
-            ),
-        ),
+    norms = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+    config = speculators_config(
+        layer,
+        int(vocab["d2t"].shape[0]),
+        list(dataset.aux_layer_ids),
+        3,
+        str(recipe.target),
+        layer.architectures,
+        **{key: getattr(cli.draft, key) for key in (*norms, "embed_requires_grad")},
     )
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(torch.from_numpy(vocab["t2d"]), torch.from_numpy(vocab["d2t"]))

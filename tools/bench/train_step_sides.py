@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from cuda_probes import pageable_copies, raised_at, top_kernels
-from speculators_loop import SPECULATORS_CLIP, pack_documents
+from speculators_loop import SPECULATORS_CLIP, pack_documents, speculators_config
 
 STARTED = time.perf_counter()  # the side's process start, for its phases' seconds
 
@@ -148,10 +148,8 @@ def run_ours(args) -> dict[str, float]:
 
 def run_speculators(args) -> dict[str, float]:
     import torch
-    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.losses.utils import resolve_loss_config
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators.models.eagle3 import Eagle3DraftModel
     from transformers import LlamaConfig
 
     heads, kv, head_dim = heads_of(args)
@@ -168,17 +166,14 @@ def run_speculators(args) -> dict[str, float]:
     )
     if args.device == "cpu":
         tl._attn_implementation = "sdpa"  # FlexAttention has no CPU backward
-    cfg = Eagle3SpeculatorConfig(
-        transformer_layer_config=tl,
-        draft_vocab_size=args.v_draft,
+    cfg = speculators_config(
+        tl,
+        args.v_draft,
+        [1, 2, 3],
+        args.ttt_steps,
+        None,
+        ["LlamaForCausalLM"],
         norm_before_residual=False,
-        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=args.ttt_steps)],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]),
-        ),
     )
     phases = {"imports": time.perf_counter() - STARTED}
     built = time.perf_counter()

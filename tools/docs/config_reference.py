@@ -40,66 +40,6 @@ type, its default and what it means (where a setting was measured, the comment s
 benchmark pages under [benchmarks/](benchmarks/README.md) hold the tables).
 """
 
-# The meaning of the fields whose source carries no comment (the source's comment wins where
-# there is one). Keyed by (class, field).
-FALLBACK: dict[tuple[str, str], str] = {
-    ("Config", "output_dir"): "The run's directory: checkpoints, `run.yaml`, `metrics.jsonl`, "
-    "the export (`draft/`, `exports/step-N/`). An existing one is resumed (`train.resume`).",
-    ("DraftConfig", "num_layers"): "Decoder layers of the draft (EAGLE-3: 1; vLLM serves one).",
-    ("DraftConfig", "num_key_value_heads"): "null = copied from the target config.json.",
-    ("DraftConfig", "head_dim"): "null = copied from the target config.json.",
-    ("DraftConfig", "intermediate_size"): "The draft MLP's width; null = the target's.",
-    ("DraftConfig", "rms_norm_eps"): "The draft's own norms' epsilon; null = the target's.",
-    ("DraftConfig", "max_position_embeddings"): "null = copied from the target config.json.",
-    ("DraftConfig", "rope_theta"): "null = copied from the target config.json.",
-    ("DraftConfig", "attention_chunk"): "Query rows per chunk of the chunked attention.",
-    ("DataConfig", "hidden_states"): "The hidden-state dataset (eagle3-extract's output "
-    "directory; with `data.stream`, the stream's OUT).",
-    ("DataConfig", "vocab_map"): "The vocabulary map (eagle3-data vocab's safetensors file).",
-    ("DataConfig", "num_workers"): "Loader processes (0 = read in the training process).",
-    ("DataConfig", "prefetch_batches"): "Batches each loader worker prepares ahead.",
-    ("DataConfig", "max_validation_batches"): "Cap on validation batches per run of "
-    "validation; null = the whole validation split.",
-    ("DataConfig", "window_shards"): "Consecutive shards per window under "
-    "`data.order: shard_window`.",
-    ("TrainLoopConfig", "ttt_steps"): "Test-time-training steps unrolled per slot (the draft "
-    "proposes this many tokens in training; vLLM's k is `export.speculative_tokens`).",
-    ("TrainLoopConfig", "epochs"): "Passes over the training split (`train.max_steps` stops "
-    "earlier).",
-    ("TrainLoopConfig", "lr"): "Peak learning rate of AdamW (under `train.optimizer: muon`, of "
-    "the AdamW group: norms and LM head).",
-    ("TrainLoopConfig", "min_lr_ratio"): "The schedule's floor, as a fraction of the peak lr.",
-    ("TrainLoopConfig", "warmup_steps"): "Optimizer steps of linear warm-up.",
-    ("TrainLoopConfig", "schedule"): "The lr's decay after warm-up.",
-    ("TrainLoopConfig", "weight_decay"): "AdamW's weight decay under `train.optimizer: adamw`.",
-    ("TrainLoopConfig", "betas"): "AdamW's betas.",
-    ("TrainLoopConfig", "adam_eps"): "AdamW's epsilon.",
-    ("TrainLoopConfig", "gradient_accumulation_steps"): "Micro-batches per optimizer step.",
-    ("TrainLoopConfig", "seed"): "Seeds the draft's initialisation and the sample order.",
-    ("TrainLoopConfig", "max_skips_in_row"): "With `train.on_non_finite: skip`: skipped steps "
-    "in a row that stop the run (exit 3).",
-    ("TrainLoopConfig", "log_every"): "Optimizer steps between log lines and metrics events.",
-    ("TrainLoopConfig", "keep_checkpoints"): "Resumable checkpoints kept (older ones deleted).",
-    ("TrainLoopConfig", "best_metric"): "The validation metric that picks the best checkpoint.",
-    ("TrainLoopConfig", "best_mode"): "Whether `train.best_metric` is better low or high.",
-    ("TrainLoopConfig", "preflight"): "Run the verify-before-run checks before training "
-    "(`--no-preflight` turns them off for one run).",
-    ("TrainLoopConfig", "trackers"): "Accelerate trackers the metrics also go to "
-    "(`metrics.jsonl` is always written).",
-    ("TrainLoopConfig", "project_name"): "The trackers' project name.",
-    ("TrainLoopConfig", "torch_threads"): "torch's CPU threads; null = torch's choice "
-    "(`accelerate launch` sets 1 unless told otherwise).",
-    ("TrainLoopConfig", "progress_bar"): "A progress bar on rank 0's terminal.",
-    ("ObjectiveConfig", "topk_weight"): "Weight of the top-k term (0 = off).",
-    ("ObjectiveConfig", "lk_eta"): "η of the `lk` divergence's λ.",
-    ("MuonConfig", "momentum"): "Muon's momentum.",
-    ("MuonConfig", "weight_decay"): "Muon's weight decay (on the hidden matrices).",
-    ("ExportConfig", "dtype"): "The exported weights' dtype.",
-    ("ExportConfig", "include_embeddings"): "Also export the target's embedding rows into the "
-    "draft (vLLM shares the target's; off keeps the checkpoint small).",
-    ("CardConfig", "language"): "The card's `language` front matter (e.g. [en]).",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Key:
@@ -135,7 +75,7 @@ def _comments(module: ModuleType) -> tuple[dict[tuple[str, str], str], dict[str,
                 row -= 1
             if item.lineno in trailing:
                 above.append(trailing[item.lineno])
-            meaning = " ".join(above) or FALLBACK.get((node.name, item.target.id), "")
+            meaning = " ".join(above)
             if meaning:
                 head = item.target.id
             elif head and lines[item.lineno - 2].strip():

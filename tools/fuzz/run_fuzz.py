@@ -26,22 +26,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# Each reader's property tests, and the name its counts go under in support.fuzz.TALLY.
 READERS = {
-    "ingest": ["packages/eagle3-data/tests/test_fuzz_ingest.py"],
-    "validators": ["packages/eagle3-schemas/tests/test_fuzz_validate.py"],
-    "config": ["packages/eagle3-train/tests/test_fuzz_config.py"],
-    "layout": ["packages/eagle3-schemas/tests/test_fuzz_draft_layout.py"],
-    "init_from": ["packages/eagle3-train/tests/test_fuzz_init_from.py"],
-    "recipe": ["packages/eagle3-recipe/tests/test_fuzz_target.py"],
-}
-# What each reader's property counts under in support.fuzz.TALLY.
-TALLY_NAMES = {
-    "ingest": "ingest",
-    "validators": "validators",
-    "config": "train config",
-    "layout": "draft layout",
-    "init_from": "init_from",
-    "recipe": "recipe planner",
+    "ingest": ("packages/eagle3-data/tests/test_fuzz_ingest.py", "ingest"),
+    "validators": ("packages/eagle3-schemas/tests/test_fuzz_validate.py", "validators"),
+    "config": ("packages/eagle3-train/tests/test_fuzz_config.py", "train config"),
+    "layout": ("packages/eagle3-schemas/tests/test_fuzz_draft_layout.py", "draft layout"),
+    "init_from": ("packages/eagle3-train/tests/test_fuzz_init_from.py", "init_from"),
+    "recipe": ("packages/eagle3-recipe/tests/test_fuzz_target.py", "recipe planner"),
 }
 COLUMNS = ("examples", "accepted", "refused", "tracebacks")
 
@@ -62,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for reader in args.reader or list(READERS):
         start = time.monotonic()
         statuses[reader] = pytest.main(
-            [*READERS[reader], "-q", "-p", "no:cacheprovider", f"--hypothesis-seed={args.seed}"]
+            [READERS[reader][0], "-q", "-p", "no:cacheprovider", f"--hypothesis-seed={args.seed}"]
         )
         seconds[reader] = time.monotonic() - start
     from support.fuzz import TALLY  # the module pytest imported (tests/ is on its pythonpath)
@@ -70,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'reader':30} " + " ".join(f"{c:>10}" for c in COLUMNS) + f" {'seconds':>8}")
     for reader, took in seconds.items():
         for name, tally in TALLY.items():
-            if not name.startswith(TALLY_NAMES[reader]):
+            if not name.startswith(READERS[reader][1]):
                 continue
             cells = " ".join(f"{tally[c]:>10}" for c in COLUMNS)
             print(f"{name:30} {cells} {took:>8.0f}")

@@ -49,8 +49,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # check_parts.py beside it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # check_parts.py, wheels_to_install.py
 from check_parts import REPO, attention_check, source_env, vllm_tests, whole_run
+from wheels_to_install import installed_version
 
 # bench_train.py arguments of each draft shape: on CUDA the real drafts' (T packed tokens per
 # step), on CPU a small stand-in that runs the same code in seconds.
@@ -116,12 +117,6 @@ REPORT_RESERVE_S = 10  # kept back from the budget for the last write and the ta
 def environment() -> dict[str, object]:
     import torch
 
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
     try:  # what the speculators rows need (through openai: httpx2, httpcore2, truststore)
         importlib.import_module("speculators.models.eagle3")
         speculators_import = "ok"
@@ -130,7 +125,8 @@ def environment() -> dict[str, object]:
     return {
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": sys.version.split()[0],
-        **{p: version(p) for p in ("torch", "transformers", "accelerate", "speculators", "vllm")},
+        **{p: installed_version(p) for p in ("torch", "transformers", "accelerate", "speculators")},
+        "vllm": installed_version("vllm"),
         "speculators_import": speculators_import,
     }
 

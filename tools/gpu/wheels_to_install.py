@@ -22,13 +22,19 @@ def _requirements(wheel: Path) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]  # fmt: skip
 
 
+def installed_version(name: str) -> str | None:
+    """The version of distribution ``name`` in this Python; None where it has none."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def main(wheels: list[Path]) -> int:
     installed: dict[str, str] = {}
     for wheel in wheels:
         name, carried = wheel.name.split("-")[:2]
-        try:
-            have = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
+        if (have := installed_version(name)) is None:
             installed[name] = carried
             print(wheel)
         else:
@@ -48,12 +54,7 @@ def main(wheels: list[Path]) -> int:
             if req.marker is not None and not req.marker.evaluate({"extra": ""}):
                 continue
             dist = canonicalize_name(req.name)
-            version = carried_versions.get(dist)
-            if version is None:
-                try:
-                    version = importlib.metadata.version(req.name)
-                except importlib.metadata.PackageNotFoundError:
-                    version = None
+            version = carried_versions.get(dist) or installed_version(req.name)
             if version is None or not req.specifier.contains(version, prereleases=True):
                 print(f"unmet: {name} needs {text}; here: {version or 'absent'}", file=sys.stderr)
     return 0

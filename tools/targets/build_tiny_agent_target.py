@@ -34,15 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from tokenizers import Tokenizer, models
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -130,8 +127,7 @@ def unigram_per_kind(
 
 
 def build(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    torch.manual_seed(args.seed)
+    started = training.begin(args)
     rows = agent_corpus.build_agent_corpus(seed=args.seed)
     train_rows = [r for r in rows if r["split"] == "train"]
     tokenizer = train_tokenizer(train_rows)
@@ -150,10 +146,7 @@ def build(args: argparse.Namespace) -> int:
     ce = ce_per_kind(shipped, tokenizer, rows)
     calls = tool_call_quality(shipped, tokenizer, rows)
     print(f"held-out CE per kind {ce}; tool calls {calls}")
-    info = {
-        "seed": args.seed,
-        "python_version": platform.python_version(),
-        "torch_version": torch.__version__,
+    info = training.run_facts(args) | {
         "corpus": "tests/support/agent_corpus.py",
         "corpus_fingerprint": agent_corpus.corpus_fingerprint(rows),
         # Read by eagle3-eval --heldout-sources: prompts only from rows no training saw.
@@ -177,11 +170,8 @@ def build(args: argparse.Namespace) -> int:
         "check_events_per_kind": CHECK_EVENTS,
         "check_margin_nats": CHECK_MARGIN_NATS,
         "tool_calls": calls,
-        "build_seconds": round(time.monotonic() - started, 1),
     }
-    (args.out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in info.items() if k != "heldout_sources"}, indent=2))
-    return 0
+    return training.write_build_info(args.out, info, started, ("heldout_sources",))
 
 
 def check(args: argparse.Namespace) -> int:

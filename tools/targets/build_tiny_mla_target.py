@@ -24,11 +24,8 @@ It ships under ``recipes/tiny-mla/target/`` with ``build_info.json`` and a model
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import shutil
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,16 +40,9 @@ import target_training as training
 
 from support import kimi_standin, tiny_target
 from support.tiny_corpus import corpus_fingerprint
-from support.tiny_target import (
-    CHECK_CONVERSATIONS,
-    IM_END,
-    PAD_TOKEN,
-    encode_all,
-)
+from support.tiny_target import CHECK_CONVERSATIONS, IM_END, PAD_TOKEN, encode_all
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TARGET_DIR = REPO_ROOT / "recipes" / "tiny-mla" / "target"
-BUILD_INFO = "build_info.json"
+TARGET_DIR = Path(__file__).resolve().parents[2] / "recipes" / "tiny-mla" / "target"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # Sizes of the text model. MLA's 512 + 64, the YaRN RoPE, the routing and the depth of the
@@ -109,8 +99,7 @@ def load_target(target_dir: Path) -> torch.nn.Module:
 
 
 def build(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    torch.manual_seed(args.seed)
+    started = training.begin(args)
     out_dir: Path = args.out
     corpus, train_convs, heldout_convs = training.corpus_splits()
     tokenizer = load_tokenizer()
@@ -137,10 +126,7 @@ def build(args: argparse.Namespace) -> int:
     )
     samples = training.generation_samples(shipped, tokenizer, heldout_convs)
 
-    info = {
-        "seed": args.seed,
-        "python_version": platform.python_version(),
-        "torch_version": torch.__version__,
+    info = training.run_facts(args) | {
         "corpus_fingerprint": corpus_fingerprint(corpus),
         # Read by eagle3-eval --heldout-sources: prompts only from files no training saw.
         "heldout_sources": sorted({c.source for c in heldout_convs}),
@@ -155,11 +141,8 @@ def build(args: argparse.Namespace) -> int:
         "check_subset_answer_ce": round(check_ce, 4),
         "check_max_ce": CHECK_MAX_CE,
         "samples": samples,
-        "build_seconds": round(time.monotonic() - started, 1),
     }
-    (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in info.items() if k != "samples"}, indent=2))
-    return 0
+    return training.write_build_info(out_dir, info, started, ("samples",))
 
 
 def check(args: argparse.Namespace) -> int:

@@ -22,10 +22,7 @@ stdlib" from "the corpus code changed" by content, whatever the Python version s
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,7 +46,6 @@ from support.tiny_corpus import (
     write_corpus_jsonl,
 )
 from support.tiny_target import (
-    BUILD_INFO,
     CHECK_CONVERSATIONS,
     CHECK_MAX_CE,
     IM_END,
@@ -128,8 +124,7 @@ MODEL_SIZES = {
 
 
 def build(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    torch.manual_seed(args.seed)
+    started = training.begin(args)
     out_dir: Path = args.out
 
     corpus, train_convs, heldout_convs = training.corpus_splits()
@@ -161,10 +156,7 @@ def build(args: argparse.Namespace) -> int:
     samples = training.generation_samples(model, tokenizer, heldout_convs)
 
     training.save_target(model, tokenizer, out_dir)
-    info = {
-        "seed": args.seed,
-        "python_version": platform.python_version(),
-        "torch_version": torch.__version__,
+    info = training.run_facts(args) | {
         "stdlib_files": len(stdlib_files(stdlib_root())),
         "stdlib_fingerprint": stdlib_fingerprint(stdlib_root()),
         "corpus_fingerprint": corpus_fingerprint(corpus),
@@ -191,15 +183,8 @@ def build(args: argparse.Namespace) -> int:
         "check_subset_unigram_ce": round(check_unigram, 4),
         "check_max_ce": CHECK_MAX_CE,
         "samples": samples,
-        "build_seconds": round(time.monotonic() - started, 1),
     }
-    (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    print(
-        json.dumps(
-            {k: v for k, v in info.items() if k not in ("heldout_sources", "samples")}, indent=2
-        )
-    )
-    return 0
+    return training.write_build_info(out_dir, info, started, ("heldout_sources", "samples"))
 
 
 def check(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import random
 import sys
 import time
@@ -280,6 +281,32 @@ def save_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_
     tokenizer_config = json.loads(config_path.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_path.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+
+
+def begin(args: argparse.Namespace) -> float:
+    """Seeds torch for the model's initialisation; the build's start on the monotonic clock."""
+    started = time.monotonic()
+    torch.manual_seed(args.seed)
+    return started
+
+
+def run_facts(args: argparse.Namespace) -> dict[str, object]:
+    """What every ``build_info.json`` opens with: the seed and the versions that trained it."""
+    return {
+        "seed": args.seed,
+        "python_version": platform.python_version(),
+        "torch_version": torch.__version__,
+    }
+
+
+def write_build_info(
+    out_dir: Path, info: dict[str, object], started: float, not_printed: Sequence[str]
+) -> int:
+    """``info`` and the build's seconds as ``build_info.json``, printed but for ``not_printed``."""
+    info["build_seconds"] = round(time.monotonic() - started, 1)
+    (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in info.items() if k not in not_printed}, indent=2))
+    return 0
 
 
 def check_heldout_ce(

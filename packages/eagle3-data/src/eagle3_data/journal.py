@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from eagle3_schemas.io.jsonl import append_line
@@ -32,7 +31,7 @@ def read_journal(path: Path) -> dict[str, int]:
     return offsets
 
 
-class Journal:
+class Journal(contextlib.AbstractContextManager["Journal"]):
     """Appends entries to the journal at ``path``; a full disk raises ``DiskFull`` naming it."""
 
     def __init__(self, path: Path) -> None:
@@ -49,13 +48,5 @@ class Journal:
         line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
         append_line(self._fd, line, self.path, f"the journal entry of sample {sample_id!r}")
 
-    def __enter__(self) -> Journal:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         os.close(self._fd)

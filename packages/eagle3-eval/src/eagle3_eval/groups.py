@@ -15,7 +15,8 @@ A group's speedup compares its tokens per second with and without the draft.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from eagle3_eval.acceptance import SampleCounts, summarize
@@ -23,6 +24,9 @@ from eagle3_eval.prompt_files import KINDS
 
 GroupKey = tuple[str, str | None]
 TimedKey = tuple[str, str | None, str | None]  # (set, category, kind): timed on its own
+# (seconds per timed unit with the draft, each sample's generated tokens without it, seconds per
+# timed unit without it; both None without a baseline run)
+Timing = tuple[dict[TimedKey, float], dict[str, int] | None, dict[TimedKey, float] | None]
 FIGURES = (
     "num_prompts",
     "num_drafts",
@@ -61,6 +65,10 @@ def sample_kind(sample: SampleCounts) -> str | None:
     return sample.extra.get("kind")
 
 
+def is_kind(kind: str, sample: SampleCounts) -> bool:
+    return sample_kind(sample) == kind
+
+
 def members(key: GroupKey, sample: SampleCounts) -> bool:
     name, category = sample_group(sample)
     return name == key[0] and (key[1] is None or category == key[1])
@@ -89,13 +97,18 @@ def timed_per_sample(samples: Sequence[SampleCounts]) -> dict[TimedKey, float]:
 
 
 def _figures(
-    mine: Sequence[SampleCounts],
+    samples: Sequence[SampleCounts],
     k: int,
-    took: float | None,
-    baseline_tokens: dict[str, int] | None,
-    base_took: float | None,
+    timing: Timing,
+    member: Callable[[SampleCounts], bool],
+    took_of: Callable[[dict[TimedKey, float]], float | None],
 ) -> dict[str, Any]:
-    """A row's summary and tokens/s with and without the draft, from its samples and seconds."""
+    """A row's summary and tokens/s with and without the draft, from its samples (``member``)
+    and their seconds (``took_of`` the timed units' times)."""
+    seconds, baseline_tokens, baseline_seconds = timing
+    mine = [s for s in samples if member(s)]
+    took = took_of(seconds)
+    base_took = took_of(baseline_seconds) if baseline_seconds is not None else None
     summary = summarize(mine, k).fields()
     row: dict[str, Any] = {name: summary[name] for name in FIGURES}
     tps = summary["num_generated_tokens"] / took if took else None
@@ -108,40 +121,25 @@ def _figures(
     return row
 
 
-def group_figures(
-    samples: Sequence[SampleCounts],
-    k: int,
-    seconds: dict[TimedKey, float],
-    baseline_tokens: dict[str, int] | None,
-    baseline_seconds: dict[TimedKey, float] | None,
-) -> list[dict[str, Any]]:
+def group_figures(samples: Sequence[SampleCounts], k: int, timing: Timing) -> list[dict[str, Any]]:
     """The report's ``groups``: each group's summary, tokens/s with and without the draft."""
-    out = []
-    for key in group_keys(samples):
-        mine = [s for s in samples if members(key, s)]
-        base_took = seconds_of(key, baseline_seconds) if baseline_seconds is not None else None
-        figures = _figures(mine, k, seconds_of(key, seconds), baseline_tokens, base_took)
-        out.append({"prompt_set": key[0], "category": key[1], **figures})
-    return out
+    return [
+        {"prompt_set": key[0], "category": key[1]}
+        | _figures(samples, k, timing, partial(members, key), partial(seconds_of, key))
+        for key in group_keys(samples)
+    ]
 
 
-def kind_figures(
-    samples: Sequence[SampleCounts],
-    k: int,
-    seconds: dict[TimedKey, float],
-    baseline_tokens: dict[str, int] | None,
-    baseline_seconds: dict[TimedKey, float] | None,
-) -> list[dict[str, Any]]:
+def kind_figures(samples: Sequence[SampleCounts], k: int, timing: Timing) -> list[dict[str, Any]]:
     """The report's ``kinds``: per kind of traffic present, in ``KINDS`` order, the same
     figures as a group's; empty when the samples have no kinds (offline)."""
     present = {sample_kind(s) for s in samples}
-    out = []
-    for kind in [name for name in KINDS if name in present]:
-        mine = [s for s in samples if sample_kind(s) == kind]
-        base_took = kind_seconds(kind, baseline_seconds) if baseline_seconds is not None else None
-        figures = _figures(mine, k, kind_seconds(kind, seconds), baseline_tokens, base_took)
-        out.append({"kind": kind, **figures})
-    return out
+    return [
+        {"kind": kind}
+        | _figures(samples, k, timing, partial(is_kind, kind), partial(kind_seconds, kind))
+        for kind in KINDS
+        if kind in present
+    ]
 
 
 def group_label(group: dict[str, Any]) -> str:

@@ -146,10 +146,10 @@ def header_fields(result: EvalResult) -> dict[str, Any]:
             result.baseline.tokens_per_second if result.baseline is not None else None
         ),
         "speedup": result.speedup,
-        "groups": group_figures(result.samples, s.num_speculative_tokens, *timing),
+        "groups": group_figures(result.samples, s.num_speculative_tokens, timing),
         **result.extra,
     }
-    kinds = kind_figures(result.samples, s.num_speculative_tokens, *timing)
+    kinds = kind_figures(result.samples, s.num_speculative_tokens, timing)
     if kinds:
         fields["kinds"] = kinds
     if result.baseline is not None and result.temperature == 0:

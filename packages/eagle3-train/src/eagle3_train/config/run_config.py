@@ -46,10 +46,13 @@ class DraftConfig:
     # Eagle3DeepseekV2ForCausalLM layer — DeepSeek MLA attention and a dense MLP — for MLA
     # targets (DeepSeek-V3, Kimi-K2.5); its KV cache has the target's format.
     architecture: Literal["llama", "mla"] = "llama"
+    # Decoder layers of the draft (EAGLE-3: 1; vLLM serves one).
     num_layers: int = 1
     # null = copied from the target config.json.
     num_attention_heads: int | None = None
+    # null = copied from the target config.json.
     num_key_value_heads: int | None = None
+    # null = copied from the target config.json.
     head_dim: int | None = None
     # MLA only (null = copied from the target config.json / dataset): vLLM needs q_lora_rank
     # set, and kv_lora_rank + qk_rope_head_dim in {320, 512, 576} (576 on CPU).
@@ -58,9 +61,13 @@ class DraftConfig:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # The draft MLP's width; null = the target's.
     intermediate_size: int | None = None
+    # The draft's own norms' epsilon; null = the target's.
     rms_norm_eps: float | None = None
+    # null = copied from the target config.json.
     max_position_embeddings: int | None = None
+    # null = copied from the target config.json.
     rope_theta: float | None = None
     # RoPE scaling as in the target's config (rope_parameters / rope_scaling); null = copied.
     rope_scaling: dict[str, Any] | None = None
@@ -91,6 +98,7 @@ class DraftConfig:
     # mask). "sdpa": one dense mask over all steps' keys (as speculators does, O(T²·k)
     # memory). "auto": flash on CUDA in bf16, chunked otherwise.
     attention: Literal["auto", "chunked", "flash", "sdpa"] = "auto"
+    # Query rows per chunk of the chunked attention.
     attention_chunk: int = 512
     # Tokens per chunk of the fused LM-head + KL (draft logits exist one chunk at a time).
     loss_chunk: int = 1024
@@ -107,15 +115,21 @@ class DraftConfig:
 
 @dataclass
 class DataConfig:
+    # The hidden-state dataset (eagle3-extract's output directory; with `data.stream`, the stream's
+    # OUT).
     hidden_states: str = ""
+    # The vocabulary map (eagle3-data vocab's safetensors file).
     vocab_map: str = ""
     # Share of samples held out for validation, chosen by a hash of the sample id (stable
     # across runs, world sizes and seeds).
     validation_fraction: float = 0.02
     # Packed tokens per micro-batch (one packed sequence; longer samples keep their prefix).
     max_tokens_per_batch: int = 2048
+    # Loader processes (0 = read in the training process).
     num_workers: int = 1
+    # Batches each loader worker prepares ahead.
     prefetch_batches: int = 2
+    # Cap on validation batches per run of validation; null = the whole validation split.
     max_validation_batches: int | None = None
     # Sample order of an epoch (eagle3_train/data/order.py). "global": all training samples
     # shuffled by (seed, epoch), then packed. "shard_window": windows of `window_shards`
@@ -123,6 +137,7 @@ class DataConfig:
     # packed on its own; validation then uses the held-out samples of window 0. A stream needs
     # it; a finished dataset trained in this order gets the same batches as the stream.
     order: Literal["global", "shard_window"] = "global"
+    # Consecutive shards per window under `data.order: shard_window`.
     window_shards: int = 4
     # shard_window: train each window this many times (reshuffled each pass) before the next.
     # The retained-window way to several passes over a stream whose shards are reclaimed:
@@ -158,6 +173,7 @@ class CardConfig:
     base_model: str | None = None
     license: str | None = None  # e.g. apache-2.0, other; null = not stated
     datasets: list[str] = field(default_factory=list)  # Hub ids of the training data
+    # The card's `language` front matter (e.g. [en]).
     language: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)  # added to eagle3, speculative-decoding, ...
     # Extra words for the card's `vllm serve` line, e.g. ["--tensor-parallel-size", "8"].
@@ -166,7 +182,10 @@ class CardConfig:
 
 @dataclass
 class ExportConfig:
+    # The exported weights' dtype.
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # Also export the target's embedding rows into the draft (vLLM shares the target's; off keeps
+    # the checkpoint small).
     include_embeddings: bool = False
     # The `speculative_tokens` hint of the export's config.json and the card's `vllm serve`
     # line: the k vLLM is meant to serve the draft with (its num_speculative_tokens). Not
@@ -183,6 +202,8 @@ class ExportConfig:
 
 @dataclass
 class Config:
+    # The run's directory: checkpoints, `run.yaml`, `metrics.jsonl`, the export (`draft/`,
+    # `exports/step-N/`). An existing one is resumed (`train.resume`).
     output_dir: str = "runs/eagle3"
     target: TargetConfig = field(default_factory=TargetConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)

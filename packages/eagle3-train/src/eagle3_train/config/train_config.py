@@ -20,6 +20,7 @@ class ObjectiveConfig:
     # acceptance length 3.222 (3.210..3.230) with weight 1, k 10; 3.151 (3.130..3.174)
     # without. 0 = off (plain EAGLE-3, what speculators trains).
     topk: int = 10
+    # Weight of the top-k term (0 = off).
     topk_weight: float = 1.0
     # The per-slot divergence from the target that the draft minimises (the top-k term adds
     # to any). "kl": KL(p || q), EAGLE-3's. "tv": total variation 1 - sum_i min(p_i, q_i);
@@ -28,6 +29,7 @@ class ObjectiveConfig:
     # λ·KL + (1 - λ)·TV with λ = exp(-lk_eta·(1 - TV)) held constant: KL's gradient while the
     # draft is far from the target, the acceptance rate's once it is close.
     divergence: Literal["kl", "tv", "lk"] = "kl"
+    # η of the `lk` divergence's λ.
     lk_eta: float = 3.0
 
 
@@ -38,7 +40,9 @@ class MuonConfig:
 
     # null = train.lr (speculators: --muon-lr defaults to --lr); the schedule scales both.
     lr: float | None = None
+    # Muon's momentum.
     momentum: float = 0.95
+    # Muon's weight decay (on the hidden matrices).
     weight_decay: float = 0.1
     ns_steps: int = 5  # Newton–Schulz iterations orthogonalising each update
     # match_rms_adamw: the update's RMS made AdamW's (lr x 0.2·sqrt(max(rows, cols))), so one
@@ -51,16 +55,24 @@ class MuonConfig:
 
 @dataclass
 class TrainLoopConfig:
+    # Test-time-training steps unrolled per slot (the draft proposes this many tokens in training;
+    # vLLM's k is `export.speculative_tokens`).
     ttt_steps: int = 3
     # TTT step k's loss weighs decay^k. Measured by vLLM on the tiny recipe (3 seeds): 0.8 with
     # the top-k term 3.241 (3.235..3.247), 1.0 with it 3.222 (3.210..3.230).
     ttt_step_loss_decay: float = 0.8
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    # Passes over the training split (`train.max_steps` stops earlier).
     epochs: int = 1
     max_steps: int | None = None  # optimizer steps; stops early when reached
+    # Peak learning rate of AdamW (under `train.optimizer: muon`, of the AdamW group: norms and LM
+    # head).
     lr: float = 1e-4
+    # The schedule's floor, as a fraction of the peak lr.
     min_lr_ratio: float = 0.1
+    # Optimizer steps of linear warm-up.
     warmup_steps: int = 50
+    # The lr's decay after warm-up.
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     # "adamw": AdamW on every trained tensor. "muon": torch.optim.Muon on the hidden 2-D
     # matrices (fc, attention, MLP) and AdamW on the rest (norms and the LM head: embedding-like
@@ -69,9 +81,13 @@ class TrainLoopConfig:
     # clipping the gradient before Newton–Schulz as here (components/zero_clip.py).
     optimizer: Literal["adamw", "muon"] = "adamw"
     muon: MuonConfig = field(default_factory=MuonConfig)
+    # AdamW's weight decay under `train.optimizer: adamw`.
     weight_decay: float = 0.0
+    # AdamW's betas.
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    # AdamW's epsilon.
     adam_eps: float = 1e-8
+    # Micro-batches per optimizer step.
     gradient_accumulation_steps: int = 1
     max_grad_norm: float = 0.5  # 0 = no clip
     # Gaussian noise on the target's auxiliary hidden states of each training micro-batch
@@ -98,6 +114,7 @@ class TrainLoopConfig:
     # step time +19 % (32K tokens) to +68 % (4K). For samples longer than fit without it;
     # recipes/kimi-k2.5/RESOURCES.md "Long samples".
     recompute: bool = False
+    # Seeds the draft's initialisation and the sample order.
     seed: int = 0
     # A non-finite loss or gradient norm. "stop" (exit 3): nothing of the bad step is kept, the
     # last checkpoint stands. "skip": that optimizer step leaves weights and optimizer state
@@ -108,6 +125,7 @@ class TrainLoopConfig:
     # on the host before the step (free on CPU). Not under DeepSpeed, whose engine steps inside
     # backward (refused at start).
     on_non_finite: Literal["stop", "skip"] = "stop"
+    # With `train.on_non_finite: skip`: skipped steps in a row that stop the run (exit 3).
     max_skips_in_row: int = 10
     # Signals that ask the run to stop at the next optimizer step with a checkpoint (exit 5;
     # rerun to resume exactly): SIGTERM is what Slurm and Kubernetes send before killing; add
@@ -120,18 +138,28 @@ class TrainLoopConfig:
     # others wait (rank 0 writing an export or checkpoint). A rank killed outright is usually
     # noticed at once (its connections close).
     collective_timeout_s: float = 600.0
+    # Optimizer steps between log lines and metrics events.
     log_every: int = 10
     save_every: int = 500  # optimizer steps between resumable checkpoints; 0 = epoch ends only
+    # Resumable checkpoints kept (older ones deleted).
     keep_checkpoints: int = 2
     eval_every: int | None = None  # optimizer steps; validation also runs after every epoch
+    # The validation metric that picks the best checkpoint.
     best_metric: str = "val/loss"
+    # Whether `train.best_metric` is better low or high.
     best_mode: Literal["min", "max"] = "min"
     resume: str = "auto"  # auto (latest checkpoint under output_dir) | never | PATH
+    # Run the verify-before-run checks before training (`--no-preflight` turns them off for one
+    # run).
     preflight: bool = True
     # Full eagle3-schemas validation of every input (checksums of every row); turn off only
     # for datasets too large to re-hash before each run.
     validate_inputs: bool = True
+    # Accelerate trackers the metrics also go to (`metrics.jsonl` is always written).
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    # The trackers' project name.
     project_name: str = "eagle3-train"
+    # torch's CPU threads; null = torch's choice (`accelerate launch` sets 1 unless told otherwise).
     torch_threads: int | None = None
+    # A progress bar on rank 0's terminal.
     progress_bar: bool = True
