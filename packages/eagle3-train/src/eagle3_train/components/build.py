@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from eagle3_train.components.sharded_muon import ShardedMuon
 from eagle3_train.config.run_config import Config
 from eagle3_train.data.inputs import RunInputs, load_target_head
 from eagle3_train.export.init_from import (
@@ -173,7 +174,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 def make_muon(model: Eagle3Draft, config: Config, fused: bool) -> MuonWithAdamW:
     t, m = config.train, config.train.muon
     matrices, rest = muon_split(model)
-    muon = torch.optim.Muon(
+    muon = ShardedMuon(  # torch's Muon, its Newton–Schulz shared out under DDP
         matrices,
         lr=m.lr if m.lr is not None else t.lr,
         momentum=m.momentum,
