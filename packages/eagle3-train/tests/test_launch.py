@@ -2,7 +2,8 @@
 and ZeRO-3 (gloo; DS_ACCELERATOR=cpu), with the recipes under recipes/accelerate/.
 
 All three must reproduce, step by step, the losses of one process with gradient accumulation
-2 (rank r of 2 reads batches r, r+2, ...; the single process accumulates the same pairs).
+2 (rank r of 2 reads batches r, r+2, ...; the single process accumulates the same pairs), and so
+must a DDP launch with Muon (its Newton–Schulz shared out across the ranks).
 Both launch forms are exercised: ``accelerate launch eagle3-train`` (bare name, from the
 repository root) and ``accelerate launch -m eagle3_train``.
 """
@@ -50,10 +51,12 @@ def setup(tmp_path_factory):
     return inputs, sections, reference, root
 
 
-def _launch(setup, name: str, recipe: str, form: list[str], deepspeed: bool) -> Path:
+def _launch(
+    setup, name: str, recipe: str, form: list[str], deepspeed: bool, **changed: dict
+) -> Path:
     inputs, sections, _, root = setup
     run = root / name
-    config = write_config(inputs, run, **sections)
+    config = write_config(inputs, run, **{**sections, **changed})
     env = env_for_subprocess()
     if deepspeed:
         env["DS_ACCELERATOR"] = "cpu"
@@ -90,6 +93,25 @@ def test_two_process_run_matches_single_process_accumulation(setup, name, recipe
     single = load_file(str(setup[3] / "single" / "draft" / "model.safetensors"))
     for key in draft:
         torch.testing.assert_close(draft[key], single[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_a_two_process_muon_run_matches_single_process_accumulation(setup):
+    """train.optimizer: muon under DDP, each matrix's Newton–Schulz on one rank and broadcast
+    (components/sharded_muon.py): the launch trains as one process accumulating the same pairs."""
+    inputs, sections, _, root = setup
+    train = {**sections["train"], "optimizer": "muon"}
+    single = root / "single-muon"
+    config = write_config(inputs, single, train={**train, "gradient_accumulation_steps": 2})
+    result = run_cli(["--config", str(config)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = _launch(setup, "ddp-muon", "ddp.yaml", ["eagle3-train"], False, train=train)
+    torch.testing.assert_close(
+        torch.tensor(_losses(run)), torch.tensor(_losses(single)), rtol=2e-5, atol=1e-6
+    )
+    draft = load_file(str(run / "draft" / "model.safetensors"))
+    reference = load_file(str(single / "draft" / "model.safetensors"))
+    for key in draft:
+        torch.testing.assert_close(draft[key], reference[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
 def test_a_one_process_cpu_launch_uses_every_core(setup):
