@@ -46,7 +46,8 @@ def test_one_process_steps_as_torch_muon() -> None:
 
 @pytest.mark.distributed
 def test_two_ranks_step_as_torch_muon_and_share_the_newton_schulz_work(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), sys.path[0]]))
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
     env["OMP_NUM_THREADS"] = "1"
     init = tmp_path / "init"
     outs = [tmp_path / f"rank{r}.pt" for r in range(WORLD)]
