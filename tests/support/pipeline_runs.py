@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -37,13 +36,14 @@ from pathlib import Path
 import torch
 
 from eagle3_schemas.io.atomic import write_json_atomic
+from eagle3_schemas.io.fingerprint import fingerprint_files, fingerprint_json
 
 from support.failures import failure_report
 from support.mt_bench import write_mt_bench
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "run.json"
-# What every pipeline run is made of besides its own recipe and test module.
+# What every pipeline run is made of besides its own recipe's folder.
 COMMON_INPUTS = (
     "packages",
     "schemas",
@@ -93,7 +93,6 @@ def run_key(recipe: str, settings: dict[str, object], vllm_python: str) -> str |
     files = tracked_files([*COMMON_INPUTS, f"recipes/{recipe}"])
     if files is None:
         return None
-    digest = hashlib.sha256()
     facts = {
         "recipe": recipe,
         "settings": settings,
@@ -102,12 +101,9 @@ def run_key(recipe: str, settings: dict[str, object], vllm_python: str) -> str |
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),
         "vllm": vllm_release(vllm_python),
+        "files": fingerprint_files([REPO / name for name in files], REPO),
     }
-    digest.update(json.dumps(facts, sort_keys=True).encode())
-    for file in files:
-        digest.update(file.encode() + b"\0")
-        digest.update(hashlib.sha256((REPO / file).read_bytes()).digest())
-    return digest.hexdigest()[:16]
+    return fingerprint_json(facts).removeprefix("sha256:")[:16]
 
 
 def _remove_older(recipe: str, keep: Path) -> None:
