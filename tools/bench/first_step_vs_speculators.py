@@ -103,7 +103,9 @@ def step_ours(model, config, start, grads) -> tuple[dict[str, torch.Tensor], flo
             param.grad = grads[name].clone()
     limit = config.train.max_grad_norm or float("inf")
     norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), limit))
-    make_muon(model, config, fused=False).step()
+    optimizer = make_muon(model, config, cuda=False)
+    optimizer.muon.newton_schulz_dtype = torch.bfloat16  # speculators' torch Muon, on any device
+    optimizer.step()
     return {n: p.detach() - start[n] for n, p in params.items()}, norm
 
 

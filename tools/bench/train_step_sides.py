@@ -316,7 +316,7 @@ def _optimizer(name: str, model, params, fused: bool):
     from eagle3_train.config.run_config import load_config
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "llama-3.1-8b" / "train.yaml"
-    return make_muon(model, load_config(recipe), fused)
+    return make_muon(model, load_config(recipe), cuda=fused)
 
 
 def _objective(name: str):

@@ -39,7 +39,7 @@ def test_muon_defaults_are_speculators_and_the_schedule_reaches_both_groups():
     model = Eagle3Draft(yarn_arch())
     config = Config()
     config.train.optimizer = "muon"
-    opt = make_muon(model, config, fused=False)
+    opt = make_muon(model, config, cuda=False)
     muon_group, adamw_group = opt.param_groups
     assert opt.muon.param_groups[0] is muon_group and opt.adamw.param_groups[0] is adamw_group
     assert (muon_group["momentum"], muon_group["weight_decay"], muon_group["ns_steps"]) == (
@@ -112,11 +112,11 @@ def test_the_combined_optimizer_state_dict_holds_both_and_loads_into_a_fresh_one
     model = Eagle3Draft(yarn_arch())
     config = Config()
     config.train.optimizer = "muon"
-    opt = make_muon(model, config, fused=False)
+    opt = make_muon(model, config, cuda=False)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt.step()
-    fresh = make_muon(Eagle3Draft(yarn_arch()), config, fused=False)
+    fresh = make_muon(Eagle3Draft(yarn_arch()), config, cuda=False)
     fresh.load_state_dict(opt.state_dict())
     assert isinstance(fresh, MuonWithAdamW)
     # the inner optimizers see the loaded state (a stale copy would restart Muon's momentum)
@@ -157,7 +157,7 @@ def test_deepspeed_muon_steps_as_torch_muon_and_the_lr_ratio_is_what_makes_it(mo
         del schedule
         return {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
 
-    torch_step = step_of(lambda m: make_muon(m, config, fused=False))
+    torch_step = step_of(lambda m: make_muon(m, config, cuda=False))
     deepspeed_step = step_of(lambda m: make_deepspeed_muon(m, config, fused=False))
     monkeypatch.setattr(build, "deepspeed_muon_lr_ratio", lambda fn, rows, cols: 1.0)
     keller_step = step_of(lambda m: make_deepspeed_muon(m, config, fused=False))

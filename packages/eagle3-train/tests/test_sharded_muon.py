@@ -1,5 +1,6 @@
 """train.optimizer: muon under DDP computes each matrix's Newton–Schulz once across the ranks
-(components/sharded_muon.py), and its step is torch.optim.Muon's, bit for bit.
+(components/sharded_muon.py), and its step is torch.optim.Muon's, bit for bit; on a CPU it
+iterates in float32, nearer the exact orthogonalisation than torch's bf16.
 
 Two gloo processes step ShardedMuon over a fixed problem (support.muon_ranks); this process steps
 torch.optim.Muon over the same. Every rank's matrices and momentum buffers equal torch's exactly,
@@ -18,10 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_train.components.sharded_muon import ShardedMuon, owners
+from eagle3_train.components.build import make_muon
+from eagle3_train.components.sharded_muon import ShardedMuon, newton_schulz, owners
+from eagle3_train.config.run_config import Config
+from eagle3_train.model.draft import Eagle3Draft
 
 from support.muon_ranks import SHAPES, run
-from support.train import REPO
+from support.train import REPO, yarn_arch
 
 WORLD = 2
 
@@ -42,6 +46,26 @@ def test_one_process_steps_as_torch_muon() -> None:
         for a, b in zip(ours[key], torch_muon[key], strict=True):
             assert torch.equal(a, b), key
     assert ours["flops"] == torch_muon["flops"]
+
+
+def test_a_cpu_run_iterates_in_float32_nearer_the_exact_orthogonalisation() -> None:
+    config = Config()
+    config.train.optimizer = "muon"
+    model = Eagle3Draft(yarn_arch())
+    assert make_muon(model, config, cuda=False).muon.newton_schulz_dtype == torch.float32
+    assert make_muon(model, config, cuda=True).muon.newton_schulz_dtype == torch.bfloat16
+    coefficients = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's defaults
+    generator = torch.Generator().manual_seed(0)
+    for shape in SHAPES:
+        update = torch.randn(shape, generator=generator)
+        kept = update.clone()
+        exact, fp32, bf16 = (
+            newton_schulz(update.double(), coefficients, 5, 1e-7, dtype).double()
+            for dtype in (torch.float64, torch.float32, torch.bfloat16)
+        )
+        assert torch.equal(update, kept)  # the momentum buffer is not iterated in place
+        fp32_off, bf16_off = float((fp32 - exact).norm()), float((bf16 - exact).norm())
+        assert fp32_off < 1e-4 * float(exact.norm()) < bf16_off, (shape, fp32_off, bf16_off)
 
 
 @pytest.mark.distributed

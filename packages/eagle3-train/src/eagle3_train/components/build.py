@@ -96,7 +96,7 @@ def make_optimizer(model: Eagle3Draft, config: Config, accelerator) -> torch.opt
                     "accelerator.py says why)"
                 )
             return make_deepspeed_muon(model, config, fused=cuda)
-        return make_muon(model, config, fused=cuda)
+        return make_muon(model, config, cuda=cuda)
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
     groups = [
@@ -171,11 +171,13 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._share()
 
 
-def make_muon(model: Eagle3Draft, config: Config, fused: bool) -> MuonWithAdamW:
+def make_muon(model: Eagle3Draft, config: Config, cuda: bool) -> MuonWithAdamW:
     t, m = config.train, config.train.muon
     matrices, rest = muon_split(model)
     muon = ShardedMuon(  # torch's Muon, its Newton–Schulz shared out under DDP
         matrices,
+        # bf16 where tensor cores multiply it (torch's choice); a CPU emulates bf16 (sharded_muon)
+        newton_schulz_dtype=torch.bfloat16 if cuda else torch.float32,
         lr=m.lr if m.lr is not None else t.lr,
         momentum=m.momentum,
         weight_decay=m.weight_decay,
@@ -188,7 +190,7 @@ def make_muon(model: Eagle3Draft, config: Config, fused: bool) -> MuonWithAdamW:
         betas=tuple(t.betas),
         eps=t.adam_eps,
         weight_decay=m.adamw_weight_decay,
-        fused=fused,
+        fused=cuda,
     )
     return MuonWithAdamW(muon, adamw)
 
