@@ -14,6 +14,7 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from eagle3_train.components import build
+from eagle3_train.components.accelerator import set_deepspeed_config
 from eagle3_train.components.build import MuonWithAdamW, make_deepspeed_muon, make_muon, muon_split
 from eagle3_train.config.run_config import Config
 from eagle3_train.model.draft import Eagle3Draft
@@ -191,3 +192,15 @@ def test_max_grad_norm_0_is_no_clip(tmp_path, in_process):
     assert all(torch.equal(weights["off"][n], weights["never"][n]) for n in weights["off"])
     # ... and the clip is really applied when set: a tight one trains another draft
     assert not all(torch.equal(weights["off"][n], weights["tight"][n]) for n in weights["off"])
+
+
+def test_under_zero2_muon_deepspeed_computes_no_gradient_norm_nothing_reads():
+    pytest.importorskip("deepspeed")
+    for optimizer in ("muon", "adamw"):
+        config = Config()
+        config.train.optimizer = optimizer
+        ds: dict = {"zero_optimization": {"stage": 2}}
+        set_deepspeed_config(ds, config.train)
+        muon = optimizer == "muon"
+        assert ds["gradient_clipping"] == (0.0 if muon else config.train.max_grad_norm)
+        assert ds["zero_optimization"].get("compute_grad_norm", True) is not muon

@@ -141,16 +141,28 @@ def make_accelerator(config: Config, with_trackers: bool = True):
     )
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
-        ds = plugin.deepspeed_config
-        ds["train_micro_batch_size_per_gpu"] = 1  # one packed sequence per micro-batch
-        ds["gradient_accumulation_steps"] = t.gradient_accumulation_steps
-        # Muon clips before Newton–Schulz (components/zero_clip.py, installed by run/setup.py):
-        # DeepSpeed's own clip would clip the orthogonalised update, after it
-        ds["gradient_clipping"] = 0.0 if t.optimizer == "muon" else t.max_grad_norm
-        ds.setdefault("zero_optimization", {})
-        # exports gather the full weights on rank 0
-        ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+        set_deepspeed_config(plugin.deepspeed_config, t)
     return accelerator
+
+
+def set_deepspeed_config(ds: dict[str, Any], t: TrainLoopConfig) -> None:
+    """What eagle3-train sets in the DeepSpeed config Accelerate hands the engine."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    ds["train_micro_batch_size_per_gpu"] = 1  # one packed sequence per micro-batch
+    ds["gradient_accumulation_steps"] = t.gradient_accumulation_steps
+    # Muon clips before Newton–Schulz (components/zero_clip.py, installed by run/setup.py):
+    # DeepSpeed's own clip would clip the orthogonalised update, after it
+    ds["gradient_clipping"] = 0.0 if t.optimizer == "muon" else t.max_grad_norm
+    zero = ds.setdefault("zero_optimization", {})
+    zero["stage3_gather_16bit_weights_on_model_save"] = True  # exports gather on rank 0
+    if t.optimizer == "muon" and "compute_grad_norm" in DeepSpeedZeroConfig.model_fields:
+        # Its norm would be the orthogonalised updates' (one more pass over every gradient
+        # partition per step), which nothing reads: zero_clip computes and reports the
+        # gradients' own, and a non-finite one stops the run (train.on_non_finite: stop, the
+        # only choice under DeepSpeed). fp16's overflow check runs apart from it. DeepSpeed's
+        # zero_optimization.compute_grad_norm switch is newer than 0.17.
+        zero["compute_grad_norm"] = False
 
 
 def cpu_threads(configured: int | None, accelerator: Any) -> int:
