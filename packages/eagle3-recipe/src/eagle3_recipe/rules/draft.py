@@ -85,7 +85,9 @@ PUBLISHED_DRAFT_VOCAB = 32000
 
 
 def draft_vocab(t: Target) -> Decision:
-    """Provisional: the published EAGLE-3 drafts' 32,000 ids, or half a small vocabulary."""
+    """Provisional: the published EAGLE-3 drafts' 32,000 ids, or half a small vocabulary. What
+    more ids cost is priced in docs/benchmarks/vocabulary.md; what they gain in acceptance is not
+    yet measured on a target whose answers use a real vocabulary (the tiny ones use ~100 ids)."""
     v = t.vocab_size
     if v >= 2 * PUBLISHED_DRAFT_VOCAB:
         size = PUBLISHED_DRAFT_VOCAB
@@ -102,6 +104,7 @@ def draft_vocab(t: Target) -> Decision:
     return Decision(
         "draft_vocab",
         size,
-        f"{why}. Provisional (full vs pruned is still to be measured); the vocab step prints "
+        f"{why}. Provisional: more ids are priced in docs/benchmarks/vocabulary.md, their gain in "
+        "acceptance not yet measured on a real vocabulary; the vocab step prints "
         "the coverage of answer tokens: below ~0.99, raise it (acceptance is capped by coverage)",
     )
