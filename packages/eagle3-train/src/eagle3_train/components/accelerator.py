@@ -160,8 +160,8 @@ def set_deepspeed_config(ds: dict[str, Any], t: TrainLoopConfig) -> None:
         # Its norm would be the orthogonalised updates' (one more pass over every gradient
         # partition per step), which nothing reads: zero_clip computes and reports the
         # gradients' own, and a non-finite one stops the run (train.on_non_finite: stop, the
-        # only choice under DeepSpeed). fp16's overflow check runs apart from it. DeepSpeed's
-        # zero_optimization.compute_grad_norm switch is newer than 0.17.
+        # only choice under DeepSpeed). fp16's overflow check runs apart from it. Older DeepSpeeds
+        # (pyproject allows 0.17) lack the switch and refuse unknown keys.
         zero["compute_grad_norm"] = False
 
 
