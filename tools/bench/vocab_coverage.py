@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +35,14 @@ from eagle3_schemas.contract.header import read_header
 COLUMNS = ["draft vocabulary", "rule", "T = 1 mass", "greedy argmax", "answer token"]
 
 
-def next_token_probs(dataset: Path, head: TargetHead) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the target's next-token distribution at every position followed by an answer token
-    [N, V], float64 summed rows; that answer token [N])."""
-    probs, answers = [], []
+def next_token_probs(
+    dataset: Path, head: TargetHead
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sample: (the target's next-token distribution at every position followed by an
+    answer token [n, V], that answer token [n])."""
     for sample in read_samples(dataset, None):
         rows = torch.nonzero(sample.loss_mask[1:]).squeeze(-1)
-        probs.append(torch.softmax(head.logits(sample.last[rows]), dim=-1))
-        answers.append(sample.input_ids[rows + 1])
-    return torch.cat(probs), torch.cat(answers)
+        yield torch.softmax(head.logits(sample.last[rows]), dim=-1), sample.input_ids[rows + 1]
 
 
 def coverage_rows(run: Path) -> list[list[object]]:
@@ -50,15 +50,16 @@ def coverage_rows(run: Path) -> list[list[object]]:
     eps = read_header(train / "dataset.json").fields["target"]["rms_norm_eps"]
     head = TargetHead(load_file(str(train / "target_head.safetensors")), eps)
     vocab = head.lm_head.shape[0]
-    train_probs, train_answers = next_token_probs(train, head)
-    counts = np.bincount(train_answers.numpy(), minlength=vocab)
-    mass = train_probs.double().sum(0).numpy()
-    del train_probs
-    held_probs, held_answers = next_token_probs(run / "heldout_hidden_states", head)
+    counts, mass = np.zeros(vocab, dtype=np.int64), torch.zeros(vocab, dtype=torch.float64)
+    for probs, answers in next_token_probs(train, head):  # summed as read: [N, V] never whole
+        counts += np.bincount(answers.numpy(), minlength=vocab)
+        mass += probs.double().sum(0)
+    held = list(next_token_probs(run / "heldout_hidden_states", head))
+    held_probs, held_answers = torch.cat([p for p, _ in held]), torch.cat([a for _, a in held])
     argmax = held_probs.argmax(-1)
     rows = []
     for size in (vocab >> i for i in range(6)):  # full, 1/2, ..., 1/32
-        for rule, score in (("counts", counts), ("mass", mass)):
+        for rule, score in (("counts", counts), ("mass", mass.numpy())):
             chosen = torch.from_numpy(build_vocab_map(score, size).t2d)
             rows.append(
                 [
