@@ -417,8 +417,22 @@ def test_the_loop_on_cuda_reads_back_two_steps_late(tmp_path, on_non_finite) -> 
     assert isinstance(loop.watch, NonFiniteSkip) == (on_non_finite == "skip")
 
 
-GRAPHS = 9  # the compiled decoder layers (2 layers) and loss chunk bodies, measured
+GRAPHS = 12  # the compiled decoder layers (2 layers), loss chunk bodies and attention, measured
 BREAK = "ttt_attend"  # the one intended break: @torch.compiler.disable on the attention step
+# the flash attention compiled on its own, one graph per TTT step's number of diagonal keys
+# (0 and 1 are specialised, then one dynamic graph): 0, 1, 2 at TTT 3
+FLASH_GRAPHS = 3
+
+
+def calls(graph: torch.fx.GraphModule, op: str) -> bool:
+    """The graph or one of its bodies (an autograd.Function's forward and backward) calls the
+    operator named ``op`` (as Dynamo records it: the op or one of its overloads)."""
+    return any(
+        node.op == "call_function" and str(node.target).split(".default")[0] == op
+        for module in graph.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+    )
 
 
 @pytest.fixture
@@ -428,20 +442,24 @@ def inductor():
     then run as Dynamo captured it (support/fake_cuda.inductor_sm90)."""
     from torch._dynamo.utils import counters
 
+    from eagle3_train.model.flash_attention import compile_flash_attention
     from eagle3_train.model.loss import compile_kl_chunk
 
     torch._dynamo.reset()
     counters.clear()
     yield counters
     compile_kl_chunk(False)  # module state speed_up set
+    compile_flash_attention(False)
     torch._dynamo.reset()
 
 
 def test_compiled_step_graphs_and_breaks(step_config, inductor) -> None:
-    """train.compile on CUDA: Dynamo traces the layers and the KL chunk on cuda:0 tensors under
-    bf16 autocast; the graph count is fixed and the only breaks are the intended ones (a new
-    break, e.g. a host read inside a compiled layer, fails here); Inductor lowers every graph
-    for an H200 and each one yields Triton kernels compiled for sm_90."""
+    """train.compile on CUDA: Dynamo traces the layers, the flash attention and the KL chunk on
+    cuda:0 tensors under bf16 autocast; the graph count is fixed and the only breaks are the
+    intended ones (a new break, e.g. a host read inside a compiled layer, fails here); the
+    flash kernel sits in the attention's graphs as a custom op, its merge fused by Inductor;
+    Inductor lowers every graph for an H200 and each one yields Triton kernels compiled for
+    sm_90."""
     counters = inductor
     step_config.train.compile = "auto"  # on for CUDA
     accelerator = Accelerator()
@@ -451,6 +469,15 @@ def test_compiled_step_graphs_and_breaks(step_config, inductor) -> None:
         assert_trained(model, record)
     graphs = run.graphs
     assert len(graphs) == GRAPHS, [g.code for g in graphs]
+    # the flash kernel's custom ops inside compiled graphs, forward and backward, with the
+    # merge's log-sum-exp fused into an Inductor kernel of the same graph
+    flash = [
+        kernels
+        for g, kernels in zip(graphs, run.kernels, strict=True)
+        if calls(g, "eagle3.flash_forward") and calls(g, "eagle3.flash_backward")
+    ]
+    assert len(flash) == FLASH_GRAPHS, [g.code for g in graphs]
+    assert all(any("logsumexp" in k for k in kernels) for kernels in flash), flash
     breaks = dict(counters["graph_break"])
     assert breaks and all(BREAK in reason for reason in breaks), breaks
     devices = {

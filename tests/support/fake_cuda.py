@@ -510,7 +510,10 @@ def inductor_sm90() -> Iterator[InductorRun]:
       ``CudaDriver.is_active`` true (Inductor's ``set_driver_to_gpu``: "Could not find an
       active GPU backend");
     - Inductor config: ``shape_padding`` off (pad_mm benchmarks on the device),
-      ``compile_threads`` 1 (no worker processes), no FX graph cache (each run compiles).
+      ``joint_graph_constant_folding`` off (it evaluates the graph's constant ops outside the
+      fake mode, on the device: the flash path's ``logsumexp`` makes a ``scalar_tensor`` on
+      cuda:0), ``compile_threads`` 1 (no worker processes), no FX graph cache (each run
+      compiles).
     """
     import torch._inductor.compile_fx as compile_fx
     import torch.utils._triton as torch_triton
@@ -612,7 +615,12 @@ def inductor_sm90() -> Iterator[InductorRun]:
         for owner, name, value, label in patches:
             _patch(stack, owner, name, value, label)
         stack.enter_context(
-            inductor_config.patch(shape_padding=False, compile_threads=1, fx_graph_cache=False)
+            inductor_config.patch(
+                shape_padding=False,
+                joint_graph_constant_folding=False,
+                compile_threads=1,
+                fx_graph_cache=False,
+            )
         )
         stack.callback(setattr, driver, "_active", driver._active)
         driver.set_active(H200Driver())

@@ -3,6 +3,7 @@ check: it passes the real kernel and fails each planted bug on values and on gra
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eagle3_train.model import flash_attention
@@ -39,8 +40,8 @@ def test_a_kernel_with_its_log_sum_exp_rows_reordered_fails_on_values_and_gradie
     real = flash_attention._kernel_forward
 
     def rows_reordered(*args):
-        out, lse, aux = real(*args)  # lse [heads, T]: each query's row moved to its neighbour
-        return out, lse.roll(1, dims=-1).contiguous(), aux
+        out, lse = real(*args)  # lse [heads, T]: each query's row moved to its neighbour
+        return out, lse.roll(1, dims=-1).contiguous()
 
     monkeypatch.setattr(flash_attention, "_kernel_forward", rows_reordered)
     problems = flash_self_check(CPU)
@@ -55,3 +56,36 @@ def test_a_kernel_that_moves_a_diagonal_key_fails_on_values_and_gradients():
 
     problems = flash_self_check(CPU, attention=key_moved)
     assert {"values", "gradients"} <= _kinds(problems), problems
+
+
+def test_the_kernel_custom_ops_agree_with_their_fake_implementations():
+    """eagle3::flash_forward/backward as torch.library checks a custom op: its schema, its
+    fake implementation against the real one (shapes, dtypes, strides), and AOT dispatch."""
+    g = torch.Generator().manual_seed(0)
+    T, nh, nkv, d = 29, 4, 2, 16
+    cu = torch.tensor([0, 11, 16, 29], dtype=torch.int32)
+    q, k, v, grad = (
+        torch.randn(T, h, d, generator=g, dtype=torch.bfloat16) for h in (nh, nkv, nkv, nh)
+    )
+    out, lse = torch.ops.eagle3.flash_forward(q, k, v, cu, 13, 0.25)
+    torch.library.opcheck(torch.ops.eagle3.flash_forward, (q, k, v, cu, 13, 0.25))
+    args = (grad, q, k, v, out, lse, cu, 13, 0.25)
+    torch.library.opcheck(torch.ops.eagle3.flash_backward, args)
+
+
+@pytest.mark.process  # Inductor's CPU code is built by the C++ compiler
+def test_the_compiled_flash_path_passes_the_self_check_in_one_graph():
+    """train.compile's flash path (kernel custom ops inside one compiled function, forward and
+    backward, here with Inductor's CPU code) passes the same check as the eager one, with no
+    graph break: the merge is Inductor's to fuse."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    flash_attention.compile_flash_attention(True)
+    try:
+        assert flash_self_check(CPU) == []
+    finally:
+        flash_attention.compile_flash_attention(False)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"], dict(counters["graph_break"])

@@ -442,8 +442,8 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
     real = attention._kernel_forward
 
     def reordered_lse(*args):
-        out, lse, aux = real(*args)
-        return out, lse.flip(-1).contiguous(), aux
+        out, lse = real(*args)
+        return out, lse.flip(-1).contiguous()
 
     monkeypatch.setattr(attention, "_kernel_forward", reordered_lse)
     (finding,) = check_attention_kernel(small_arch(attention="flash"), cpu, "bf16")
@@ -453,8 +453,9 @@ def test_the_preflight_flash_check_passes_here_and_stops_a_kernel_with_another_l
 
 @pytest.mark.slow
 def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
-    """train.compile as it runs on CUDA (decoder layers compiled with the attention opaque,
-    the loss chunk body compiled), here with inductor's CPU code: the same loss and gradients
+    """train.compile as it runs on CUDA (decoder layers compiled with the attention step
+    opaque to them, the flash attention and the loss chunk body compiled on their own), here
+    with inductor's CPU code: the same loss and gradients
     as eager, for the Llama and the MLA draft (with fc_norm, norm_output and the LK divergence),
     with the default objective's top-k term. That
     something was compiled is shown, not assumed: inductor received the layers' graphs (a
@@ -464,6 +465,7 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
     from torch._dynamo.utils import counters
 
     from eagle3_train.config.train_config import ObjectiveConfig
+    from eagle3_train.model.flash_attention import compile_flash_attention
     from eagle3_train.model.loss import compile_kl_chunk
 
     batch = _batch()
@@ -482,6 +484,7 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
                     for layer in model.layers:
                         layer.compile(backend=layers)
                 compile_kl_chunk(compiled)
+                compile_flash_attention(compiled)
                 loss, _ = model(*batch, ttt_steps=3, objective=objective)
                 loss.backward()
                 results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
@@ -503,6 +506,7 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
                 torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6 * scale)
     finally:
         compile_kl_chunk(False)
+        compile_flash_attention(False)
 
 
 def test_under_bf16_autocast_every_ttt_step_reaches_the_flash_kernel_in_bf16(monkeypatch):

@@ -8,6 +8,12 @@ log-sum-exp, which is exactly the full softmax's gradient for the step-0 keys, a
 the diagonal keys' gradients in closed form. On CPU the same structure runs on torch's
 CPU flash kernel with a document-causal mask (how the tests check it without a GPU).
 
+The kernel's forward and backward are ``torch.library`` custom ops (``eagle3::flash_forward``,
+``eagle3::flash_backward``) with fake implementations, so a compiled graph holds them as opaque
+calls: under train.compile the whole attention (kernel calls, merge, the closed-form backward)
+is one ``torch.compile``d function, and Inductor fuses the merge's elementwise passes instead of
+launching each one eagerly.
+
 ``resolve_attention`` picks the path of ``draft.attention: auto``: flash on CUDA in bf16 or
 fp16 (the kernel's dtypes) where the kernel exists, the chunked reference otherwise.
 """
@@ -60,15 +66,15 @@ def _doc_causal_bias(cu_seqlens: Tensor, T: int, dtype: torch.dtype) -> Tensor:
 
 def _kernel_forward(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_len: int, scale: float
-) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+) -> tuple[Tensor, Tensor]:
     """Document-causal attention of q [T, nh, d] over k, v [T, nkv, d]:
-    (out [T, nh, d], lse [nh, T] float32, what the backward needs)."""
+    (out [T, nh, d], lse [nh, T] float32; float64 for float64 inputs on CPU)."""
     T, nh, _ = q.shape
     if q.device.type == "cuda":
-        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+        out, lse, _, _, _ = torch.ops.aten._flash_attention_forward(
             q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, 0.0, True, False, scale=scale
         )
-        return out, lse, (rng, unused)
+        return out, lse
     # CPU: torch's flash kernel takes [B, heads, T, d], no GQA and a dense additive mask
     group = nh // k.shape[1]
     bias = _doc_causal_bias(cu_seqlens, T, q.dtype)
@@ -79,7 +85,7 @@ def _kernel_forward(
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         qb, kb, vb, 0.0, False, attn_mask=bias, scale=scale
     )
-    return out[0].transpose(0, 1), lse[0].to(compute_dtype(q.dtype)), (bias,)
+    return out[0].transpose(0, 1).contiguous(), lse[0].to(compute_dtype(q.dtype)).contiguous()
 
 
 def _kernel_backward(
@@ -92,21 +98,22 @@ def _kernel_backward(
     cu_seqlens: Tensor,
     max_len: int,
     scale: float,
-    aux: tuple[Tensor, ...],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of q, k, v for the attention whose output and log-sum-exp are ``out`` and
     ``lse`` — which may include keys the kernel does not see (the merge)."""
     if q.device.type == "cuda":
-        rng, unused = aux
+        # dropout is 0: the kernel reads no random state (torch's own varlen_attn passes these)
+        rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
+        unused = torch.empty(0, device=q.device)
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
             grad_out, q, k, v, out, lse, cu_seqlens, cu_seqlens, max_len, max_len,
             0.0, True, rng, unused, scale=scale,
         )  # fmt: skip
         return dq, dk, dv
-    (bias,) = aux
     T, nh, _ = q.shape
     nkv = k.shape[1]
     group = nh // nkv
+    bias = _doc_causal_bias(cu_seqlens, T, q.dtype)
     qb, kb, vb, gb, ob = (
         x.transpose(0, 1).repeat_interleave(r, dim=0).unsqueeze(0)
         for x, r in ((q, 1), (k, group), (v, group), (grad_out, 1), (out, 1))
@@ -117,9 +124,38 @@ def _kernel_backward(
     )  # fmt: skip
 
     def heads_to_kv(x: Tensor) -> Tensor:  # [1, nh, T, ·] summed over each kv head's group
-        return x[0].view(nkv, group, T, -1).sum(1).transpose(0, 1)
+        return x[0].view(nkv, group, T, -1).sum(1).transpose(0, 1).contiguous()
 
-    return dq[0].transpose(0, 1), heads_to_kv(dk), heads_to_kv(dv)
+    return dq[0].transpose(0, 1).contiguous(), heads_to_kv(dk), heads_to_kv(dv)
+
+
+# The kernel as custom ops: opaque to Dynamo and Inductor (which neither decompose nor trace
+# into them). Their fake implementations are the same functions: on fake tensors the kernels'
+# own meta functions give the outputs' shapes, dtypes and strides, so the two cannot drift.
+@torch.library.custom_op("eagle3::flash_forward", mutates_args=())
+def flash_forward(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_len: int, scale: float
+) -> tuple[Tensor, Tensor]:
+    return _kernel_forward(q, k, v, cu_seqlens, max_len, scale)
+
+
+@torch.library.custom_op("eagle3::flash_backward", mutates_args=())
+def flash_backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens: Tensor,
+    max_len: int,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _kernel_backward(grad_out, q, k, v, out, lse, cu_seqlens, max_len, scale)
+
+
+flash_forward.register_fake(_kernel_forward)
+flash_backward.register_fake(_kernel_backward)
 
 
 def _diagonal_scores(q: Tensor, kd: Tensor, scale: float) -> Tensor:
@@ -151,8 +187,8 @@ class _FlashTTTAttention(torch.autograd.Function):
         max_len: int,
         scale: float,
     ) -> Tensor:
-        out, lse, aux = _FlashTTTAttention._merged(q, k0, v0, kd, vd, cu_seqlens, max_len, scale)
-        ctx.save_for_backward(q, k0, v0, kd, vd, cu_seqlens, out, lse, *aux)
+        out, lse = _FlashTTTAttention._merged(q, k0, v0, kd, vd, cu_seqlens, max_len, scale)
+        ctx.save_for_backward(q, k0, v0, kd, vd, cu_seqlens, out, lse)
         ctx.max_len, ctx.scale = max_len, scale  # type: ignore[attr-defined]
         return out
 
@@ -166,12 +202,12 @@ class _FlashTTTAttention(torch.autograd.Function):
         cu_seqlens: Tensor,
         max_len: int,
         scale: float,
-    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
-        """(merged output, its log-sum-exp in the kernel's layout, the kernel's aux)."""
+    ) -> tuple[Tensor, Tensor]:
+        """(merged output, its log-sum-exp in the kernel's layout)."""
         T, nh, _ = q.shape
         nkv, m, dv = kd.shape[1], kd.shape[2], vd.shape[-1]
         B, g = T * nkv, nh // nkv
-        out0, lse0, aux = _kernel_forward(q, k0, v0, cu_seqlens, max_len, scale)
+        out0, lse0 = torch.ops.eagle3.flash_forward(q, k0, v0, cu_seqlens, max_len, scale)
         # merge: softmax over [step-0 keys | diagonal keys] from lse0 and the diagonal scores
         s = _diagonal_scores(q, kd, scale)  # [B, g, m]
         lse0_b = lse0.view(nkv, g, T).permute(2, 0, 1).reshape(B, g, 1)
@@ -185,12 +221,12 @@ class _FlashTTTAttention(torch.autograd.Function):
         )
         out = out.view(T, nh, dv).to(q.dtype)
         lse = lse.view(T, nkv, g).permute(1, 2, 0).reshape(nh, T).contiguous()
-        return out, lse, aux
+        return out, lse
 
     @staticmethod
     @autocast_off
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor) -> tuple:  # type: ignore[override]
-        q, k0, v0, kd, vd, cu_seqlens, out, lse, *aux = ctx.saved_tensors  # type: ignore[attr-defined]
+        q, k0, v0, kd, vd, cu_seqlens, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
         max_len, scale = ctx.max_len, ctx.scale  # type: ignore[attr-defined]
         T, nh, d = q.shape
         nkv, m = kd.shape[1], kd.shape[2]
@@ -198,8 +234,8 @@ class _FlashTTTAttention(torch.autograd.Function):
         grad_out = grad_out.to(q.dtype).contiguous()
         # the kernel's backward with the merged output/lse: the full softmax's gradient for
         # the step-0 keys and their share of dq (its delta = rowsum(dO·O) is the merged one)
-        dq, dk0, dv0 = _kernel_backward(
-            grad_out, q, k0, v0, out, lse, cu_seqlens, max_len, scale, tuple(aux)
+        dq, dk0, dv0 = torch.ops.eagle3.flash_backward(
+            grad_out, q, k0, v0, out, lse, cu_seqlens, max_len, scale
         )
         # diagonal keys in closed form: GEMMs on the inputs' dtype with float32 results
         do = grad_out.view(B, g, -1)
@@ -243,10 +279,24 @@ def flash_ttt_attention(
 
     Inputs in the kernel's dtype (bf16/fp16 on CUDA; any float dtype on CPU)."""
     _, T, d = q.shape
-    dv = v0.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if max_len is None:
         max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if T else 0
+    return _attend_impl(q, k0, v0, kd, vd, cu_seqlens, max_len, scale)
+
+
+def _attend(
+    q: Tensor,
+    k0: Tensor,
+    v0: Tensor,
+    kd: Tensor,
+    vd: Tensor,
+    cu_seqlens: Tensor,
+    max_len: int,
+    scale: float,
+) -> Tensor:
+    """The layouts in and out of ``_FlashTTTAttention`` around it (what is compiled)."""
+    d, dv = q.shape[-1], v0.shape[-1]
     if dv < d:  # the kernel takes one head width (MLA's values are narrower): zero-pad
         v0, vd = F.pad(v0, (0, d - dv)), F.pad(vd, (0, d - dv))
     out = _FlashTTTAttention.apply(
@@ -260,6 +310,16 @@ def flash_ttt_attention(
         scale,
     )
     return out[..., :dv].transpose(0, 1)
+
+
+_attend_impl: Callable[..., Tensor] = _attend
+
+
+def compile_flash_attention(enabled: bool) -> None:
+    """train.compile: the flash path as one ``torch.compile``d function, forward and backward
+    (the kernel's custom ops stay opaque calls inside it), or eager."""
+    global _attend_impl
+    _attend_impl = torch.compile(_attend, dynamic=True) if enabled else _attend
 
 
 def flash_self_check(

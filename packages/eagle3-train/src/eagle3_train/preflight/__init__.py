@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.components.build import compile_enabled
 from eagle3_train.data.inputs import RunInputs
 from eagle3_train.model.arch import DraftArch
 from eagle3_train.preflight.artifacts import (
@@ -70,7 +71,8 @@ def run_preflight(
     if full and not report.errors:
         device = accelerator.device if accelerator is not None else torch.device("cpu")
         mixed = getattr(accelerator, "mixed_precision", "no") if accelerator else "no"
-        report.findings += check_attention_kernel(arch, device, mixed)
+        compiled = compile_enabled(cfg.train.compile, device)
+        report.findings += check_attention_kernel(arch, device, mixed, compiled)
         dry_findings, dry = check_dry_run(inputs, arch, device)
         report.findings += dry_findings
         world = accelerator.num_processes if accelerator is not None else 1

@@ -15,7 +15,11 @@ from eagle3_train.data.inputs import RunInputs
 from eagle3_train.data.loader import ShardReader, to_device
 from eagle3_train.model.arch import DraftArch
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.model.flash_attention import flash_self_check, resolve_attention
+from eagle3_train.model.flash_attention import (
+    compile_flash_attention,
+    flash_self_check,
+    resolve_attention,
+)
 from eagle3_train.preflight.report import Finding, error, ok, warning
 
 # ---------------------------------------------------------------------------------------
@@ -152,13 +156,18 @@ def check_memory(
     return out
 
 
-def check_attention_kernel(arch: DraftArch, device: torch.device, mixed: str) -> list[Finding]:
+def check_attention_kernel(
+    arch: DraftArch, device: torch.device, mixed: str, compiled: bool = False
+) -> list[Finding]:
     """Where the flash path will run, it is first compared with the chunked reference on this
-    device (values and gradients, with a negative control): a kernel of another torch that
-    lays out its log-sum-exp differently stops the run here, not in a silently worse draft."""
+    device (values and gradients, with a negative control), as the step will run it (compiled
+    under train.compile): a kernel of another torch that lays out its log-sum-exp differently,
+    or a compiled graph that computes something else, stops the run here, not in a silently
+    worse draft."""
     dtype = torch.bfloat16 if mixed == "bf16" else torch.float32
     if resolve_attention(arch.attention, device, dtype) != "flash":
         return []
+    compile_flash_attention(compiled)  # what speed_up sets for the step
     try:
         problems = flash_self_check(device)
     except (RuntimeError, TypeError) as e:  # an op missing or with another signature
