@@ -417,7 +417,9 @@ def test_the_loop_on_cuda_reads_back_two_steps_late(tmp_path, on_non_finite) -> 
     assert isinstance(loop.watch, NonFiniteSkip) == (on_non_finite == "skip")
 
 
-GRAPHS = 12  # the compiled decoder layers (2 layers), loss chunk bodies and attention, measured
+# the compiled decoder layers (2 layers), loss chunk bodies, attention and the target's
+# log-probabilities, measured
+GRAPHS = 13
 BREAK = "ttt_attend"  # the one intended break: @torch.compiler.disable on the attention step
 # the flash attention compiled on its own, one graph per TTT step's number of diagonal keys
 # (0 and 1 are specialised, then one dynamic graph): 0, 1, 2 at TTT 3
@@ -442,6 +444,7 @@ def inductor():
     then run as Dynamo captured it (support/fake_cuda.inductor_sm90)."""
     from torch._dynamo.utils import counters
 
+    from eagle3_train.model.draft import compile_target_distribution
     from eagle3_train.model.flash_attention import compile_flash_attention
     from eagle3_train.model.loss import compile_kl_chunk
 
@@ -450,6 +453,7 @@ def inductor():
     yield counters
     compile_kl_chunk(False)  # module state speed_up set
     compile_flash_attention(False)
+    compile_target_distribution(False)
     torch._dynamo.reset()
 
 
@@ -478,6 +482,13 @@ def test_compiled_step_graphs_and_breaks(step_config, inductor) -> None:
     ]
     assert len(flash) == FLASH_GRAPHS, [g.code for g in graphs]
     assert all(any("logsumexp" in k for k in kernels) for kernels in flash), flash
+    # the target's log-probabilities: the norm and the softmax with its argmax, fused
+    (target,) = [
+        kernels
+        for g, kernels in zip(graphs, run.kernels, strict=True)
+        if any(n.op == "placeholder" and n.name == "l_last_hidden_" for n in g.graph.nodes)
+    ]
+    assert any("rsqrt" in k for k in target) and any("argmax" in k for k in target), target
     breaks = dict(counters["graph_break"])
     assert breaks and all(BREAK in reason for reason in breaks), breaks
     devices = {

@@ -76,6 +76,7 @@ def run_ours(args) -> dict[str, float]:
         rope_theta=10000.0,
         attention=args.attention,
     )
+    from eagle3_train.model.draft import compile_target_distribution
     from eagle3_train.model.flash_attention import compile_flash_attention
     from eagle3_train.model.loss import compile_kl_chunk
     from eagle3_train.model.shift import align
@@ -102,6 +103,7 @@ def run_ours(args) -> dict[str, float]:
             layer.compile()
         compile_kl_chunk(True)
         compile_flash_attention(True)
+        compile_target_distribution(True)
     for layer in model.layers:  # train.recompute
         layer.recompute = bool(args.recompute)
     model.to(args.device)

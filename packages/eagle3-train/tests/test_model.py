@@ -465,6 +465,7 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
     from torch._dynamo.utils import counters
 
     from eagle3_train.config.train_config import ObjectiveConfig
+    from eagle3_train.model.draft import compile_target_distribution
     from eagle3_train.model.flash_attention import compile_flash_attention
     from eagle3_train.model.loss import compile_kl_chunk
 
@@ -485,6 +486,7 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
                         layer.compile(backend=layers)
                 compile_kl_chunk(compiled)
                 compile_flash_attention(compiled)
+                compile_target_distribution(compiled)
                 loss, _ = model(*batch, ttt_steps=3, objective=objective)
                 loss.backward()
                 results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
@@ -507,6 +509,7 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
     finally:
         compile_kl_chunk(False)
         compile_flash_attention(False)
+        compile_target_distribution(False)
 
 
 def test_under_bf16_autocast_every_ttt_step_reaches_the_flash_kernel_in_bf16(monkeypatch):

@@ -108,6 +108,7 @@ def test_the_cuda_configuration_rehearsed_on_cpu_trains_resumes_and_exports(tmp_
     attention, compiled layers and loss — here on CPU's kernels: preflight's flash check,
     checkpoints, a launch resumed from the middle checkpoint that continues the same loss
     series, the export."""
+    from eagle3_train.model.draft import compile_target_distribution
     from eagle3_train.model.flash_attention import compile_flash_attention
     from eagle3_train.model.loss import compile_kl_chunk
 
@@ -125,6 +126,7 @@ def test_the_cuda_configuration_rehearsed_on_cpu_trains_resumes_and_exports(tmp_
     finally:
         compile_kl_chunk(False)
         compile_flash_attention(False)
+        compile_target_distribution(False)
     losses = {
         run: {r["step"]: r["loss"] for r in _records(run) if r.get("event") == "train"}
         for run in (straight, resumed)

@@ -23,7 +23,7 @@ from eagle3_train.export.init_from import (
     read_init_draft,
 )
 from eagle3_train.model.arch import DraftArch
-from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.draft import Eagle3Draft, compile_target_distribution
 from eagle3_train.model.flash_attention import compile_flash_attention
 from eagle3_train.model.loss import compile_kl_chunk
 
@@ -75,6 +75,7 @@ def speed_up(model: Eagle3Draft, config: Config, accelerator) -> None:
             layer.compile()  # in place: parameter names (checkpoints, export) stay
         compile_kl_chunk(True)
         compile_flash_attention(True)
+        compile_target_distribution(True)
     for layer in model.layers:  # memory rather than speed: recomputed in backward
         layer.recompute = config.train.recompute
 

@@ -200,20 +200,15 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = self.embed_tokens.to(dtype)
         self.verifier_lm_head = self.verifier_lm_head.to(dtype)
 
-    @torch.no_grad()
-    def target_log_probs(self, last_hidden: Tensor) -> Tensor:
-        """log softmax over the draft vocabulary of lm_head_rows(norm(last)), float32 (also
-        under autocast: the target distribution is the reference). With bf16 head rows the
-        GEMM takes bf16 inputs with a float32 result, as the target computes its logits."""
-        with torch.autocast(last_hidden.device.type, enabled=False):
-            normed = rms_norm(last_hidden, self.verifier_norm, self.arch.target_rms_norm_eps)
-            head = self.verifier_lm_head
-            logits = (
-                mm_f32(normed.to(head.dtype), head.T)
-                if head.dtype != normed.dtype
-                else normed @ head.T
+    def target_log_probs(self, last_hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """(log softmax over the draft vocabulary of lm_head_rows(norm(last)), its argmax)."""
+        with torch.no_grad():
+            return _target_distribution_impl(
+                last_hidden,
+                self.verifier_norm,
+                self.verifier_lm_head,
+                self.arch.target_rms_norm_eps,
             )
-            return torch.log_softmax(logits.float(), dim=-1)
 
     def fc_input(self, aux: Tensor) -> Tensor:
         """[T, n_aux, H] -> fc's input [T, n_aux·H]: concatenated, normed as the flags say."""
@@ -246,8 +241,7 @@ class Eagle3Draft(nn.Module):
         T = input_ids.shape[0]
         obj = objective or PLAIN_TTT
         al = alignment or align(input_ids, loss_mask, cu_seqlens, ttt_steps)
-        target_logp = self.target_log_probs(last_hidden)
-        target_ids = target_logp.argmax(-1)
+        target_logp, target_ids = self.target_log_probs(last_hidden)
         target_top = TargetTopK.of(target_logp, obj.topk, obj.topk_weight)
         pdtype = self.fc.weight.dtype
         hidden = self.fc(self.fc_input(aux_hidden.to(pdtype)))
@@ -299,3 +293,31 @@ class Eagle3Draft(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
+
+
+def target_distribution(
+    last_hidden: Tensor, norm_weight: Tensor, head: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    """(log p [T, V_draft] float32, argmax [T]) of head(norm(last_hidden)): float32 also under
+    autocast, the target distribution being the reference. With bf16 head rows the GEMM takes
+    bf16 inputs with a float32 result, as the target computes its logits. Plain torch, so
+    ``compile_target_distribution`` fuses the norm into one pass and the argmax into the
+    softmax's."""
+    with torch.autocast(last_hidden.device.type, enabled=False):
+        normed = rms_norm(last_hidden, norm_weight, eps)
+        logits = (
+            mm_f32(normed.to(head.dtype), head.T) if head.dtype != normed.dtype else normed @ head.T
+        )
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return logp, logp.argmax(-1)
+
+
+_target_distribution_impl = target_distribution
+
+
+def compile_target_distribution(enabled: bool) -> None:
+    """train.compile: the target's log-probabilities ``torch.compile``d, or eager."""
+    global _target_distribution_impl
+    _target_distribution_impl = (
+        torch.compile(target_distribution, dynamic=True) if enabled else target_distribution
+    )
