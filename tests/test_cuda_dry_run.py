@@ -5,7 +5,7 @@ batch and alignment moved non-blocking from pinned memory, bf16 autocast, the fl
 attention; then backward, the optimizer) runs under ``support.fake_cuda``: fake tensors that
 carry device, dtype and shape, the real CUDA kernels' dtype rules, no host sync and no blocking
 copy inside the step. With train.compile, each graph Dynamo captures is lowered by Inductor
-for an H200 and its Triton kernels compiled to sm_90 cubin (support/fake_cuda.inductor_sm90;
+for an H200 and its Triton kernels compiled to sm_90 cubin (support/fake_cuda.inductor_for;
 not loaded, and forward graphs only). The accelerator's and the loop's CUDA branches run too.
 What it can never show (numerics, speed, memory, kernel limits, compiled
 backward graphs, NCCL/ZeRO): support/fake_cuda.py's docstring.
@@ -222,7 +222,7 @@ def test_muon_step(step_config, which) -> None:
             return make_optimizer(model, step_config, accelerator)
 
     torch._dynamo.reset()
-    with fc.fake_cuda() as mode, fc.inductor_sm90() as run:
+    with fc.fake_cuda() as mode, fc.inductor_for() as run:
         model = make_model(small_arch(), step_config, accelerator)
         optimizer = optimizer_of(model)
         _, _, record = train_step(mode, model, step_config, accelerator, optimizer)
@@ -324,6 +324,35 @@ def test_alignment_refuses_int64_cu_seqlens() -> None:
     assert al.cu_seqlens.dtype == torch.int32
     with pytest.raises(ValueError, match=r"Alignment\.cu_seqlens: dtype torch\.int64"):
         dataclasses.replace(al, cu_seqlens=al.cu_seqlens.long())
+
+
+@pytest.mark.parametrize(
+    ("gpu", "kernel"),
+    [(fc.T4, "chunked"), (fc.H200, "flash"), (fc.B200, "flash"), (fc.RTX_PRO_6000, "flash")],
+    ids=["sm_75", "sm_90", "sm_100", "sm_120"],
+)
+def test_the_attention_kernel_is_chosen_by_compute_capability(gpu, kernel) -> None:
+    """draft.attention: auto on each GPU: torch's FlashAttention-2 where it runs (sm_80 to
+    sm_121: Hopper and both Blackwells), the chunked reference below (a T4); preflight names
+    the kernel, the GPU and its SM (on the fallback, why)."""
+    from eagle3_train.model.flash_attention import resolve_attention
+    from eagle3_train.preflight.device import check_attention_kernel
+
+    with fc.fake_cuda(gpu=gpu):
+        assert resolve_attention("auto", fc.DEVICE, torch.bfloat16) == kernel
+        assert resolve_attention("auto", fc.DEVICE, torch.float32) == "chunked"  # not its dtype
+        if kernel == "chunked":  # on flash, preflight's self-check reads values: not fakeable
+            (finding,) = check_attention_kernel(small_arch(attention="auto"), fc.DEVICE, "bf16")
+            assert finding.level == "ok", finding
+            note = finding.message
+        else:
+            from eagle3_train.model.flash_attention import attention_kernel_note
+
+            note = attention_kernel_note("auto", fc.DEVICE, torch.bfloat16)
+    sm = f"sm_{gpu.major}{gpu.minor}"
+    assert f"{gpu.name}, {sm})" in note, note
+    expected = "FlashAttention-2" if kernel == "flash" else "chunked reference (flash needs"
+    assert expected in note, note
 
 
 @pytest.mark.parametrize("free_gib", [0.5, 100.0])
@@ -441,7 +470,7 @@ def calls(graph: torch.fx.GraphModule, op: str) -> bool:
 def inductor():
     """train.compile's graphs through Inductor targeting sm_90 on fake cuda:0: each graph's
     Triton kernels generated and compiled to cubin, not loaded (that needs the GPU), the graph
-    then run as Dynamo captured it (support/fake_cuda.inductor_sm90)."""
+    then run as Dynamo captured it (support/fake_cuda.inductor_for)."""
     from torch._dynamo.utils import counters
 
     from eagle3_train.model.draft import compile_target_distribution
@@ -464,10 +493,23 @@ def test_compiled_step_graphs_and_breaks(step_config, inductor) -> None:
     flash kernel sits in the attention's graphs as a custom op, its merge fused by Inductor;
     Inductor lowers every graph for an H200 and each one yields Triton kernels compiled for
     sm_90."""
-    counters = inductor
+    check_compiled_step(step_config, inductor, fc.H200)
+
+
+@pytest.mark.parametrize("sm", ["sm_100", "sm_120"])
+class TestBlackwell:
+    """The same step compiled for a B200 (sm_100) and an RTX PRO 6000 Blackwell (sm_120). A
+    class is its own xdist scope: these run on the second worker beside the module's others."""
+
+    def test_compiled_step_graphs_and_breaks(self, step_config, inductor, sm) -> None:
+        check_compiled_step(step_config, inductor, fc.GPUS[sm])
+
+
+def check_compiled_step(step_config: Config, counters, gpu) -> None:
+    """One compiled training step on ``gpu``: graphs, breaks, kernels and their cubins' SM."""
     step_config.train.compile = "auto"  # on for CUDA
     accelerator = Accelerator()
-    with fc.fake_cuda() as mode, fc.inductor_sm90() as run:
+    with fc.fake_cuda(gpu=gpu) as mode, fc.inductor_for(gpu) as run:
         model = make_model(small_arch(num_layers=2), step_config, accelerator)
         _, _, record = train_step(mode, model, step_config, accelerator)
         assert_trained(model, record)
@@ -500,7 +542,7 @@ def test_compiled_step_graphs_and_breaks(step_config, inductor) -> None:
     assert "cuda:0" in devices, devices
     assert all(run.kernels), [(g.code, k) for g, k in zip(graphs, run.kernels, strict=True)]
     binaries = [b for per_graph in run.binaries for b in per_graph]
-    # asked for sm_90 (the H200), and ptxas made an sm_90 cubin of each kernel
-    assert {(b["target"], b["sm"]) for b in binaries} == {(90, 90)}, [
+    # asked for the GPU's SM, and ptxas made a cubin for that SM of each kernel
+    assert {(b["target"], b["sm"]) for b in binaries} == {(fc.sm(gpu), fc.sm(gpu))}, [
         (b["target"], b["sm"]) for b in binaries
     ]

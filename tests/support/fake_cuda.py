@@ -17,10 +17,10 @@ right (devices, dtypes, shapes), on every CI run. What it adds to the plain mode
   Python engine calls the graph's nodes in topological order instead (test_cuda_dry_run
   checks it against the C++ engine on real CPU tensors).
 - ``fake_cuda()``: the answers torch asks a GPU for (autocast's availability, bf16 support,
-  an sm_90 device's properties, events, streams, memory counters), so the code takes its CUDA
+  a GPU's properties (an H200's unless told), events, streams, memory counters), so the code takes its CUDA
   branches.
-- ``inductor_sm90()``: train.compile's graphs lowered by Inductor for an H200, their Triton
-  kernels compiled to sm_90 cubin by Triton's bundled ptxas (not loaded: that needs libcuda). ``torch.cuda.is_available`` stays False: patched, ``.to("cuda")`` would try a real
+- ``inductor_for(gpu)``: train.compile's graphs lowered by Inductor for an H200, a B200 or an
+  RTX PRO 6000 Blackwell, their Triton kernels compiled to that GPU's cubin by Triton's bundled ptxas (not loaded: that needs libcuda). ``torch.cuda.is_available`` stays False: patched, ``.to("cuda")`` would try a real
   copy.
 
 What this tier can never show: numerics (there are no values), speed, memory use, the real
@@ -336,6 +336,53 @@ H200 = SimpleNamespace(
     uuid="fake",
     is_integrated=False,
 )
+# Blackwell, the kinds the project's users train on beside Hopper (the properties Inductor's
+# heuristics read: SMs, shared memory, threads, L2), from NVIDIA's published specifications
+B200 = SimpleNamespace(
+    **{
+        **vars(H200),
+        "name": "NVIDIA B200 (fake)",
+        "major": 10,
+        "minor": 0,
+        "multi_processor_count": 148,
+        "total_memory": 179 * 2**30,
+        "L2_cache_size": 126 * 2**20,
+    }
+)
+RTX_PRO_6000 = SimpleNamespace(
+    **{
+        **vars(H200),
+        "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition (fake)",
+        "major": 12,
+        "minor": 0,
+        "multi_processor_count": 188,
+        "total_memory": 95 * 2**30,
+        "max_threads_per_multi_processor": 1536,
+        "shared_memory_per_block_optin": 101376,
+        "shared_memory_per_multiprocessor": 102400,
+        "L2_cache_size": 128 * 2**20,
+    }
+)
+T4 = SimpleNamespace(  # Turing: below every kernel's floor but the reference's
+    **{
+        **vars(H200),
+        "name": "NVIDIA T4 (fake)",
+        "major": 7,
+        "minor": 5,
+        "multi_processor_count": 40,
+        "total_memory": 15 * 2**30,
+        "max_threads_per_multi_processor": 1024,
+        "shared_memory_per_block_optin": 65536,
+        "shared_memory_per_multiprocessor": 65536,
+        "L2_cache_size": 4 * 2**20,
+    }
+)
+GPUS = {"sm_90": H200, "sm_100": B200, "sm_120": RTX_PRO_6000}  # what the step is compiled for
+
+
+def sm(gpu: SimpleNamespace) -> int:
+    """The compute capability as one number (9.0 → 90), as Triton's targets name it."""
+    return gpu.major * 10 + gpu.minor
 
 
 class FakeEvent:
@@ -408,8 +455,10 @@ def _patch(stack: contextlib.ExitStack, owner: Any, name: str, value: Any, label
 
 
 @contextlib.contextmanager
-def fake_cuda(memory: Memory | None = None) -> Iterator[StrictFakeCuda]:
-    """The strict fake mode on, with torch.cuda answering as one H200 (sm_90)."""
+def fake_cuda(
+    memory: Memory | None = None, gpu: SimpleNamespace = H200
+) -> Iterator[StrictFakeCuda]:
+    """The strict fake mode on, with torch.cuda answering as one ``gpu`` (an H200: sm_90)."""
     check_torch_version()
     memory = memory or Memory()
     mode = StrictFakeCuda()
@@ -427,8 +476,8 @@ def fake_cuda(memory: Memory | None = None) -> Iterator[StrictFakeCuda]:
             # autocast("cuda") disables itself without these ("CUDA is not available")
             (cuda.amp.common, "amp_definitely_not_available", lambda: False, "autocast on"),
             (cuda, "is_bf16_supported", lambda *a, **k: True, "bf16 supported"),
-            (cuda, "get_device_properties", lambda *a, **k: H200, "sm_90 properties"),
-            (cuda, "get_device_capability", lambda *a, **k: (9, 0), "sm_90 capability"),
+            (cuda, "get_device_properties", lambda *a, **k: gpu, "the GPU's properties"),
+            (cuda, "get_device_capability", lambda *a, **k: (gpu.major, gpu.minor), "capability"),
             (cuda, "current_device", lambda: 0, "current device"),
             (cuda, "Event", FakeEvent, "events"),
             (cuda, "Stream", FakeStream, "streams"),
@@ -467,13 +516,13 @@ def on_host() -> Iterator[None]:
         yield
 
 
-# --- Inductor targeting an H200 (sm_90) ---------------------------------------------------------
+# --- Inductor targeting a GPU (sm_90, sm_100, sm_120) ---------------------------------------
 
 
 @dataclass
 class InductorRun:
     """What Inductor made of each graph Dynamo handed it: the Triton kernels it generated and
-    compiled (PTX and cubin for sm_90, through Triton's bundled ptxas), per graph."""
+    compiled (PTX and cubin for the target GPU, through Triton's bundled ptxas), per graph."""
 
     graphs: list[torch.fx.GraphModule] = field(default_factory=list)
     kernels: list[list[str]] = field(default_factory=list)  # per graph: Triton kernel names
@@ -481,20 +530,26 @@ class InductorRun:
 
 
 def cubin_sm(cubin: bytes) -> int:
-    """The SM a cubin was built for: an ELF whose ``e_flags`` low byte is CUDA's EF_CUDA_SM
-    (ELF ABI version 7, as Triton 3.8's ptxas writes: 0x5a for sm_90)."""
+    """The SM a cubin was built for, from its ELF header's ``e_flags``, as Triton 3.8's ptxas
+    (CUDA 12.9) writes them: ELF ABI version 7 (up to sm_90) holds the SM in the low byte
+    (0x5a for sm_90), version 8 (sm_100 on) in the next one (0x0600640a for sm_100a, 0x0600780a
+    for sm_120a)."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
         raise ValueError(f"not a 64-bit ELF cubin: {cubin[:8]!r}")
     (e_flags,) = struct.unpack_from("<I", cubin, 48)
-    return e_flags & 0xFF
+    abi = cubin[8]
+    if abi not in (7, 8):
+        raise ValueError(f"cubin of ELF ABI version {abi}: cubin_sm reads versions 7 and 8")
+    return (e_flags >> (8 if abi == 8 else 0)) & 0xFF
 
 
 @contextlib.contextmanager
-def inductor_sm90() -> Iterator[InductorRun]:
-    """train.compile's graphs through Inductor as on an H200, inside ``fake_cuda()``.
+def inductor_for(gpu: SimpleNamespace = H200) -> Iterator[InductorRun]:
+    """train.compile's graphs through Inductor as on ``gpu``, inside ``fake_cuda(gpu=gpu)``.
 
     Inductor lowers each graph, generates Triton kernels for cuda:0 and compiles them to PTX
-    and cubin for the forward graph (as for inference) (Triton's ``GPUTarget("cuda", 90, 32)``; ptxas runs). Only the last step needs a
+    and cubin for the forward graph (as for inference) (Triton's ``GPUTarget("cuda", sm, 32)``,
+    90 for an H200, 100 for a B200, 120 for an RTX PRO 6000; ptxas runs). Only the last step needs a
     GPU: loading the cubin (``CachingAutotuner._make_launchers`` → ``cuModuleLoadData``, via
     ``torch.cuda._lazy_init``: "Found no NVIDIA driver on your system"). So the kernels are not
     loaded, and each graph then runs as Dynamo captured it, on the fake tensors. The backward
@@ -504,9 +559,9 @@ def inductor_sm90() -> Iterator[InductorRun]:
 
     What it answers for a GPU, each needed measured on torch 2.14 / triton 3.8:
     - Dynamo's ``CudaInterface`` (bound to torch.cuda's functions at import): available,
-      sm_90 properties, bf16 supported, device 0 — else ``has_triton()`` is false
+      the GPU's properties, bf16 supported, device 0 — else ``has_triton()`` is false
       ("Cannot find a working triton installation") and lowering calls the real driver;
-    - Triton's active driver: a ``CudaDriver`` answering ``GPUTarget("cuda", 90, 32)``,
+    - Triton's active driver: a ``CudaDriver`` answering ``GPUTarget("cuda", sm, 32)``,
       ``CudaDriver.is_active`` true (Inductor's ``set_driver_to_gpu``: "Could not find an
       active GPU backend");
     - Inductor config: ``shape_padding`` off (pad_mm benchmarks on the device),
@@ -519,19 +574,20 @@ def inductor_sm90() -> Iterator[InductorRun]:
     import torch.utils._triton as torch_triton
     from torch._dynamo.device_interface import CudaInterface
     from torch._inductor import config as inductor_config
+    from torch._inductor.runtime.hints import DeviceProperties
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.driver import CudaDriver
     from triton.runtime.driver import driver
 
-    class H200Driver(CudaDriver):
+    class GpuDriver(CudaDriver):
         """Triton's CUDA driver as far as code generation asks it (no libcuda)."""
 
         def __init__(self) -> None:  # the real one loads libcuda's utilities
             pass
 
         def get_current_target(self) -> GPUTarget:
-            return GPUTarget("cuda", 90, 32)
+            return GPUTarget("cuda", sm(gpu), 32)
 
         def get_active_torch_device(self) -> torch.device:
             return DEVICE
@@ -593,8 +649,8 @@ def inductor_sm90() -> Iterator[InductorRun]:
             (
                 CudaInterface,
                 "get_device_properties",
-                static(lambda *a, **k: H200),
-                "inductor: sm_90",
+                static(lambda *a, **k: gpu),
+                "inductor: the GPU's properties",
             ),
             (CudaInterface, "is_bf16_supported", static(lambda *a, **k: True), "inductor: bf16"),
             (CudaInterface, "current_device", static(lambda: 0), "inductor: device 0"),
@@ -603,8 +659,8 @@ def inductor_sm90() -> Iterator[InductorRun]:
             (
                 CudaInterface.Worker,
                 "get_device_properties",
-                static(lambda *a, **k: H200),
-                "inductor: worker sm_90",
+                static(lambda *a, **k: gpu),
+                "inductor: worker's GPU properties",
             ),
             (CudaInterface.Worker, "current_device", static(lambda: 0), "inductor: worker device"),
             (CudaDriver, "is_active", static(lambda: True), "triton: CUDA driver active"),
@@ -623,7 +679,10 @@ def inductor_sm90() -> Iterator[InductorRun]:
             )
         )
         stack.callback(setattr, driver, "_active", driver._active)
-        driver.set_active(H200Driver())
+        driver.set_active(GpuDriver())
+        # Inductor keeps each device's properties for the process: another GPU's are dropped
+        DeviceProperties.create.cache_clear()
+        stack.callback(DeviceProperties.create.cache_clear)
         for cached in (torch_triton.has_triton, torch_triton.triton_backend):
             cached.cache_clear()
             stack.callback(cached.cache_clear)

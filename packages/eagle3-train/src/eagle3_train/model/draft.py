@@ -202,6 +202,8 @@ class Eagle3Draft(nn.Module):
 
     def target_log_probs(self, last_hidden: Tensor) -> tuple[Tensor, Tensor]:
         """(log softmax over the draft vocabulary of lm_head_rows(norm(last)), its argmax)."""
+        if _target_distribution_impl is not target_distribution:
+            torch._dynamo.maybe_mark_dynamic(last_hidden, 0)  # tokens vary; widths stay static
         with torch.no_grad():
             return _target_distribution_impl(
                 last_hidden,
@@ -319,5 +321,5 @@ def compile_target_distribution(enabled: bool) -> None:
     """train.compile: the target's log-probabilities ``torch.compile``d, or eager."""
     global _target_distribution_impl
     _target_distribution_impl = (
-        torch.compile(target_distribution, dynamic=True) if enabled else target_distribution
+        torch.compile(target_distribution) if enabled else target_distribution
     )

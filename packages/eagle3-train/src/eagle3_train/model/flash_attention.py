@@ -30,13 +30,20 @@ from torch import Tensor
 from eagle3_train.model.attention import autocast_off, chunked_ttt_attention, compute_dtype, mm_f32
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
+# The compute capabilities torch's FlashAttention-2 runs on (its sdp_utils: sm_80 to sm_121):
+# Ampere, Ada, Hopper (sm_90), Blackwell data-centre (sm_100, B200/GB200) and workstation
+# (sm_120, RTX PRO 6000). Outside them (a T4's sm_75) the chunked reference runs.
+FLASH_CAPABILITIES = ((8, 0), (12, 1))
 
 
 def flash_kernel_available(device: torch.device) -> bool:
     """The kernel this path calls exists for ``device`` in the installed torch."""
     if device.type == "cuda":
-        return hasattr(torch.ops.aten, "_flash_attention_forward") and hasattr(
-            torch.ops.aten, "_flash_attention_backward"
+        low, high = FLASH_CAPABILITIES
+        return (
+            hasattr(torch.ops.aten, "_flash_attention_forward")
+            and hasattr(torch.ops.aten, "_flash_attention_backward")
+            and low <= torch.cuda.get_device_capability(device) <= high
         )
     return device.type == "cpu" and hasattr(
         torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
@@ -44,13 +51,34 @@ def flash_kernel_available(device: torch.device) -> bool:
 
 
 def resolve_attention(impl: str, device: torch.device, dtype: torch.dtype) -> str:
-    """``auto`` → "flash" on CUDA for half-precision compute where the kernel exists, else
-    "chunked" (the exact reference; CPU). Explicit choices are returned as they are."""
+    """``auto`` → "flash" on CUDA for half-precision compute where the kernel exists and runs
+    on the GPU's compute capability, else "chunked" (the exact reference; CPU). Explicit
+    choices are returned as they are."""
     if impl != "auto":
         return impl
     if device.type == "cuda" and dtype in FLASH_DTYPES and flash_kernel_available(device):
         return "flash"
     return "chunked"
+
+
+def attention_kernel_note(impl: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Which attention the step runs on ``device`` and why, in words (preflight prints it)."""
+    chosen = resolve_attention(impl, device, dtype)
+    where = str(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        where += f" ({torch.cuda.get_device_name(device)}, sm_{major}{minor})"
+    if chosen == "flash":
+        return f"{where}: FlashAttention-2 varlen (torch {torch.__version__}) with the TTT merge"
+    name = {"chunked": "the chunked reference", "sdpa": "SDPA over a dense mask"}[chosen]
+    if impl != "auto":
+        return f"{where}: {name} (draft.attention: {impl})"
+    (lo_major, lo_minor), (hi_major, hi_minor) = FLASH_CAPABILITIES
+    why = (
+        f"flash needs bf16 or fp16 compute on a GPU of sm_{lo_major}{lo_minor} to "
+        f"sm_{hi_major}{hi_minor} with torch's FlashAttention-2"
+    )
+    return f"{where}: {name} ({why})"
 
 
 def _doc_causal_bias(cu_seqlens: Tensor, T: int, dtype: torch.dtype) -> Tensor:
@@ -282,6 +310,11 @@ def flash_ttt_attention(
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if max_len is None:
         max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if T else 0
+    if _attend_impl is not _attend:
+        # only the token and document counts vary between batches: the heads and widths stay
+        # static, which keeps the compiled graphs' shape arithmetic small
+        for x, dim in ((q, 1), (k0, 1), (v0, 1), (kd, 2), (vd, 2), (cu_seqlens, 0)):
+            torch._dynamo.maybe_mark_dynamic(x, dim)
     return _attend_impl(q, k0, v0, kd, vd, cu_seqlens, max_len, scale)
 
 
@@ -319,7 +352,7 @@ def compile_flash_attention(enabled: bool) -> None:
     """train.compile: the flash path as one ``torch.compile``d function, forward and backward
     (the kernel's custom ops stay opaque calls inside it), or eager."""
     global _attend_impl
-    _attend_impl = torch.compile(_attend, dynamic=True) if enabled else _attend
+    _attend_impl = torch.compile(_attend) if enabled else _attend
 
 
 def flash_self_check(

@@ -16,6 +16,7 @@ from eagle3_train.data.loader import ShardReader, to_device
 from eagle3_train.model.arch import DraftArch
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.flash_attention import (
+    attention_kernel_note,
     compile_flash_attention,
     flash_self_check,
     resolve_attention,
@@ -159,14 +160,16 @@ def check_memory(
 def check_attention_kernel(
     arch: DraftArch, device: torch.device, mixed: str, compiled: bool = False
 ) -> list[Finding]:
-    """Where the flash path will run, it is first compared with the chunked reference on this
+    """Which attention the step runs, and why (an "ok" finding). Where the flash path will run,
+    it is first compared with the chunked reference on this
     device (values and gradients, with a negative control), as the step will run it (compiled
     under train.compile): a kernel of another torch that lays out its log-sum-exp differently,
     or a compiled graph that computes something else, stops the run here, not in a silently
     worse draft."""
     dtype = torch.bfloat16 if mixed == "bf16" else torch.float32
+    chosen = ok("attention", attention_kernel_note(arch.attention, device, dtype))
     if resolve_attention(arch.attention, device, dtype) != "flash":
-        return []
+        return chosen
     compile_flash_attention(compiled)  # what speed_up sets for the step
     try:
         problems = flash_self_check(device)
@@ -182,5 +185,5 @@ def check_attention_kernel(
             )
         ]
         if problems
-        else []
+        else chosen
     )
