@@ -180,8 +180,10 @@ def check_attention_kernel(
             Finding(
                 "error",
                 "attention",
-                f"draft.attention flash on {device} (torch {torch.__version__}) disagrees with the "
-                f"chunked reference: {'; '.join(problems)}. Set draft.attention: chunked",
+                f"draft.attention flash on {device} (torch {torch.__version__}"
+                f"{', compiled' if compiled else ''}) disagrees with the chunked reference: "
+                f"{'; '.join(problems)}. Set draft.attention: chunked"
+                + (" (or train.compile: never)" if compiled else ""),
             )
         ]
         if problems
