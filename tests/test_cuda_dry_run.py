@@ -238,6 +238,45 @@ def test_muon_step(step_config, which) -> None:
         }
 
 
+def test_next_batch_is_copied_on_a_side_stream_one_step_ahead(step_config) -> None:
+    """data.batch.ahead_to_device on CUDA: when a batch is handed to its step, the next one's
+    copies are already enqueued, on a side stream (none on the stream that computes); the step
+    makes the compute stream wait on the event recorded after them (the host does not wait),
+    marks every staged tensor as used by the compute stream (the caching allocator keeps its
+    memory until the step is done), and the ring slot's fence follows the copies."""
+    accelerator = Accelerator()
+    with fc.fake_cuda() as mode:
+        model = make_model(small_arch(), step_config, accelerator)
+        slots = [SlotState(), SlotState(), SlotState()]
+        batches = []
+        for slot in slots:
+            batch = host_batch(mode, 16, 40)
+            batch["lease"] = slot.lend()
+            batches.append(batch)
+        with mode.step() as record:
+            ahead = batch_module.ahead_to_device(iter(batches), fc.DEVICE, TTT)
+            first = next(ahead)
+            assert first is batches[0]
+            copies = [t for t in record.transfers if (t.source, t.target) == ("cpu", "cuda")]
+            per_batch = len(copies) // 2
+            assert per_batch > 0 and len(copies) == 2 * per_batch  # this batch's and the next's
+            side = {t.stream for t in copies}
+            assert len(side) == 1 and side != {"default"}, side
+            loss, _ = batch_module.forward(model, first, accelerator, step_config)
+            fc.backward(loss)
+            assert next(ahead) is batches[1]
+            assert len(record.transfers) == 3 * per_batch  # the third's, one step ahead again
+        assert not [t for t in record.transfers if not (t.non_blocking and t.pinned)]
+        ((waiting, event),) = fc.FakeStream.waits  # the one step taken
+        assert waiting == "default" and event.stream.name in side
+        staged = first["staged"]
+        used = {id(x) for stream, x in fc.FakeStream.uses if stream == "default"}
+        assert used == {id(x) for x in staged._tensors()}
+        for slot in slots:
+            assert slot._fence.is_recorded and slot._fence.stream.name in side
+            assert not slot._fence.synchronized
+
+
 def test_preempt_vote_reads_back_without_a_host_sync() -> None:
     """Two ranks vote every optimizer step; the vote is made on the device and read back
     ``lag`` steps later through a pinned buffer and an event (no host sync in the step)."""

@@ -113,6 +113,7 @@ class Transfer:
     target: str
     non_blocking: bool
     pinned: bool
+    stream: str = "default"  # the fake stream it was enqueued on (FakeStream.name)
 
 
 @dataclass
@@ -228,7 +229,10 @@ class StrictFakeCuda(FakeTensorMode):
         pinned = host in self.pinned
         if self.record is None:
             return
-        self.record.transfers.append(Transfer(str(func), source, target, non_blocking, pinned))
+        stream = FakeStream.current.name
+        self.record.transfers.append(
+            Transfer(str(func), source, target, non_blocking, pinned, stream)
+        )
         if not non_blocking:
             raise FakeCudaViolation(
                 f"{func}: a blocking {source} -> {target} copy inside the step (a host sync; "
@@ -386,37 +390,52 @@ def sm(gpu: SimpleNamespace) -> int:
 
 
 class FakeEvent:
-    """torch.cuda.Event: record/synchronize/query without a device (there is nothing to wait on)."""
+    """torch.cuda.Event: record/synchronize/query without a device (there is nothing to wait on);
+    it remembers the stream it was recorded on."""
 
     recorded: ClassVar[list[FakeEvent]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.is_recorded = False
         self.synchronized = False
+        self.stream: FakeStream | None = None
 
     def record(self, stream: Any = None) -> None:
         self.is_recorded = True
+        self.stream = stream or FakeStream.current
         FakeEvent.recorded.append(self)
 
     def synchronize(self) -> None:
         self.synchronized = True
 
     def wait(self, stream: Any = None) -> None:
-        pass
+        (stream or FakeStream.current).wait_event(self)
 
     def query(self) -> bool:
         return True
 
 
 class FakeStream:
-    def __init__(self, device: Any = None, *args: Any, **kwargs: Any) -> None:
+    """torch.cuda.Stream: a name, and the waits on events it was told of (``waits``, in order,
+    across streams). ``current``: the stream work is enqueued on (``torch.cuda.stream``)."""
+
+    current: ClassVar[FakeStream]
+    waits: ClassVar[list[tuple[str, FakeEvent]]] = []  # (waiting stream, event)
+    uses: ClassVar[list[tuple[str, torch.Tensor]]] = []  # Tensor.record_stream: (stream, tensor)
+    made: ClassVar[int] = 0
+
+    def __init__(self, device: Any = None, *args: Any, name: str = "", **kwargs: Any) -> None:
         self.device = torch.device(device or DEVICE)
+        if not name:
+            FakeStream.made += 1
+            name = f"side-{FakeStream.made}"
+        self.name = name
 
     def wait_stream(self, other: Any) -> None:
-        pass
+        self.wait_event(other.record_event())
 
     def wait_event(self, event: Any) -> None:
-        pass
+        FakeStream.waits.append((self.name, event))
 
     def synchronize(self) -> None:
         pass
@@ -425,6 +444,25 @@ class FakeStream:
         event = event or FakeEvent()
         event.record(self)
         return event
+
+
+DEFAULT_STREAM = FakeStream.current = FakeStream(name="default")
+
+
+def _record_stream(tensor: torch.Tensor, stream: FakeStream) -> None:
+    """Tensor.record_stream: the tensor's memory is in use by ``stream`` too."""
+    FakeStream.uses.append((stream.name, tensor))
+
+
+@contextlib.contextmanager
+def _on_stream(stream: FakeStream | None) -> Iterator[None]:
+    """torch.cuda.stream: work inside is enqueued on ``stream``."""
+    before = FakeStream.current
+    FakeStream.current = stream or before
+    try:
+        yield
+    finally:
+        FakeStream.current = before
 
 
 @dataclass
@@ -481,8 +519,10 @@ def fake_cuda(
             (cuda, "current_device", lambda: 0, "current device"),
             (cuda, "Event", FakeEvent, "events"),
             (cuda, "Stream", FakeStream, "streams"),
-            (cuda, "current_stream", lambda *a, **k: FakeStream(), "current stream"),
-            (cuda, "default_stream", lambda *a, **k: FakeStream(), "default stream"),
+            (cuda, "current_stream", lambda *a, **k: FakeStream.current, "current stream"),
+            (cuda, "default_stream", lambda *a, **k: DEFAULT_STREAM, "default stream"),
+            (cuda, "stream", _on_stream, "stream context"),
+            (torch.Tensor, "record_stream", _record_stream, "record_stream"),
             (cuda, "synchronize", lambda *a, **k: None, "synchronize"),
             (cuda, "set_sync_debug_mode", lambda *a, **k: None, "sync debug mode"),
             (cuda, "get_sync_debug_mode", lambda *a, **k: 0, "sync debug mode"),
@@ -495,6 +535,8 @@ def fake_cuda(
         for owner, name, value, label in patches:
             _patch(stack, owner, name, value, label)
         FakeEvent.recorded = []
+        FakeStream.waits, FakeStream.uses = [], []
+        FakeStream.current = DEFAULT_STREAM
         stack.enter_context(mode)
         yield mode
 

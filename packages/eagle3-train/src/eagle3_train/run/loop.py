@@ -18,7 +18,7 @@ from eagle3_train.components.faults import EXIT_PREEMPTED, after_collective_fail
 from eagle3_train.components.metrics import MetricWindow, note_corrupt, stream_totals, write_metrics
 from eagle3_train.components.preempt import Preemption
 from eagle3_train.components.watchdog import StepWatchdog
-from eagle3_train.data.batch import forward, verify_mode
+from eagle3_train.data.batch import ahead_to_device, forward, verify_mode
 from eagle3_train.data.loader import make_loader
 from eagle3_train.run.deliver import Delivery
 from eagle3_train.run.nonfinite import BadStep, NonFiniteSkip, NonFiniteWatch
@@ -152,10 +152,10 @@ class Loop:
             config.data.num_workers,
             config.data.prefetch_batches,
             pin_memory=torch.cuda.is_available(),
-            recycle=True,  # each batch is done with before the next is fetched
+            recycle=True,  # each batch is done with before the one after next is fetched
             verify=verify_mode(config),
         )
-        for batch in loader:
+        for batch in ahead_to_device(loader, self.accelerator.device, config.train.ttt_steps):
             if "corrupt" in batch:
                 found = note_corrupt(batch, state.step + 1, self.rank, self.run.metrics_path)
                 self.window.corrupt += found
