@@ -88,6 +88,50 @@ def test_fused_linear_kl_matches_autograd():
     torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize(("held_chunks", "gemms"), [(None, 1), (2, 3)], ids=["all", "by-two"])
+def test_the_head_weight_gradient_is_one_gemm_per_held_rows(monkeypatch, held_chunks, gemms):
+    """The LM head's gradient [V, H] is written by one GEMM over all chunks' rows (or one per
+    HEAD_GRAD_ROWS_ELEMENTS of held d/dz), not one per chunk: each would read and write the
+    float32 [V, H] gradient again. The gradient is the same (float64: to rounding)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from eagle3_train.model import loss as loss_module
+
+    V, H, T, chunk = 20, 16, 37, 7  # 6 chunks
+    if held_chunks is not None:
+        monkeypatch.setattr(loss_module, "HEAD_GRAD_ROWS_ELEMENTS", held_chunks * chunk * V)
+
+    class HeadGemms(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            gemm = func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm)
+            if gemm and tuple(out.shape) == (V, H):
+                HeadGemms.count += 1
+            return out
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(T, H, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, H, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.log_softmax(torch.randn(T, V, generator=g, dtype=torch.float64), -1)
+    rows = torch.rand(T, generator=g, dtype=torch.float64) / 30
+    with HeadGemms():
+        loss, _, _ = fused_linear_kl(h, w, target, rows, chunk=chunk)
+    assert HeadGemms.count == gemms
+    loss.backward()
+    got = w.grad.clone()
+    w.grad = None
+    reference_linear_kl(h, w, target, rows)[0].backward()
+    torch.testing.assert_close(got, w.grad, rtol=1e-10, atol=1e-12)
+    # no row scored: a zero gradient, no GEMM
+    none = torch.empty(0, dtype=torch.long)
+    loss, _, _ = fused_linear_kl(h, w, target, rows[:0], chunk=chunk, rows=none)
+    w.grad = None
+    loss.backward()
+    assert torch.equal(w.grad, torch.zeros_like(w))
+
+
 def _batch(seed=0, lengths=(30, 18, 25)):
     g = torch.Generator().manual_seed(seed)
     T = sum(lengths)

@@ -15,6 +15,11 @@ from torch import Tensor
 from eagle3_train.model.attention import autocast_off, mm_f32
 
 LOSS_EPS = 1e-5  # added to each step's loss denominator, as speculators does
+# The LM head's weight gradient is one GEMM over many chunks' rows: their d/dz (in the GEMM's
+# input dtype) are held until they reach this many elements (512 MiB in bf16), then multiplied
+# into the float32 [V, H] gradient at once. A GEMM per chunk would read and write that
+# gradient once per chunk (0.9 GB each way at the Kimi-K2.5 draft's shape).
+HEAD_GRAD_ROWS_ELEMENTS = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,9 @@ class _FusedLinearKL(torch.autograd.Function):
         w_mm_t = w_mm.T
         # rows not scored get no gradient; the scored ones' are written chunk by chunk
         grad_x = torch.zeros(x.shape, dtype=acc, device=x.device) if need_x else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=x.device) if need_w else None
+        grad_w: Tensor | None = None  # the first flush of ``head_rows`` writes it
+        head_rows: list[tuple[Tensor, Tensor]] = []  # (d/dz, normed rows) not yet in grad_w
+        held = 0
         grad_nw = None
         if need_nw and norm_weight is not None:
             grad_nw = torch.zeros(norm_weight.shape, dtype=acc, device=x.device)
@@ -200,8 +207,12 @@ class _FusedLinearKL(torch.autograd.Function):
             )
             total += part
             kl_total += kl_part
-            if grad_w is not None:
-                grad_w = mm_f32(g.T, hc, accumulate=grad_w)
+            if need_w:
+                head_rows.append((g, hc))
+                held += g.numel()
+                if held >= HEAD_GRAD_ROWS_ELEMENTS:
+                    grad_w = _head_weight_grad(head_rows, grad_w)
+                    head_rows, held = [], 0
             if grad_x is not None or grad_nw is not None:
                 grad_h = mm_f32(g, w_mm)
                 if norm_weight is not None:
@@ -212,6 +223,10 @@ class _FusedLinearKL(torch.autograd.Function):
                         grad_nw += grad_nw_c
                 if grad_x is not None:
                     grad_x[rows_c] = grad_h
+        if head_rows:
+            grad_w = _head_weight_grad(head_rows, grad_w)
+        if need_w and grad_w is None:  # no row scored
+            grad_w = torch.zeros(weight.shape, dtype=acc, device=x.device)
         grads = (grad_x, grad_w, grad_nw)
         ctx.save_for_backward(*(g for g in grads if g is not None))
         ctx.has = tuple(g is not None for g in grads)  # type: ignore[attr-defined]
@@ -234,6 +249,13 @@ class _FusedLinearKL(torch.autograd.Function):
             for has, dtype in zip(ctx.has, ctx.dtypes, strict=True)  # type: ignore[attr-defined]
         ]
         return (*grads, None, None, None, None, None, None, None, None, None)
+
+
+def _head_weight_grad(head_rows: list[tuple[Tensor, Tensor]], grad_w: Tensor | None) -> Tensor:
+    """grad_w + Σ gᵀ·h over the held chunks, as one GEMM (float32 result and accumulation)."""
+    g = torch.cat([g for g, _ in head_rows]) if len(head_rows) > 1 else head_rows[0][0]
+    h = torch.cat([h for _, h in head_rows]) if len(head_rows) > 1 else head_rows[0][1]
+    return mm_f32(g.T, h, accumulate=grad_w)
 
 
 def fused_linear_kl(
