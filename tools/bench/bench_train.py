@@ -2,7 +2,9 @@
 
 1. Training step: our Eagle3Draft vs speculators' Eagle3DraftModel at the same config (one
    packed sequence of T tokens, H, draft vocabulary, TTT steps, AdamW, or ours with the GPU
-   recipes' Muon (``--optimizer muon``); lm_head frozen in both, as speculators does).
+   recipes' Muon (``--optimizer muon``); lm_head frozen in both, as speculators does, or in
+   ours trained as the recipes train it (``--head trained``); ``--scored``, the share of each
+   document the loss scores (its answer), 0.75 by default, 1 for every token).
    speculators runs with sdpa attention and its eager kl_div loss (its defaults need a GPU). Each side runs in its own subprocess, so peak RSS is that
    side's alone; torch threads are set explicitly.
 2. Loader: eagle3-train's shard streaming vs the raw read throughput of the same shard bytes
@@ -26,6 +28,8 @@
 5. On CUDA, for tools/gpu/gpu_check.py: ``--sync-check``, one more step of ours under
    torch.cuda.set_sync_debug_mode("error") (an op that waits for the GPU raises and is
    named) and its host→device copies from pageable memory; ``--profile``, the top kernels.
+   ``--profile`` on either device: one profiled step of ours timed by part (attention, GEMMs,
+   loss, optimizer, copies).
 
     uv run --frozen python tools/bench/bench_train.py                 # H=256 (tiny target), T=2048
     uv run --frozen python tools/bench/bench_train.py --hidden 128 --json out.json
@@ -144,14 +148,16 @@ def _failure(output: str, returncode: int) -> str:
     return lines[-1][:300] if lines else f"exit {returncode}, no output"
 
 
-def model_flops_per_token(args) -> float:
-    """The module docstring's formula (bench's draft: lm_head frozen, 3 aux layers)."""
+def model_flops_per_token(args, head_trained: bool = False) -> float:
+    """The module docstring's formula (3 aux layers; the draft's lm_head frozen, or trained)."""
     heads, kv, head_dim = heads_of(args)
     H, inter, V = args.hidden, args.intermediate, args.v_draft
     layer = 2 * H * (heads + 2 * kv) * head_dim + heads * head_dim * H + 3 * H * inter
     once = 6 * (3 * H) * H + 2 * H * V
     per_step = [
-        6 * layer + 12 * heads * head_dim * ((args.doc_len + 1) / 2 + k) + 4 * H * V
+        6 * layer
+        + 12 * heads * head_dim * ((args.doc_len + 1) / 2 + k)
+        + (6 if head_trained else 4) * H * V
         for k in range(args.ttt_steps)
     ]
     return float(once + sum(per_step))
@@ -205,7 +211,18 @@ def main() -> int:
         "--sides", default="both", choices=["both", "ours", "speculators"], help="which to run"
     )
     p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
-    p.add_argument("--profile", type=int, default=0, help="ours, CUDA: top kernels of a step")
+    p.add_argument(
+        "--profile", type=int, default=0, help="ours: a step's time by part (CUDA: top kernels)"
+    )
+    p.add_argument(
+        "--head",
+        default="frozen",
+        choices=["frozen", "trained"],
+        help="ours: the draft's LM head frozen (as speculators) or trained (as the recipes)",
+    )
+    p.add_argument(
+        "--scored", type=float, default=0.75, help="share of each document the loss scores"
+    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--loader-samples", type=int, default=128)
@@ -258,7 +275,8 @@ def main() -> int:
     print(
         f"config: T={c.tokens} (docs of {c.doc_len}), H={c.hidden}, I={c.intermediate}, V_target={c.v_target}, "
         f"V_draft={c.v_draft}, TTT={c.ttt_steps}, ours {c.optimizer}, {c.device} {c.dtype}, threads={c.threads}, "
-        f"ours: attention {c.attention}, compile {c.compile}, objective {c.objective}"
+        f"ours: attention {c.attention}, compile {c.compile}, objective {c.objective}, "
+        f"head {c.head}, scored {c.scored}"
     )
     memory = "peak GPU MiB" if args.device == "cuda" else "peak RSS MiB"
     print(f"{'':14}{'s/step':>10}{'tokens/s':>12}{'CPU s/step':>12}{memory:>14}")
@@ -276,11 +294,12 @@ def main() -> int:
         loaders(args, results, ratios)
     flops = model_flops_per_token(args)
     results["model_flops_per_token"] = flops
+    side_flops = {"speculators": flops, "ours": model_flops_per_token(args, args.head == "trained")}
     peak = next((r.get("peak_tflops") for r in ran.values()), None)
-    print(f"model FLOPs per trained token: {flops / 1e9:.2f} GFLOP")
+    print(f"model FLOPs per trained token: {flops / 1e9:.2f} GFLOP (lm_head frozen)")
     if peak:
         for side in ran:
-            mfu = results[side]["tokens_per_s"] * flops / (peak * 1e12)
+            mfu = results[side]["tokens_per_s"] * side_flops[side] / (peak * 1e12)
             results[side]["mfu"] = mfu
             print(f"{side} MFU: {mfu:.1%} of {peak:.0f} TFLOP/s")
     results["ratios"] = ratios

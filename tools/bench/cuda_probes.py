@@ -1,6 +1,7 @@
-"""bench_train.py's CUDA probes of one training step of ours: the op that makes the host wait
+"""bench_train.py's probes of one training step of ours: the op that makes the host wait
 (under ``torch.cuda.set_sync_debug_mode("error")``), the host→device copies from pageable
-memory, and the kernels that took most of the step (tools/gpu/gpu_check.py's llama row).
+memory, the kernels that took most of the step (tools/gpu/gpu_check.py's llama row), and (on
+either device) the step's time by part.
 """
 
 from __future__ import annotations
@@ -63,3 +64,48 @@ def top_kernels(step, count: int = 12) -> list[list]:
         torch.cuda.synchronize()
     rows = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
     return [[e.key[:90], round(e.device_time_total / 1e3, 3), e.count] for e in rows[:count]]
+
+
+# kernel (CUDA) or op (CPU) names of each part, by substring, the first match counting
+KERNEL_PARTS = {
+    "attention": ("flash", "fmha", "attention", "sdpa"),
+    "loss": ("log_softmax", "logsoftmax", "_softmax", "kl_div"),
+    "gemm": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm",
+             "aten::bmm", "aten::baddbmm"),
+    "copies": ("memcpy", "memset", "aten::copy_", "aten::_to_copy"),
+}  # fmt: skip
+PHASES = ("forward", "backward", "optimizer")  # the step's record_function ranges: "bench.<phase>"
+
+
+def part_times(step, device: str) -> dict[str, float]:
+    """One profiled step, in ms: its phases (``bench.forward``, ``bench.backward`` and
+    ``bench.optimizer`` ranges, which the step opens) and its kernels by part (KERNEL_PARTS,
+    the rest "other"): on CUDA the kernels' device time, on CPU the ops' own time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    times = {f"phase_{phase}": 0.0 for phase in PHASES}
+    times.update({part: 0.0 for part in (*KERNEL_PARTS, "other")})
+    for event in prof.key_averages():
+        name = event.key
+        if name.startswith("bench."):
+            phase = name.removeprefix("bench.")
+            if phase in PHASES:
+                total = event.device_time_total if cuda else event.cpu_time_total
+                times[f"phase_{phase}"] += total / 1e3
+            continue
+        own = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if not own:
+            continue
+        lowered = name.lower()
+        part = next(
+            (p for p, keys in KERNEL_PARTS.items() if any(k in lowered for k in keys)), "other"
+        )
+        times[part] += own / 1e3
+    return {k: round(v, 3) for k, v in times.items()}

@@ -12,7 +12,7 @@ import time
 import warnings
 from pathlib import Path
 
-from cuda_probes import pageable_copies, raised_at, top_kernels
+from cuda_probes import pageable_copies, part_times, raised_at, top_kernels
 from speculators_loop import SPECULATORS_CLIP, pack_documents, speculators_config
 
 STARTED = time.perf_counter()  # the side's process start, for its phases' seconds
@@ -27,7 +27,8 @@ def _batch(args, seed: int = 0):
     total = sum(lengths)
     mask = torch.zeros(total, dtype=torch.bool)
     for i in range(docs):
-        mask[i * args.doc_len + args.doc_len // 4 : (i + 1) * args.doc_len] = True
+        prompt = round(args.doc_len * (1 - args.scored))  # the rest is the scored answer
+        mask[i * args.doc_len + prompt : (i + 1) * args.doc_len] = True
     cu = torch.tensor([0, *[args.doc_len * (i + 1) for i in range(docs)]])
     return {
         "aux": torch.randn(total, 3, args.hidden, generator=g),
@@ -56,6 +57,7 @@ def heads_of(args) -> tuple[int, int, int]:
 
 def run_ours(args) -> dict[str, float]:
     import torch
+    from torch.profiler import record_function
 
     from eagle3_train.model.arch import DraftArch
     from eagle3_train.model.draft import Eagle3Draft
@@ -94,7 +96,8 @@ def run_ours(args) -> dict[str, float]:
     embed = torch.randn(args.v_target, args.hidden, generator=g, device=args.device)
     model.load_target_head(embed, torch.ones(args.hidden), head[t2d.to(args.device)])
     del head, embed
-    model.lm_head.weight.requires_grad_(False)
+    if args.head == "frozen":  # as speculators keeps it
+        model.lm_head.weight.requires_grad_(False)
     # as eagle3-train sets a run up (eagle3_train.components.build: speed_up, make_optimizer)
     if args.dtype == "bfloat16":
         model.store_frozen_as(torch.bfloat16)
@@ -117,7 +120,7 @@ def run_ours(args) -> dict[str, float]:
     def step() -> None:
         # the trainer's step: alignment on the host, moved with the batch; clipping
         al = align(host["ids"], host["mask"], host["cu"], args.ttt_steps).to(args.device)
-        with _autocast(args):
+        with _autocast(args), record_function("bench.forward"):
             loss, _ = model(
                 b["aux"],
                 b["last"],
@@ -129,10 +132,12 @@ def run_ours(args) -> dict[str, float]:
                 alignment=al,
                 objective=objective,
             )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        with record_function("bench.backward"):
+            loss.backward()
+        with record_function("bench.optimizer"):
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
     result = _time(step, args, b["ids"].shape[0], phases)
     if args.sync_check and args.device == "cuda":
@@ -145,6 +150,8 @@ def run_ours(args) -> dict[str, float]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
         result["pageable_copies_in_step"] = pageable_copies(step) or "none"
+    if args.profile:
+        result["part_times_ms"] = part_times(step, args.device)
     if args.profile and args.device == "cuda":
         result["top_kernels"] = top_kernels(step)
     return result

@@ -13,21 +13,23 @@ again after each one, so a run cut short keeps what it measured:
 1. attention: the flash TTT path against the chunked reference (values and gradients within
    8·u of bf16; a moved diagonal key must fail it), both paths' forward+backward time at the
    Llama-3.1-8B draft's shape.
-2. llama: the training step at a Llama-3.1-8B draft's shape, ours (draft.attention auto, the
-   layers compiled, as eagle3-train runs on CUDA) training what speculators 0.9.0 trains
-   (plain TTT KL, no step decay, both clipped at 1.0: bench_train.py --objective plain)
-   beside speculators: tokens/s, MFU, peak GPU memory; one step under
-   torch.cuda.set_sync_debug_mode("error") (the op that synchronised, named), the step's
-   host→device copies from pageable memory, the profile's top kernels.
+2. llama: the training step at a Llama-3.1-8B draft's shape with the recipes' settings (ours:
+   train: defaults' objective, Muon + AdamW, the LM head trained, every token scored, the
+   layers compiled, as eagle3-train runs on CUDA) beside speculators 0.9.0 at its defaults:
+   tokens/s, MFU, peak GPU memory, the step's time by part (attention, GEMMs, loss, copies;
+   forward, backward, optimizer); one step under torch.cuda.set_sync_debug_mode("error") (the
+   op that synchronised, named), the step's host→device copies from pageable memory, the
+   profile's top kernels.
 3. whole: the whole tiny run: corpus → eagle3-data → eagle3-extract (--device) →
    accelerate launch eagle3-train (train.compile=never, a checkpoint, a resumed second
    launch, export) → eagle3-eval reference; the launches' tokens/s beside the step's.
-4. kimi: the llama row's comparison at a Kimi-K2.5 draft's shape (recipes/kimi-k2.5/train.yaml:
-   H 7168, 64 heads, V 163,840 → 32,000).
-5. probes: ours with its own train: defaults (top-k term, step decay 0.8, clip 0.5) and the
-   GPU recipes' optimizer (Muon + AdamW, under the sync check); ours not
-   compiled; ours with the chunked attention, not compiled; a 32K-token sample, both sides.
-6. vllm: vLLM on CUDA where vllm imports (where it does not, the rows say so).
+4. kimi: the llama row at a Kimi-K2.5 draft's shape (recipes/kimi-k2.5/train.yaml: H 7168,
+   64 heads, V 163,840 → 32,000).
+5. long: the llama row on one 32K-token sample.
+6. llama-bench: the earlier rows' settings (speculators' plain objective, AdamW, the head
+   frozen, 3/4 of each document scored), for continuity with their figures.
+7. probes: ours not compiled; ours with the chunked attention, not compiled.
+8. vllm: vLLM on CUDA where vllm imports (where it does not, the rows say so).
 
 On CPU (``--device cpu``) every part runs at small shapes, float32 and not compiled: a
 rehearsal of the whole script within its budget, and the measured seconds of each part.
@@ -90,25 +92,31 @@ class Part:
     bench: list[str] | None = None  # a training row: [shape, bench_train.py arguments...]
 
 
+# The recipes' settings (what a user's step runs): train: defaults' objective, Muon + AdamW as
+# the GPU recipes set it, the LM head trained, every token of the documents scored; beside it
+# speculators 0.9.0 at its defaults (its LM head frozen).
+RECIPE = ["--objective=defaults", "--optimizer=muon", "--head=trained", "--scored=1"]
+# The earlier rows' settings, for continuity: speculators' plain TTT objective, AdamW, the head
+# frozen on both sides, 3/4 of each document scored.
+BENCH = ["--objective=plain", "--optimizer=adamw", "--head=frozen", "--scored=0.75"]
+
 PARTS = [
     Part("attention", "flash vs chunked TTT attention", {"cuda": 30, "cpu": 20}),
-    Part("llama", "llama-3.1-8b draft: ours plain TTT vs speculators", {"cuda": 170, "cpu": 45},
-         ["llama", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1",
-          "--sync-check=1", "--profile=1"]),
+    Part("llama", "llama-3.1-8b draft, the recipes' settings: ours vs speculators", {"cuda": 180, "cpu": 50},
+         ["llama", *RECIPE, "--sides=both", "--attention=auto", "--compile=1", "--sync-check=1",
+          "--profile=1"]),
     # ~10 processes (torch imported in each, CUDA started in 3), the tiny model's work small
     Part("whole", "whole tiny run (train.compile=never)", {"cuda": 120, "cpu": 135}),
-    Part("kimi", "kimi-k2.5 draft: ours plain TTT vs speculators", {"cuda": 200, "cpu": 50},
-         ["kimi", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
-    Part("defaults", "llama draft: ours, its train: defaults, the recipes' Muon", {"cuda": 90, "cpu": 20},
-         ["llama", "--objective=defaults", "--optimizer=muon", "--sides=ours", "--attention=auto",
-          "--compile=1", "--sync-check=1"]),
-    Part("eager", "llama draft: ours plain, not compiled", {"cuda": 45, "cpu": 15},
-         ["llama", "--objective=plain", "--sides=ours", "--attention=auto", "--compile=0"]),
-    Part("chunked", "llama draft: ours plain, chunked attention, eager", {"cuda": 50, "cpu": 15},
-         ["llama", "--objective=plain", "--sides=ours", "--attention=chunked", "--compile=0",
-          "--profile=1"]),
-    Part("long", "llama draft, one long sample (32K on CUDA): ours vs speculators", {"cuda": 150, "cpu": 80},
-         ["long", "--objective=plain", "--sides=both", "--attention=auto", "--compile=1"]),
+    Part("kimi", "kimi-k2.5 draft, the recipes' settings: ours vs speculators", {"cuda": 210, "cpu": 55},
+         ["kimi", *RECIPE, "--sides=both", "--attention=auto", "--compile=1", "--profile=1"]),
+    Part("long", "llama draft, one long sample (32K on CUDA), the recipes' settings", {"cuda": 160, "cpu": 85},
+         ["long", *RECIPE, "--sides=both", "--attention=auto", "--compile=1", "--profile=1"]),
+    Part("llama-bench", "llama draft, the earlier rows' settings: ours vs speculators", {"cuda": 170, "cpu": 45},
+         ["llama", *BENCH, "--sides=both", "--attention=auto", "--compile=1"]),
+    Part("eager", "llama draft: ours, the recipes' settings, not compiled", {"cuda": 45, "cpu": 15},
+         ["llama", *RECIPE, "--sides=ours", "--attention=auto", "--compile=0"]),
+    Part("chunked", "llama draft: ours, chunked attention, eager", {"cuda": 50, "cpu": 15},
+         ["llama", *RECIPE, "--sides=ours", "--attention=chunked", "--compile=0", "--profile=1"]),
     Part("vllm", "vLLM on CUDA", {"cuda": 600, "cpu": 0}),
 ]  # fmt: skip
 REPORT_RESERVE_S = 10  # kept back from the budget for the last write and the table
