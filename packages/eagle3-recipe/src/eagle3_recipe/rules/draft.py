@@ -86,8 +86,10 @@ PUBLISHED_DRAFT_VOCAB = 32000
 
 def draft_vocab(t: Target) -> Decision:
     """Provisional: the published EAGLE-3 drafts' 32,000 ids, or half a small vocabulary. What
-    more ids cost is priced in docs/benchmarks/vocabulary.md; what they gain in acceptance is not
-    yet measured on a target whose answers use a real vocabulary (the tiny ones use ~100 ids)."""
+    more ids cost is priced in docs/benchmarks/vocabulary.md. What they gain was measured there
+    on the tiny Llama's written answers (3,871 ids in use): the full vocabulary, half and a
+    quarter read level within the seeds' spread. It is not yet measured on a target whose
+    answers use a real vocabulary."""
     v = t.vocab_size
     if v >= 2 * PUBLISHED_DRAFT_VOCAB:
         size = PUBLISHED_DRAFT_VOCAB
