@@ -21,8 +21,10 @@ rate schedules, step by step: those no config key of ours makes speculators'.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -63,22 +65,11 @@ def ours_model(config, seed: int):
 
 
 def ours_loss(model, config, batch) -> torch.Tensor:
-    from eagle3_train.model.shift import align
+    """The trainer's own forward (eagle3_train.data.batch.forward), on the CPU."""
+    from eagle3_train.data.batch import forward
 
-    t = config.train
-    al = align(batch["input_ids"].long(), batch["loss_mask"], batch["cu_seqlens"], t.ttt_steps)
-    loss, _ = model(
-        batch["aux_hidden_states"],
-        batch["last_hidden_state"],
-        batch["input_ids"],
-        batch["loss_mask"],
-        batch["cu_seqlens"],
-        t.ttt_steps,
-        t.ttt_step_loss_decay,
-        alignment=al,
-        objective=t.objective,
-    )
-    return loss
+    cpu = SimpleNamespace(device=torch.device("cpu"), autocast=contextlib.nullcontext)
+    return forward(model, batch, cpu, config)[0]
 
 
 def trained(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
