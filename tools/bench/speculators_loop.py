@@ -48,15 +48,16 @@ SPECULATORS_ARMS = {
 SPECULATORS_CLIP = 1.0
 
 
-def pack_documents(ids, aux, last, mask, cu: list[int]) -> tuple[dict, Any]:
-    """speculators' own per-document shift (``shift_batch``) of each document ``cu`` bounds,
-    then packing: the packed batch its model takes (each tensor ``[1, T]``) and the document
-    id of each row (``[1, T]``)."""
+def pack_documents(batch: dict) -> tuple[dict, Any]:
+    """speculators' own per-document shift (``shift_batch``) of each document of a batch in
+    eagle3-train's loader's keys, then packing: the packed batch its model takes (each tensor
+    ``[1, T]``) and the document id of each row (``[1, T]``)."""
     import torch
     from speculators.models.eagle3.data import shift_batch
 
+    ids, aux, last = batch["input_ids"], batch["aux_hidden_states"], batch["last_hidden_state"]
     parts = []
-    for start, end in itertools.pairwise(cu):
+    for start, end in itertools.pairwise(batch["cu_seqlens"].tolist()):
         n = end - start
         parts.append(
             shift_batch(
@@ -64,7 +65,7 @@ def pack_documents(ids, aux, last, mask, cu: list[int]) -> tuple[dict, Any]:
                     "input_ids": ids[start:end],
                     "hidden_states": aux[start:end].float().reshape(n, -1),
                     "verifier_last_hidden_states": last[start:end].float(),
-                    "loss_mask": mask[start:end],
+                    "loss_mask": batch["loss_mask"][start:end],
                     "lengths": torch.tensor([n]),
                     "position_ids": torch.arange(n),
                 }
@@ -182,10 +183,8 @@ def speculators_run(
     model.load_vocab_mappings(torch.from_numpy(vocab["t2d"]), torch.from_numpy(vocab["d2t"]))
     model.load_verifier_weights()
     optimizers = build_optimizers(model, SimpleNamespace(**cli.optimizer.model_dump()))
-    timing = SimpleNamespace(num_epochs=cli.trainer.epochs, max_steps=steps)
-    warmup, total = _resolve_scheduler_steps(
-        SimpleNamespace(**vars(timing), **cli.scheduler.model_dump()), batches
-    )
+    timing = {"num_epochs": cli.trainer.epochs, "max_steps": steps} | cli.scheduler.model_dump()
+    warmup, total = _resolve_scheduler_steps(SimpleNamespace(**timing), batches)
     schedules = [get_linear_schedule_with_warmup(o, warmup, total) for o in optimizers]
     return SpeculatorsRun(
         model, optimizers, schedules, cli, resolve_loss_config(cli.loss.loss_fn, "eager")
@@ -197,13 +196,7 @@ def speculators_loss(s: SpeculatorsRun, batch: dict):
     document shifted by its own ``shift_batch``."""
     import warnings
 
-    cat, documents = pack_documents(
-        batch["input_ids"],
-        batch["aux_hidden_states"],
-        batch["last_hidden_state"],
-        batch["loss_mask"],
-        batch["cu_seqlens"].tolist(),
-    )
+    cat, documents = pack_documents(batch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, loss, _ = s.model(

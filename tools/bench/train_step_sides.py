@@ -15,6 +15,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 from speculators_loop import SPECULATORS_CLIP, pack_documents, speculators_config
 
@@ -28,11 +29,11 @@ def _batch(args, seed: int = 0):
     total = args.tokens // args.doc_len * args.doc_len
     prompt = round(args.doc_len * (1 - args.scored))  # the rest of each document is scored
     return {
-        "aux": torch.randn(total, 3, args.hidden, generator=g),
-        "last": torch.randn(total, args.hidden, generator=g),
-        "ids": torch.randint(0, args.v_target, (total,), generator=g),
-        "mask": torch.arange(total) % args.doc_len >= prompt,
-        "cu": torch.arange(0, total + 1, args.doc_len),
+        "aux_hidden_states": torch.randn(total, 3, args.hidden, generator=g),
+        "last_hidden_state": torch.randn(total, args.hidden, generator=g),
+        "input_ids": torch.randint(0, args.v_target, (total,), generator=g),
+        "loss_mask": torch.arange(total) % args.doc_len >= prompt,
+        "cu_seqlens": torch.arange(0, total + 1, args.doc_len),
     }
 
 
@@ -73,9 +74,7 @@ def run_ours(args) -> dict[str, float]:
         rope_theta=10000.0,
         attention=args.attention,
     )
-    from eagle3_train.model.draft import compile_target_distribution
-    from eagle3_train.model.flash_attention import compile_flash_attention
-    from eagle3_train.model.loss import compile_kl_chunk
+    from eagle3_train.components.build import speed_up
     from eagle3_train.model.shift import align
 
     phases = {"imports": time.perf_counter() - STARTED}
@@ -94,16 +93,12 @@ def run_ours(args) -> dict[str, float]:
     if args.head == "frozen":  # as speculators keeps it
         model.lm_head.weight.requires_grad_(False)
     # as eagle3-train sets a run up (eagle3_train.components.build: speed_up, make_optimizer)
-    if args.dtype == "bfloat16":
-        model.store_frozen_as(torch.bfloat16)
-    if args.compile:
-        for layer in model.layers:
-            layer.compile()
-        compile_kl_chunk(True)
-        compile_flash_attention(True)
-        compile_target_distribution(True)
-    for layer in model.layers:  # train.recompute
-        layer.recompute = bool(args.recompute)
+    train = SimpleNamespace(compile="always" if args.compile else "never", recompute=args.recompute)
+    config = SimpleNamespace(train=train, export=SimpleNamespace(include_embeddings=False))
+    precision = "bf16" if args.dtype == "bfloat16" else "no"
+    speed_up(
+        model, config, SimpleNamespace(mixed_precision=precision, device=torch.device(args.device))
+    )
     model.to(args.device)
     params = model.trainable_parameters()
     opt = _optimizer(args.optimizer, model, params, fused=args.device == "cuda")
@@ -114,14 +109,16 @@ def run_ours(args) -> dict[str, float]:
 
     def step() -> None:
         # the trainer's step: alignment on the host, moved with the batch; clipping
-        al = align(host["ids"], host["mask"], host["cu"], args.ttt_steps).to(args.device)
+        al = align(host["input_ids"], host["loss_mask"], host["cu_seqlens"], args.ttt_steps).to(
+            args.device
+        )
         with _autocast(args), record_function("bench.forward"):
             loss, _ = model(
-                b["aux"],
-                b["last"],
-                b["ids"],
-                b["mask"],
-                b["cu"],
+                b["aux_hidden_states"],
+                b["last_hidden_state"],
+                b["input_ids"],
+                b["loss_mask"],
+                b["cu_seqlens"],
                 args.ttt_steps,
                 decay,
                 alignment=al,
@@ -134,7 +131,7 @@ def run_ours(args) -> dict[str, float]:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    result = _time(step, args, b["ids"].shape[0], phases)
+    result = _time(step, args, b["input_ids"].shape[0], phases)
     if args.sync_check and args.device == "cuda":
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -201,14 +198,14 @@ def run_speculators(args) -> dict[str, float]:
     opt = torch.optim.AdamW(params, lr=1e-4)
     b = _batch(args)
     # speculators' own per-sample shift, then packing
-    cat, doc = pack_documents(b["ids"], b["aux"], b["last"], b["mask"], b["cu"].tolist())
+    cat, doc = pack_documents(b)
     if args.device == "cuda":  # FlexAttention's block mask: pad to whole 128-token blocks, as
         # speculators' collator pads to its fixed length (a padding document, loss_mask 0)
         pad = -cat["input_ids"].shape[1] % 128
         cat = {
             k: torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, pad)) for k, v in cat.items()
         }
-        doc = torch.nn.functional.pad(doc, (0, pad), value=len(b["cu"]) - 1)
+        doc = torch.nn.functional.pad(doc, (0, pad), value=len(b["cu_seqlens"]) - 1)
     cat, doc = _on_device(cat, args), doc.to(args.device)
     # its eager loss: the fused Triton one needs a GPU and, under torch 2.11's dynamo, fails
     # ("ListVariable ... is already tracked for mutation", speculators/losses/fused.py)
@@ -226,7 +223,7 @@ def run_speculators(args) -> dict[str, float]:
         opt.zero_grad(set_to_none=True)
 
     phases["build"] = time.perf_counter() - built
-    return _time(step, args, b["ids"].shape[0], phases)
+    return _time(step, args, b["input_ids"].shape[0], phases)
 
 
 def _on_device(batch: dict, args) -> dict:
