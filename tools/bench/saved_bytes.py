@@ -39,11 +39,17 @@ def saved_by_module(model: Eagle3Draft, tokens: int, bf16: bool) -> collections.
     held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     running, seen, saved = ["(model)"], set(), collections.Counter()
 
+    def enter(module: nn.Module, args: object, name: str) -> None:
+        running.append(name)
+
+    def leave(module: nn.Module, args: object, output: object) -> None:
+        running.pop()
+
     hooks = []
     for name, module in model.named_modules():
         if name and not isinstance(module, nn.ModuleList):
-            hooks.append(module.register_forward_pre_hook(lambda m, a, n=name: running.append(n)))
-            hooks.append(module.register_forward_hook(lambda m, a, out: running.pop()))
+            hooks.append(module.register_forward_pre_hook(lambda m, a, n=name: enter(m, a, n)))
+            hooks.append(module.register_forward_hook(leave))
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
