@@ -111,16 +111,6 @@ def step_speculators(s: speculators.SpeculatorsRun) -> tuple[dict[str, torch.Ten
     return {n: p.detach() - before[n] for n, p in params.items()}, norm
 
 
-def lr_factors(config, s: speculators.SpeculatorsRun, steps: int, at: list[int]) -> list[tuple]:
-    """(step, ours' lr factor, speculators') at the steps ``at`` (the factor the schedule
-    applies to the base lr of that optimizer step, step 0 the first)."""
-    from eagle3_train.components.build import lr_lambda
-
-    ours = lr_lambda(config, steps)
-    theirs = s.schedules[0].lr_lambdas[0]
-    return [(k, ours(k), theirs(k)) for k in at]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--recipe", type=Path, default=tiny_runs.ROOT / "recipes" / "tiny")
@@ -135,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     recipe, run = tiny_runs.Recipe(args.recipe), args.run.resolve()
 
+    from eagle3_train.components.build import lr_lambda
     from eagle3_train.data.dataset import HiddenStateDataset
     from eagle3_train.data.loader import make_loader, to_device
 
@@ -190,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     defaults = ours_config(recipe, run, args.steps, args.lr, args.seed, [])
     print("\nlr factor (x the group's base lr) of optimizer step k, ours' defaults / speculators':")
     at = [0, 1, 2, 5, 10, 29, 30, args.steps // 4, args.steps // 2, 3 * args.steps // 4]
-    for k, a, b in lr_factors(defaults, s, args.steps, [*at, args.steps - 1]):
-        print(f"  step {k:>4}: ours {a:.4f}  speculators {b:.4f}")
+    ours_lr, theirs_lr = lr_lambda(defaults, args.steps), s.schedules[0].lr_lambdas[0]
+    for k in [*at, args.steps - 1]:  # step 0 the first
+        print(f"  step {k:>4}: ours {ours_lr(k):.4f}  speculators {theirs_lr(k):.4f}")
     return 0 if worst <= RTOL else 1
 
 
