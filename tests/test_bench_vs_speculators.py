@@ -121,7 +121,7 @@ def test_a_kept_reading_stands_only_for_its_own_temperature(
     summary = bench.summarize_arm([hot], lambda steps: 1, 3)
     assert summary["temperature"] == 1.0
     with pytest.raises(ValueError, match="several temperatures"):
-        load_script(SCRIPT.with_name("readings.py")).temperature_of([first, hot])
+        load_script(RUNS).temperature_of([first, hot])
 
 
 @pytest.mark.parametrize(

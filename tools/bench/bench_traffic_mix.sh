@@ -43,14 +43,11 @@ uv run --frozen python - "$out" <<'PY'
 import json, statistics, sys
 from pathlib import Path
 
+sys.path.insert(0, "tools/bench")
+from tiny_runs import trained_steps
+
 out = Path(sys.argv[1])
 kinds = ("instant", "thinking", "agent")
-
-
-def steps_taken(run: Path) -> int:
-    events = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
-    return next(e["step"] for e in events if e["event"] == "done")
-
 
 print(f"{'arm':22} {'seed':>4} {'steps':>5}  " + "  ".join(f"{k:>22}" for k in (*kinds, "all")))
 for arm, reading in sorted((a, e) for a in out.iterdir() if a.is_dir() for e in ("eval-vllm", "eval-vllm-k5")):
@@ -68,7 +65,7 @@ for arm, reading in sorted((a, e) for a in out.iterdir() if a.is_dir() for e in 
             per[k].append(g["acceptance_length"])
             pos = "/".join(f"{p:.2f}" for p in g["per_position_acceptance"])
             cells.append(f"{g['acceptance_length']:.3f} ({pos})")
-        print(f"{name:22} {run.name[5:]:>4} {steps_taken(run):>5}  " + "  ".join(f"{c:>22}" for c in cells))
+        print(f"{name:22} {run.name[5:]:>4} {trained_steps(run / 'train' / 'metrics.jsonl'):>5}  " + "  ".join(f"{c:>22}" for c in cells))
     if len(per["all"]) > 1:
         print(f"{name:22} mean        " + "  ".join(f"{statistics.mean(v):>22.3f}" for v in per.values()))
 PY

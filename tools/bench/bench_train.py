@@ -5,8 +5,9 @@
    recipes' Muon (``--optimizer muon``); lm_head frozen in both, as speculators does, or in
    ours trained as the recipes train it (``--head trained``); ``--scored``, the share of each
    document the loss scores (its answer), 0.75 by default, 1 for every token).
-   speculators runs with sdpa attention and its eager kl_div loss (its defaults need a GPU). Each side runs in its own subprocess, so peak RSS is that
-   side's alone; torch threads are set explicitly.
+   speculators runs with sdpa attention and its eager kl_div loss (its defaults need a GPU).
+   Each side runs in its own subprocess (train_step_sides.py), so peak RSS is that side's
+   alone; torch threads are set explicitly.
 2. Loader: eagle3-train's shard streaming vs the raw read throughput of the same shard bytes
    (sequential 8 MiB reads of the whole files, page cache warm for both, interleaved
    repeats, best of each), with 0 and 2 workers in steady state. ``--verify-rows``: also
@@ -42,14 +43,15 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's modules beside it
-from loader_vs_raw import loaders
 from train_step_sides import heads_of, run_side
 
 
-def _run_sides(args, forwarded: list[str], sides: tuple[str, ...]) -> dict[str, dict]:
+def run_sides(args, forwarded: list[str], sides: tuple[str, ...]) -> dict[str, dict]:
     """Each side in its own process. Sides alternate over rounds (load on a shared machine
     hits both alike); the best round of each is kept. A side that fails (out of memory, say)
     has its error as its figure."""
@@ -58,25 +60,38 @@ def _run_sides(args, forwarded: list[str], sides: tuple[str, ...]) -> dict[str, 
         for side in sides:
             if "error" in results.get(side, {}):
                 continue
-            proc = subprocess.run(
-                [sys.executable, __file__, "--side", side, *forwarded],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            command = [sys.executable, __file__, "--side", side, *forwarded]
+            proc = subprocess.run(command, capture_output=True, text=True, check=False)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
             if line is None:
-                results[side] = {"error": _failure(proc.stderr or proc.stdout, proc.returncode)}
+                results[side] = {"error": failure(proc.stderr or proc.stdout, proc.returncode)}
                 print(f"{side}: {results[side]['error']}", file=sys.stderr)
                 continue
             got = json.loads(line[6:])
-            best = results.get(side)
-            if best is None or got["seconds_per_step"] < best["seconds_per_step"]:
+            if side not in results or got["seconds_per_step"] < results[side]["seconds_per_step"]:
                 results[side] = got
     return results
 
 
-def long_context(args, forwarded: list[str], sides: tuple[str, ...], results: dict) -> int:
+def failure(output: str, returncode: int) -> str:
+    """A side's failure in a few words: "out of memory" where it ran out, else its error's
+    last line (a killed process: its signal)."""
+    lines = [x for x in output.strip().splitlines() if x.strip()]
+    ran_out = ("OutOfMemoryError", "out of memory", "can't allocate memory", "MemoryError")
+    if any(m in x for x in lines[-30:] for m in ran_out):
+        return "out of memory"
+    if returncode < 0:
+        return f"killed by signal {-returncode} (the kernel's OOM killer, when 9)"
+    return lines[-1][:300] if lines else f"exit {returncode}, no output"
+
+
+def figure(side: dict, key: str, fmt: str) -> str:
+    if "error" in side:
+        return "OOM" if side["error"] == "out of memory" else side["error"][:11]
+    return format(side[key], fmt) if key in side else "-"
+
+
+def long_context(args, forwarded: list[str], sides: tuple[str, ...], results: dict) -> None:
     """--lengths: one packed sample of each length (tokens = doc-len = L) per side: the step's
     peak memory over what was held before it, s/step, and ours' growth from one length to
     the next (linear in T: 2.0× per doubling; the chunked attention's scores are a
@@ -85,10 +100,14 @@ def long_context(args, forwarded: list[str], sides: tuple[str, ...], results: di
     rows = []
     for length in args.lengths:
         at = [a for a in forwarded if not a.startswith(("--tokens=", "--doc-len="))]
-        at += [f"--tokens={length}", f"--doc-len={length}"]
-        got = _run_sides(args, at, sides)
+        got = run_sides(args, [*at, f"--tokens={length}", f"--doc-len={length}"], sides)
         rows.append({"tokens": length, **got})
-        print(f"{length} tokens: " + json.dumps({k: _brief(v) for k, v in got.items()}), flush=True)
+        brief = {
+            side: r.get("error")
+            or {k: round(r[k], 3) for k in ("step_peak_mib", "seconds_per_step")}
+            for side, r in got.items()
+        }
+        print(f"{length} tokens: " + json.dumps(brief), flush=True)
     results["long_context"] = rows
     c = args
     print(
@@ -105,9 +124,9 @@ def long_context(args, forwarded: list[str], sides: tuple[str, ...], results: di
         growth = f"{mem / previous:.2f}" if mem and previous else "-"
         previous = mem
         print(
-            f"{row['tokens']:>7}{_figure(ours, 'step_peak_mib', '.0f'):>22}{growth:>8}"
-            f"{_figure(ours, 'seconds_per_step', '.2f'):>12}{_figure(spec, 'step_peak_mib', '.0f'):>15}"
-            f"{_figure(spec, 'seconds_per_step', '.2f'):>12}"
+            f"{row['tokens']:>7}{figure(ours, 'step_peak_mib', '.0f'):>22}{growth:>8}"
+            f"{figure(ours, 'seconds_per_step', '.2f'):>12}{figure(spec, 'step_peak_mib', '.0f'):>15}"
+            f"{figure(spec, 'seconds_per_step', '.2f'):>12}"
         )
     fitted = [r for r in rows if "step_peak_mib" in r.get("ours", {})]
     if len(fitted) >= 2:
@@ -119,33 +138,115 @@ def long_context(args, forwarded: list[str], sides: tuple[str, ...], results: di
             f"ours: {slope:.0f} bytes per token ({slope / c.ttt_steps:.0f} per token per TTT "
             f"step, = {slope / c.ttt_steps / c.hidden:.1f} x H), from L {a['tokens']} to {b['tokens']}"
         )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
-    return 0
 
 
-def _brief(side: dict) -> object:
-    return side.get("error") or {
-        k: round(side[k], 3) for k in ("step_peak_mib", "seconds_per_step")
-    }
+def bench_loader(args, hidden: int, samples: int) -> dict[str, float]:
+    import numpy as np
+    import torch
+
+    from eagle3_train.data.dataset import HiddenStateDataset, plan_epoch
+    from eagle3_train.data.loader import make_loader
+
+    # The trainer's synthetic hidden states are shared with the tests (tests/support).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from support.synthetic_states import write_dataset
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = write_dataset(
+            Path(tmp) / "hs",
+            num_samples=samples,
+            min_len=256,
+            max_len=1024,
+            samples_per_shard=64,
+            hidden=hidden,
+            v_target=args.v_target,
+            storage_dtype="bfloat16",
+            num_layers=6,
+            aux_layer_ids=(2, 3, 5),
+        )
+        ds = HiddenStateDataset(root)
+        tokens = int(ds.num_tokens.sum())
+        plan = plan_epoch(ds.num_tokens, np.arange(len(ds)), args.tokens, seed=0, epoch=0)
+        batch_bytes = max(sum(n for _, n in b) for b in plan) * ds.bytes_per_token()
+        # The raw side reads the same files sequentially into memory as large as the
+        # loader's: two batch-sized buffers in turn, as the loader's ring of two slots (a
+        # small reused buffer would stay in the CPU cache and measure the cache, not memory).
+        rings = [memoryview(bytearray(batch_bytes)) for _ in range(2)]
+
+        def raw_read() -> float:
+            start, turn = time.perf_counter(), 0
+            for path in ds.shard_paths:
+                with open(path, "rb", buffering=0) as f:
+                    offset = 0
+                    while True:
+                        if offset + (8 << 20) > batch_bytes:
+                            turn, offset = turn + 1, 0
+                        got = f.readinto(rings[turn % 2][offset : offset + (8 << 20)])
+                        if not got:
+                            break
+                        offset += got
+            return time.perf_counter() - start
+
+        def load(workers: int, verify: str | None = None) -> float:
+            """Seconds per epoch in steady state: the plan twice over, the second pass
+            timed (the ring's buffers are faulted in and the workers started by then, as
+            they are a few batches into a real epoch of thousands)."""
+            seen, start = 0, 0.0
+            stream = make_loader(ds, plan * 2, workers, recycle=True, verify=verify)
+            for i, batch in enumerate(stream):
+                if i == len(plan):
+                    start = time.perf_counter()
+                if i >= len(plan):
+                    seen += int(batch["input_ids"].shape[0])
+                batch["lease"].release()  # done with its rows (the trainer's to_device)
+            assert seen == tokens
+            return time.perf_counter() - start
+
+        raw_read()  # warm the page cache for both sides
+        load(0)
+        raw_s, w0_s, w2_s, w0v_s, w2v_s = [], [], [], [], []
+        for _ in range(args.repeats):  # interleaved, so load changes hit both sides alike
+            raw_s.append(raw_read())
+            w0_s.append(load(0))
+            if args.verify_rows:
+                w0v_s.append(load(0, "stop"))
+        for _ in range(max(2, args.repeats // 3)):
+            w2_s.append(load(2))
+            if args.verify_rows:
+                w2v_s.append(load(2, "stop"))
+        out = {
+            "hidden": hidden,
+            "tokens": tokens,
+            "shard_mib": sum(p.stat().st_size for p in ds.shard_paths) / 2**20,
+            "raw_tokens_per_s": tokens / min(raw_s),
+            "loader_tokens_per_s_w0": tokens / min(w0_s),
+            "loader_tokens_per_s_w2": tokens / min(w2_s),
+        }
+        if args.verify_rows:
+            out["loader_verified_tokens_per_s_w0"] = tokens / min(w0v_s)
+            out["loader_verified_tokens_per_s_w2"] = tokens / min(w2v_s)
+        return out
 
 
-def _figure(side: dict, key: str, fmt: str) -> str:
-    if "error" in side:
-        return "OOM" if side["error"] == "out of memory" else side["error"][:11]
-    return format(side[key], fmt) if key in side else "-"
-
-
-def _failure(output: str, returncode: int) -> str:
-    """A side's failure in a few words: "out of memory" where it ran out, else its error's
-    last line (a killed process: its signal)."""
-    lines = [x for x in output.strip().splitlines() if x.strip()]
-    ran_out = ("OutOfMemoryError", "out of memory", "can't allocate memory", "MemoryError")
-    if any(any(m in x for m in ran_out) for x in lines[-30:]):
-        return "out of memory"
-    if returncode < 0:
-        return f"killed by signal {-returncode} (the kernel's OOM killer, when 9)"
-    return lines[-1][:300] if lines else f"exit {returncode}, no output"
+def loaders(args, results: dict[str, object], ratios: dict[str, float]) -> None:
+    """The loader vs a raw read at the train config's H and at Kimi-K2.5's (57 KiB per token),
+    about 1 GiB each, with 0 and 2 workers; with --verify-rows also the row checks' cost."""
+    shapes = {"loader": (args.hidden, args.loader_samples), "loader_kimi": (7168, 32)}
+    for key, (hidden, samples) in shapes.items():
+        loader = results[key] = bench_loader(args, hidden, samples)
+        line = (
+            f"{key}: H={hidden}, {loader['tokens']} tokens in {loader['shard_mib']:.0f} MiB of "
+            f"bf16 shards; raw read {loader['raw_tokens_per_s']:.0f} tok/s"
+        )
+        for w in ("w0", "w2"):
+            plain = loader[f"loader_tokens_per_s_{w}"]
+            ratios[f"{key}_vs_raw_read_{w}"] = plain / loader["raw_tokens_per_s"]
+            line += f"; {w}: {plain:.0f} tok/s"
+            checked = loader.get(f"loader_verified_tokens_per_s_{w}")
+            if checked is not None:
+                line += f", checked {checked:.0f} tok/s ({checked / plain:.2f}x)"
+        print(line)
 
 
 def model_flops_per_token(args, head_trained: bool = False) -> float:
@@ -153,113 +254,16 @@ def model_flops_per_token(args, head_trained: bool = False) -> float:
     heads, kv, head_dim = heads_of(args)
     H, inter, V = args.hidden, args.intermediate, args.v_draft
     layer = 2 * H * (heads + 2 * kv) * head_dim + heads * head_dim * H + 3 * H * inter
-    once = 6 * (3 * H) * H + 2 * H * V
-    per_step = [
-        6 * layer
-        + 12 * heads * head_dim * ((args.doc_len + 1) / 2 + k)
-        + (6 if head_trained else 4) * H * V
-        for k in range(args.ttt_steps)
+    attention = [
+        12 * heads * head_dim * ((args.doc_len + 1) / 2 + k) for k in range(args.ttt_steps)
     ]
-    return float(once + sum(per_step))
+    head = (6 if head_trained else 4) * H * V
+    return float(6 * (3 * H) * H + 2 * H * V + sum(6 * layer + a + head for a in attention))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--side", choices=["ours", "speculators"], help=argparse.SUPPRESS)
-    p.add_argument("--tokens", type=int, default=2048, help="packed tokens per step")
-    p.add_argument("--doc-len", type=int, default=512, help="tokens per packed document")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--intermediate", type=int, default=576)
-    p.add_argument("--v-target", type=int, default=4096)
-    p.add_argument("--v-draft", type=int, default=1024)
-    p.add_argument("--ttt-steps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--heads", type=int, help="attention heads (default: hidden // 64)")
-    p.add_argument("--skip-loader", action="store_true")
-    p.add_argument(
-        "--verify-rows",
-        action="store_true",
-        help="loader: also time it with the trainer's row checksum checks (data.verify_rows)",
-    )
-    p.add_argument("--loader-only", action="store_true", help="only the loader benchmark")
-    p.add_argument(
-        "--attention",
-        default="auto",
-        choices=["auto", "chunked", "flash", "sdpa"],
-        help="ours: draft.attention",
-    )
-    p.add_argument("--compile", type=int, default=0, help="ours: compiled layers and loss (1)")
-    p.add_argument(
-        "--recompute", type=int, default=0, help="ours: train.recompute, layers recomputed (1)"
-    )
-    p.add_argument(
-        "--objective",
-        default="plain",
-        choices=["plain", "defaults"],
-        help="ours: plain = speculators' objective (plain TTT KL, no step decay, its clipping "
-        "at 1.0); defaults = eagle3-train's train: defaults (top-k term, decay, clipping)",
-    )
-    p.add_argument(
-        "--optimizer",
-        default="adamw",
-        choices=["adamw", "muon"],
-        help="ours: adamw on every tensor, or muon as the GPU recipes train (AdamW on the rest)",
-    )
-    p.add_argument(
-        "--sides", default="both", choices=["both", "ours", "speculators"], help="which to run"
-    )
-    p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
-    p.add_argument(
-        "--profile", type=int, default=0, help="ours: a step's time by part (CUDA: top kernels)"
-    )
-    p.add_argument(
-        "--head",
-        default="frozen",
-        choices=["frozen", "trained"],
-        help="ours: the draft's LM head frozen (as speculators) or trained (as the recipes)",
-    )
-    p.add_argument(
-        "--scored", type=float, default=0.75, help="share of each document the loss scores"
-    )
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--loader-samples", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=9, help="loader timing repeats (min taken)")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two sides")
-    p.add_argument("--json", type=Path, help="also write the results here")
-    p.add_argument(
-        "--lengths",
-        type=lambda x: [int(n) for n in x.split(",")],
-        help="long-context table: one sample of each length, e.g. 4096,16384,32768,65536",
-    )
-    p.add_argument(
-        "--memory-cap-gib", type=float, help="CPU: address-space cap of each side's process"
-    )
-    args = p.parse_args()
-    if args.side:
-        run_side(args)
-        return 0
-    forwarded = [
-        f"--{k.replace('_', '-')}={v}"
-        for k, v in vars(args).items()
-        if k
-        not in ("side", "json", "rounds", "skip_loader", "verify_rows", "loader_only", "lengths")
-        and v is not None
-    ]
-    results: dict[str, object] = {
-        "config": {k: v for k, v in vars(args).items() if k not in ("side", "json")}
-    }
-    if args.loader_only:
-        loaders(args, results, {})
-        if args.json:
-            args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
-        return 0
-    sides = ("speculators", "ours") if args.sides == "both" else (args.sides,)
-    if args.lengths:
-        return long_context(args, forwarded, sides, results)
-    results.update(_run_sides(args, forwarded, sides))
+def training_step(args, forwarded: list[str], sides: tuple[str, ...], results: dict) -> None:
+    """Both sides' step, their ratios, the loader rows (unless --skip-loader) and the MFU."""
+    results.update(run_sides(args, forwarded, sides))
     ran = {side: results[side] for side in sides if "error" not in results[side]}
     ratios: dict[str, float] = {}
     if len(ran) == 2:
@@ -292,19 +296,91 @@ def main() -> int:
         )
     if not args.skip_loader:
         loaders(args, results, ratios)
-    flops = model_flops_per_token(args)
-    results["model_flops_per_token"] = flops
+    flops = results["model_flops_per_token"] = model_flops_per_token(args)
     side_flops = {"speculators": flops, "ours": model_flops_per_token(args, args.head == "trained")}
     peak = next((r.get("peak_tflops") for r in ran.values()), None)
     print(f"model FLOPs per trained token: {flops / 1e9:.2f} GFLOP (lm_head frozen)")
     if peak:
         for side in ran:
-            mfu = results[side]["tokens_per_s"] * side_flops[side] / (peak * 1e12)
-            results[side]["mfu"] = mfu
+            mfu = results[side]["mfu"] = (
+                results[side]["tokens_per_s"] * side_flops[side] / (peak * 1e12)
+            )
             print(f"{side} MFU: {mfu:.1%} of {peak:.0f} TFLOP/s")
     results["ratios"] = ratios
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--side", choices=["ours", "speculators"], help=argparse.SUPPRESS)
+    p.add_argument("--tokens", type=int, default=2048, help="packed tokens per step")
+    p.add_argument("--doc-len", type=int, default=512, help="tokens per packed document")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--intermediate", type=int, default=576)
+    p.add_argument("--v-target", type=int, default=4096)
+    p.add_argument("--v-draft", type=int, default=1024)
+    p.add_argument("--ttt-steps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--heads", type=int, help="attention heads (default: hidden // 64)")
+    p.add_argument("--skip-loader", action="store_true")
+    p.add_argument("--verify-rows", action="store_true", help="loader: also with the row checks")
+    p.add_argument("--loader-only", action="store_true", help="only the loader benchmark")
+    p.add_argument("--attention", default="auto", choices=["auto", "chunked", "flash", "sdpa"])
+    p.add_argument("--compile", type=int, default=0, help="ours: compiled layers and loss (1)")
+    p.add_argument("--recompute", type=int, default=0, help="ours: train.recompute (1)")
+    p.add_argument(
+        "--objective",
+        default="plain",
+        choices=["plain", "defaults"],
+        help="ours: plain = speculators' objective (plain TTT KL, no step decay, its clipping "
+        "at 1.0); defaults = eagle3-train's train: defaults (top-k term, decay, clipping)",
+    )
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adamw", "muon"],
+        help="ours: adamw on every tensor, or muon as the GPU recipes train (AdamW on the rest)",
+    )
+    p.add_argument("--sides", default="both", choices=["both", "ours", "speculators"])
+    p.add_argument("--sync-check", type=int, default=0, help="ours, CUDA: a step under sync debug")
+    p.add_argument("--profile", type=int, default=0, help="ours: a step's time by part")
+    p.add_argument(
+        "--head", default="frozen", choices=["frozen", "trained"], help="ours' draft LM head"
+    )
+    p.add_argument("--scored", type=float, default=0.75, help="share of each document scored")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--loader-samples", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=9, help="loader timing repeats (min taken)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two sides")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument(
+        "--lengths",
+        type=lambda x: [int(n) for n in x.split(",")],
+        help="long-context table: one sample of each length, e.g. 4096,16384,32768,65536",
+    )
+    p.add_argument("--memory-cap-gib", type=float, help="CPU: each side's address-space cap")
+    args = p.parse_args()
+    if args.side:
+        run_side(args)
+        return 0
+    local = ("side", "json", "rounds", "skip_loader", "verify_rows", "loader_only", "lengths")
+    forwarded = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k not in local and v is not None
+    ]
+    results: dict = {"config": {k: v for k, v in vars(args).items() if k not in ("side", "json")}}
+    sides = ("speculators", "ours") if args.sides == "both" else (args.sides,)
+    if args.loader_only:
+        loaders(args, results, {})
+    elif args.lengths:
+        long_context(args, forwarded, sides, results)
+    else:
+        training_step(args, forwarded, sides, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 0

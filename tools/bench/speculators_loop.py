@@ -1,8 +1,26 @@
 """speculators 0.9.0's side of the benches, as a plain loop around its `Eagle3DraftModel` and its
-own optimizer, schedule and loss builders (its training entry point wants CUDA): the arms (its
-`speculators train` arguments), the run built as its trainer builds it, its loss on a packed
-batch of eagle3-train's loader, and the loop (bench_vs_speculators.py's speculators child;
-first_step_vs_speculators.py; bench_train.py's speculators side packs its batch alike).
+own optimizer, schedule and loss builders: the arms (its `speculators train` arguments), the run
+built as its trainer builds it, its loss on a packed batch of eagle3-train's loader, and the loop
+(bench_vs_speculators.py's speculators child; first_step_vs_speculators.py; bench_train.py's
+speculators side packs its batch alike).
+
+Its own training entry point wants CUDA (FlexAttention, fused Triton loss, FSDP), so the loop is
+configured by its own `speculators train` argument parser (speculators/train/config/
+resolution.py `resolve`) with only the verifier, --lr and --max-steps given, so every other
+setting is the 0.9.0 eagle3 default as a user gets it. Read in speculators 0.9.0 (the installed
+package): train/config/schema.py — unset norm_before_fc / norm_output become true for eagle3,
+norm_before_residual true, fc_norm false, embed_requires_grad false (and model.py freezes the
+draft's lm_head); OptimizerArgs: optimizer muon, lr 1e-3, muon_lr = lr, muon momentum 0.95,
+weight decay 0.1, ns_steps 5, adjust_lr_fn match_rms_adamw, AdamW weight decay 0.01;
+SchedulerArgs: linear, warmup unset = 1 % of the steps (train/trainer.py
+`_resolve_scheduler_steps`), one schedule per optimizer; LossArgs: kl_div, ttt_steps 3,
+ttt_step_loss_decay 1.0; train/trainer.py: gradient clip 1.0. train/optimizers.py
+`build_optimizers` splits Muon (2-D matrices but embeddings / lm_head) from AdamW (torch
+defaults betas 0.9/0.999). No hidden-state noise: 0.9.0 has none (its DataArgs carry no
+noise_std; the uniform noise of half-width 0.05 its train loader added before is gone), so the
+default a user gets is the one measured (ours' counterpart: train.hidden_noise). Two
+departures, both forced by the CPU: sdpa attention (its FlexAttention default has no CPU
+backward) and the eager loss (the fused one is Triton).
 """
 
 from __future__ import annotations
@@ -17,25 +35,29 @@ from tiny_runs import Recipe, epoch_batches
 # speculators' arms: `speculators train` arguments beyond the verifier, --lr and --max-steps
 SPECULATORS_ARMS = {
     "speculators": [],  # the 0.9.0 eagle3 defaults (EAGLE 3.1 norms, Muon, linear, kl_div)
+    # the anchor of docs/benchmarks/vs-speculators.md's tables before 0.9.0 made Muon the default
     "speculators-adamw": ["--optimizer", "adamw", "--scheduler-warmup-steps", "20"],
     # Muon at 1e-3 (its default, = --lr) learns slowly in 150 steps; a user tuning it sets this
+    # (ours' muon-lr5e-3 arm sets the same, train.muon.lr)
     "speculators-muon-lr5e-3": ["--muon-lr", "5e-3"],
-    # its LK loss (the TV-aware hybrid), tuned alike: its best guess for sampled serving
+    # its LK loss (the TV-aware hybrid), tuned alike: its best guess for sampled serving (ours'
+    # lk and tv arms against it at T > 0: docs/benchmarks/sampling.md)
     "speculators-muon-lr5e-3-lk_hybrid": ["--muon-lr", "5e-3", "--loss-fn", "lk_hybrid"],
 }
 # its trainer's fixed clip (speculators/train/trainer.py, clip_grad_norm_(..., 1.0))
 SPECULATORS_CLIP = 1.0
 
 
-def pack_documents(ids, aux, last, mask, cu: list[int]) -> tuple[dict, Any]:
-    """speculators' own per-document shift (``shift_batch``) of each document ``cu`` bounds,
-    then packing: the packed batch its model takes (each tensor ``[1, T]``) and the document
-    id of each row (``[1, T]``)."""
+def pack_documents(batch: dict) -> tuple[dict, Any]:
+    """speculators' own per-document shift (``shift_batch``) of each document of a batch in
+    eagle3-train's loader's keys, then packing: the packed batch its model takes (each tensor
+    ``[1, T]``) and the document id of each row (``[1, T]``)."""
     import torch
     from speculators.models.eagle3.data import shift_batch
 
+    ids, aux, last = batch["input_ids"], batch["aux_hidden_states"], batch["last_hidden_state"]
     parts = []
-    for start, end in itertools.pairwise(cu):
+    for start, end in itertools.pairwise(batch["cu_seqlens"].tolist()):
         n = end - start
         parts.append(
             shift_batch(
@@ -43,7 +65,7 @@ def pack_documents(ids, aux, last, mask, cu: list[int]) -> tuple[dict, Any]:
                     "input_ids": ids[start:end],
                     "hidden_states": aux[start:end].float().reshape(n, -1),
                     "verifier_last_hidden_states": last[start:end].float(),
-                    "loss_mask": mask[start:end],
+                    "loss_mask": batch["loss_mask"][start:end],
                     "lengths": torch.tensor([n]),
                     "position_ids": torch.arange(n),
                 }
@@ -161,10 +183,8 @@ def speculators_run(
     model.load_vocab_mappings(torch.from_numpy(vocab["t2d"]), torch.from_numpy(vocab["d2t"]))
     model.load_verifier_weights()
     optimizers = build_optimizers(model, SimpleNamespace(**cli.optimizer.model_dump()))
-    timing = SimpleNamespace(num_epochs=cli.trainer.epochs, max_steps=steps)
-    warmup, total = _resolve_scheduler_steps(
-        SimpleNamespace(**vars(timing), **cli.scheduler.model_dump()), batches
-    )
+    timing = {"num_epochs": cli.trainer.epochs, "max_steps": steps} | cli.scheduler.model_dump()
+    warmup, total = _resolve_scheduler_steps(SimpleNamespace(**timing), batches)
     schedules = [get_linear_schedule_with_warmup(o, warmup, total) for o in optimizers]
     return SpeculatorsRun(
         model, optimizers, schedules, cli, resolve_loss_config(cli.loss.loss_fn, "eager")
@@ -176,13 +196,7 @@ def speculators_loss(s: SpeculatorsRun, batch: dict):
     document shifted by its own ``shift_batch``."""
     import warnings
 
-    cat, documents = pack_documents(
-        batch["input_ids"],
-        batch["aux_hidden_states"],
-        batch["last_hidden_state"],
-        batch["loss_mask"],
-        batch["cu_seqlens"].tolist(),
-    )
+    cat, documents = pack_documents(batch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, loss, _ = s.model(

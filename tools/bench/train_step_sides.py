@@ -1,7 +1,10 @@
 """One side of bench_train.py's training step, run in its own process (``--side``): ours'
 Eagle3Draft or speculators' Eagle3DraftModel at the same config, on the same synthetic packed
-batch, timed over the asked steps, with its phases, peak memory and (CUDA) the probes of
-cuda_probes.py. Prints one line ``BENCH {json}`` for the parent.
+batch, timed over the asked steps, with its phases and peak memory. Prints one line
+``BENCH {json}`` for the parent. And the probes of ours' step: the op that makes the host wait
+(under ``torch.cuda.set_sync_debug_mode("error")``), the host→device copies from pageable
+memory, the kernels that took most of the step (tools/gpu/gpu_check.py's llama row), and (on
+either device) the step's time by part.
 """
 
 from __future__ import annotations
@@ -9,10 +12,11 @@ from __future__ import annotations
 import json
 import resource
 import time
+import traceback
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
-from cuda_probes import pageable_copies, part_times, raised_at, top_kernels
 from speculators_loop import SPECULATORS_CLIP, pack_documents, speculators_config
 
 STARTED = time.perf_counter()  # the side's process start, for its phases' seconds
@@ -22,21 +26,14 @@ def _batch(args, seed: int = 0):
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    docs = args.tokens // args.doc_len
-    lengths = [args.doc_len] * docs
-    total = sum(lengths)
-    mask = torch.zeros(total, dtype=torch.bool)
-    for i in range(docs):
-        prompt = round(args.doc_len * (1 - args.scored))  # the rest is the scored answer
-        mask[i * args.doc_len + prompt : (i + 1) * args.doc_len] = True
-    cu = torch.tensor([0, *[args.doc_len * (i + 1) for i in range(docs)]])
+    total = args.tokens // args.doc_len * args.doc_len
+    prompt = round(args.doc_len * (1 - args.scored))  # the rest of each document is scored
     return {
-        "aux": torch.randn(total, 3, args.hidden, generator=g),
-        "last": torch.randn(total, args.hidden, generator=g),
-        "ids": torch.randint(0, args.v_target, (total,), generator=g),
-        "mask": mask,
-        "cu": cu,
-        "lengths": lengths,
+        "aux_hidden_states": torch.randn(total, 3, args.hidden, generator=g),
+        "last_hidden_state": torch.randn(total, args.hidden, generator=g),
+        "input_ids": torch.randint(0, args.v_target, (total,), generator=g),
+        "loss_mask": torch.arange(total) % args.doc_len >= prompt,
+        "cu_seqlens": torch.arange(0, total + 1, args.doc_len),
     }
 
 
@@ -45,8 +42,7 @@ def _vocab(args):
 
     g = torch.Generator().manual_seed(1)
     chosen = torch.sort(torch.randperm(args.v_target, generator=g)[: args.v_draft]).values
-    t2d = torch.zeros(args.v_target, dtype=torch.bool)
-    t2d[chosen] = True
+    t2d = torch.zeros(args.v_target, dtype=torch.bool).index_fill_(0, chosen, True)
     return chosen - torch.arange(args.v_draft), t2d
 
 
@@ -78,9 +74,7 @@ def run_ours(args) -> dict[str, float]:
         rope_theta=10000.0,
         attention=args.attention,
     )
-    from eagle3_train.model.draft import compile_target_distribution
-    from eagle3_train.model.flash_attention import compile_flash_attention
-    from eagle3_train.model.loss import compile_kl_chunk
+    from eagle3_train.components.build import speed_up
     from eagle3_train.model.shift import align
 
     phases = {"imports": time.perf_counter() - STARTED}
@@ -99,16 +93,12 @@ def run_ours(args) -> dict[str, float]:
     if args.head == "frozen":  # as speculators keeps it
         model.lm_head.weight.requires_grad_(False)
     # as eagle3-train sets a run up (eagle3_train.components.build: speed_up, make_optimizer)
-    if args.dtype == "bfloat16":
-        model.store_frozen_as(torch.bfloat16)
-    if args.compile:
-        for layer in model.layers:
-            layer.compile()
-        compile_kl_chunk(True)
-        compile_flash_attention(True)
-        compile_target_distribution(True)
-    for layer in model.layers:  # train.recompute
-        layer.recompute = bool(args.recompute)
+    train = SimpleNamespace(compile="always" if args.compile else "never", recompute=args.recompute)
+    config = SimpleNamespace(train=train, export=SimpleNamespace(include_embeddings=False))
+    precision = "bf16" if args.dtype == "bfloat16" else "no"
+    speed_up(
+        model, config, SimpleNamespace(mixed_precision=precision, device=torch.device(args.device))
+    )
     model.to(args.device)
     params = model.trainable_parameters()
     opt = _optimizer(args.optimizer, model, params, fused=args.device == "cuda")
@@ -119,14 +109,16 @@ def run_ours(args) -> dict[str, float]:
 
     def step() -> None:
         # the trainer's step: alignment on the host, moved with the batch; clipping
-        al = align(host["ids"], host["mask"], host["cu"], args.ttt_steps).to(args.device)
+        al = align(host["input_ids"], host["loss_mask"], host["cu_seqlens"], args.ttt_steps).to(
+            args.device
+        )
         with _autocast(args), record_function("bench.forward"):
             loss, _ = model(
-                b["aux"],
-                b["last"],
-                b["ids"],
-                b["mask"],
-                b["cu"],
+                b["aux_hidden_states"],
+                b["last_hidden_state"],
+                b["input_ids"],
+                b["loss_mask"],
+                b["cu_seqlens"],
                 args.ttt_steps,
                 decay,
                 alignment=al,
@@ -139,7 +131,7 @@ def run_ours(args) -> dict[str, float]:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    result = _time(step, args, b["ids"].shape[0], phases)
+    result = _time(step, args, b["input_ids"].shape[0], phases)
     if args.sync_check and args.device == "cuda":
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -206,14 +198,14 @@ def run_speculators(args) -> dict[str, float]:
     opt = torch.optim.AdamW(params, lr=1e-4)
     b = _batch(args)
     # speculators' own per-sample shift, then packing
-    cat, doc = pack_documents(b["ids"], b["aux"], b["last"], b["mask"], b["cu"].tolist())
+    cat, doc = pack_documents(b)
     if args.device == "cuda":  # FlexAttention's block mask: pad to whole 128-token blocks, as
         # speculators' collator pads to its fixed length (a padding document, loss_mask 0)
         pad = -cat["input_ids"].shape[1] % 128
         cat = {
             k: torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, pad)) for k, v in cat.items()
         }
-        doc = torch.nn.functional.pad(doc, (0, pad), value=len(b["lengths"]))
+        doc = torch.nn.functional.pad(doc, (0, pad), value=len(b["cu_seqlens"]) - 1)
     cat, doc = _on_device(cat, args), doc.to(args.device)
     # its eager loss: the fused Triton one needs a GPU and, under torch 2.11's dynamo, fails
     # ("ListVariable ... is already tracked for mutation", speculators/losses/fused.py)
@@ -231,7 +223,7 @@ def run_speculators(args) -> dict[str, float]:
         opt.zero_grad(set_to_none=True)
 
     phases["build"] = time.perf_counter() - built
-    return _time(step, args, b["ids"].shape[0], phases)
+    return _time(step, args, b["input_ids"].shape[0], phases)
 
 
 def _on_device(batch: dict, args) -> dict:
@@ -240,32 +232,23 @@ def _on_device(batch: dict, args) -> dict:
 
 def _autocast(args):
     """Mixed precision as the trainer runs it (fp32 master weights, autocast compute)."""
-    import contextlib
-
     import torch
 
-    if args.dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(args.device, dtype=getattr(torch, args.dtype))
-
-
-def _synchronize(args) -> None:
-    import torch
-
-    if args.device == "cuda":
-        torch.cuda.synchronize()
+    return torch.autocast(args.device, torch.bfloat16, enabled=args.dtype == "bfloat16")
 
 
 def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object]:
     """Seconds per step over ``args.steps`` after ``args.warmup`` steps (compilation
     included), and the side's phases in seconds: imports, build, warmup, timed steps."""
+    import psutil
     import torch
 
-    base_rss = _rss_mib()  # weights and batch in place, no step yet
+    sync = torch.cuda.synchronize if args.device == "cuda" else lambda: None
+    base_rss = psutil.Process().memory_info().rss / 2**20  # weights and batch in place, no step yet
     warm = time.perf_counter()
     for _ in range(args.warmup):
         step()
-    _synchronize(args)
+    sync()
     phases["warmup"] = time.perf_counter() - warm
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -273,37 +256,28 @@ def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         step()
-    _synchronize(args)
+    sync()
     seconds = (time.perf_counter() - start) / args.steps
     # CPU seconds of this process per step: on a shared machine less disturbed by other
     # jobs than wall time (with one thread; OpenMP threads may spin-wait)
     cpu_seconds = (time.process_time() - cpu) / args.steps
     phases["timed"] = seconds * args.steps
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {
+    result = {
         "phases_s": {k: round(v, 2) for k, v in phases.items()},
         "seconds_per_step": seconds,
         "tokens_per_s": tokens / seconds,
         "cpu_seconds_per_step": cpu_seconds,
         "peak_rss_mib": peak_rss,
-        # on a GPU: the device's peak over the timed steps (weights, optimizer, activations)
-        **(
-            {"peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20}
-            if args.device == "cuda"
-            else {}
-        ),
         # what a step adds at its peak over the memory held before it (activations, and on
         # CPU the optimizer's state, created by the first step): grows with T
-        "step_peak_mib": (torch.cuda.max_memory_allocated() - base_gpu) / 2**20
-        if args.device == "cuda"
-        else peak_rss - base_rss,
+        "step_peak_mib": peak_rss - base_rss,
     }
-
-
-def _rss_mib() -> float:
-    """This process's resident memory now (Linux)."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * resource.getpagesize() / 2**20
+    if args.device == "cuda":  # the device's peak over the timed steps (weights, optimizer,
+        # activations), and the step's over what was held before it
+        result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        result["step_peak_mib"] = (torch.cuda.max_memory_allocated() - base_gpu) / 2**20
+    return result
 
 
 def _device_peak_tflops() -> float | None:
@@ -358,3 +332,101 @@ def run_side(args) -> None:
     if args.device == "cuda":
         result["peak_tflops"] = _device_peak_tflops()
     print("BENCH " + json.dumps(result))
+
+
+def raised_at(e: BaseException, frames: int = 5) -> str:
+    """Where an error was raised: the traceback's last frames (the op and the line of ours or
+    speculators' that called it) and the message's first line — c10's text alone says that
+    a step synchronised, not which op did."""
+    tail = traceback.extract_tb(e.__traceback__)[-frames:]
+    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.line}" for f in reversed(tail))
+    return f"{where} :: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+
+
+def pageable_copies(step) -> list[str]:
+    """The host→device copies of one step whose source is pageable memory, each with the line
+    that made it: a non-blocking copy from pageable memory is staged through a buffer the host
+    waits for, which the sync debug mode does not see. (Compiled code runs eagerly under the
+    watch: this step checks the copies, it is not timed.)"""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    copies = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+    found: list[str] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in copies:
+                src = args[1] if func is torch.ops.aten.copy_.default else args[0]
+                if src.device.type == "cpu" and out.device.type == "cuda" and not src.is_pinned():
+                    stack = traceback.extract_stack()[:-1]  # this frame left out
+                    site = next(f for f in reversed(stack) if "/torch/" not in f.filename)
+                    found.append(
+                        f"{tuple(src.shape)} {src.dtype} at {Path(site.filename).name}:"
+                        f"{site.lineno} {site.line}"
+                    )
+            return out
+
+    with Watch():
+        step()
+    torch.cuda.synchronize()
+    return found
+
+
+def top_kernels(step, count: int = 12) -> list[list]:
+    """[name, CUDA ms, calls] of the kernels that took most of one profiled step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        import torch
+
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
+    return [[e.key[:90], round(e.device_time_total / 1e3, 3), e.count] for e in rows[:count]]
+
+
+# kernel (CUDA) or op (CPU) names of each part, by substring, the first match counting
+KERNEL_PARTS = {
+    "attention": ("flash", "fmha", "attention", "sdpa"),
+    "loss": ("log_softmax", "logsoftmax", "_softmax", "kl_div"),
+    "gemm": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm",
+             "aten::bmm", "aten::baddbmm"),
+    "copies": ("memcpy", "memset", "aten::copy_", "aten::_to_copy"),
+}  # fmt: skip
+PHASES = ("forward", "backward", "optimizer")  # the step's record_function ranges: "bench.<phase>"
+
+
+def part_times(step, device: str) -> dict[str, float]:
+    """One profiled step, in ms: its phases (``bench.forward``, ``bench.backward`` and
+    ``bench.optimizer`` ranges, which the step opens) and its kernels by part (KERNEL_PARTS,
+    the rest "other"): on CUDA the kernels' device time, on CPU the ops' own time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    times = {f"phase_{phase}": 0.0 for phase in PHASES}
+    times.update({part: 0.0 for part in (*KERNEL_PARTS, "other")})
+    for event in prof.key_averages():
+        name = event.key
+        if name.startswith("bench."):
+            phase = name.removeprefix("bench.")
+            if phase in PHASES:
+                total = event.device_time_total if cuda else event.cpu_time_total
+                times[f"phase_{phase}"] += total / 1e3
+            continue
+        own = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if not own:
+            continue
+        lowered = name.lower()
+        part = next(
+            (p for p, keys in KERNEL_PARTS.items() if any(k in lowered for k in keys)), "other"
+        )
+        times[part] += own / 1e3
+    return {k: round(v, 3) for k, v in times.items()}
