@@ -327,8 +327,8 @@ class BatchStream:
         plan: list[BatchPlan],
         num_workers: int = 0,
         prefetch: int = 2,
-        recycle: bool = False,
         pin_memory: bool = False,
+        recycle: bool = False,
         verify: str | None = None,
     ) -> None:
         self.dataset = dataset
@@ -378,18 +378,8 @@ class BatchStream:
             reader.close()
 
 
-def make_loader(
-    dataset: HiddenStateDataset,
-    plan: list[BatchPlan],
-    num_workers: int,
-    prefetch: int = 2,
-    pin_memory: bool = False,
-    recycle: bool = False,
-    verify: str | None = None,
-) -> BatchStream:
-    """Batches of ``plan`` in order (see BatchStream for the worker threads and ``recycle``;
-    ShardReader for ``verify``: None, "stop" or "skip")."""
-    return BatchStream(dataset, plan, num_workers, prefetch, recycle, pin_memory, verify)
+# Batches of ``plan`` in order: BatchStream (ShardReader for ``verify``: None, "stop" or "skip").
+make_loader = BatchStream
 
 
 def to_device(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
