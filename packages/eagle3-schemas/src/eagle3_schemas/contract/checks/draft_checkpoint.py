@@ -136,14 +136,11 @@ def vocab_map_tensors(art: Artifact) -> list[Violation]:
         for name, why in serving_problems(names, v_draft, v_target)
     ]
     if not stores_vocab_map(v_draft, v_target) and "t2d" in names:
-        out.append(
-            Violation(
-                where,
-                "tensor t2d",
-                f"stored in a full-vocabulary draft (draft_vocab_size = vocab_size = {v_target}): "
-                "its map is the identity, stored by neither d2t nor t2d",
-            )
+        message = (
+            f"stored in a full-vocabulary draft (draft_vocab_size = vocab_size = {v_target}): "
+            "its map is the identity, stored by neither d2t nor t2d"
         )
+        out.append(Violation(where, "tensor t2d", message))
     elif stores_vocab_map(v_draft, v_target) and "t2d" not in names:
         out.append(Violation(where, "tensor t2d", "missing beside d2t in a pruned draft"))
     return out
@@ -168,13 +165,10 @@ def variant_tensors(art: Artifact) -> list[Violation]:
     where = file_name(art, "weights")
     out = []
     if ("transformer_layer_config" in config) != (variant == "llama"):
-        out.append(
-            Violation(
-                file_name(art, "config"),
-                "(layout)",
-                f"eagle3.json architecture {variant!r} but config.json is in the other variant's layout",
-            )
+        message = (
+            f"eagle3.json architecture {variant!r} but config.json is in the other variant's layout"
         )
+        out.append(Violation(file_name(art, "config"), "(layout)", message))
     names = set(art.safetensors(art.path("weights")).tensors)
     for kind, parts in VARIANT_TENSORS.items():
         for part in parts:
@@ -183,9 +177,8 @@ def variant_tensors(art: Artifact) -> list[Violation]:
                 message = f"missing: the {variant} attention needs it"
                 out.append(Violation(where, f"tensor {name}", message))
             elif kind != variant and name in names:
-                out.append(
-                    Violation(where, f"tensor {name}", f"a {kind} tensor in a {variant} draft")
-                )
+                message = f"a {kind} tensor in a {variant} draft"
+                out.append(Violation(where, f"tensor {name}", message))
     return out
 
 
