@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_extract.config import ConfigError, ExtractConfig, check_layer_ids
-from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
+from eagle3_extract.config import ConfigError, check_layer_ids
+from eagle3_extract.context import RunContext
+from eagle3_extract.plan import SAMPLE_META_BYTES, ShardPlan, bytes_per_token
 from eagle3_extract.samples import Tokenized
 from eagle3_extract.target import TargetInfo, head_bytes, transformers_refusal
 from eagle3_schemas.contract.lineage import fingerprint_tokenizer_dir
@@ -125,11 +126,16 @@ def disk_need(
     return per_token * num_tokens + SAMPLE_META_BYTES * num_samples + head_bytes(target)
 
 
-def check_disk(out: Path, need: int, num_tokens: int) -> list[Finding]:
+def free_space(out: Path) -> tuple[Path, int]:
+    """(the nearest existing folder of ``out``, its free bytes)."""
     probe = out
     while not probe.exists():
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    return probe, shutil.disk_usage(probe).free
+
+
+def check_disk(out: Path, need: int, num_tokens: int) -> list[Finding]:
+    probe, free = free_space(out)
     usable = int(free * (1 - DISK_HEADROOM))
     text = f"need {need / 2**30:.3f} GiB for {num_tokens} tokens, {free / 2**30:.1f} GiB free at {probe}"
     if need > usable:
@@ -146,25 +152,19 @@ def check_cuda_driver(who: str = "torch") -> list[Finding]:
     return [] if verdict is None else [Finding(verdict[0], "cuda_driver", verdict[1])]
 
 
-def static_checks(
-    config: ExtractConfig,
-    target: TargetInfo,
-    tokenized: Tokenized,
-    aux_layer_ids: Sequence[int],
-    pending_tokens: int,
-    pending_samples: int,
-) -> list[Finding]:
-    """Everything that needs no model weights loaded."""
-    need = disk_need(
-        target, len(aux_layer_ids), config.storage_dtype, pending_tokens, pending_samples
-    )
+def static_checks(ctx: RunContext, plans: Sequence[ShardPlan]) -> list[Finding]:
+    """Everything that needs no model weights loaded, for the shards ``plans`` still to do."""
+    config, target, tokenized = ctx.config, ctx.target, ctx.tokenized
+    tokens = sum(p.num_tokens for p in plans)
+    samples = sum(len(p.samples) for p in plans)
+    need = disk_need(target, len(ctx.aux_layer_ids), config.storage_dtype, tokens, samples)
     return [
         *check_tokenized(config.tokenized),
         *check_backend(config.backend, target),
-        *check_layers(target, aux_layer_ids),
+        *check_layers(target, ctx.aux_layer_ids),
         *check_vocab(target, tokenized),
         *check_tokenizer_lineage(config.tokenizer_dir, tokenized),
-        *check_disk(config.out, need, pending_tokens),
+        *check_disk(config.out, need, tokens),
         *check_cuda_driver(),
     ]
 
