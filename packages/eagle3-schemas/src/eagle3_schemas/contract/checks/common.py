@@ -27,6 +27,11 @@ def capped(violations: list[Violation]) -> list[Violation]:
     ]
 
 
+def named(*checks: Check) -> dict[str, Check]:
+    """A kind's ``CHECKS``: each check under its function's name, the name schema files use."""
+    return {check.__name__: check for check in checks}
+
+
 def file_name(art: Artifact, role: str) -> str:
     return art.rel(art.path(role))
 

@@ -5,7 +5,7 @@ tools and the mode.
 from __future__ import annotations
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
-from eagle3_schemas.contract.checks.common import Check, capped, file_name, unique_ids_in
+from eagle3_schemas.contract.checks.common import capped, file_name, named, unique_ids_in
 from eagle3_schemas.layouts.conversations import MODES, conversation_problem, tools_problem
 
 
@@ -38,8 +38,4 @@ def tools_and_mode(art: Artifact) -> list[Violation]:
     return capped(out)
 
 
-CHECKS: dict[str, Check] = {
-    "unique_ids": unique_ids,
-    "roles_alternate": roles_alternate,
-    "tools_and_mode": tools_and_mode,
-}
+CHECKS = named(unique_ids, roles_alternate, tools_and_mode)

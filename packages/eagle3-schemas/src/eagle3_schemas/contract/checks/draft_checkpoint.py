@@ -11,9 +11,9 @@ import numpy as np
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
 from eagle3_schemas.contract.checks.common import (
-    Check,
     d2t_offset_violations,
     file_name,
+    named,
     t2d_violations,
 )
 from eagle3_schemas.io.fingerprint import fingerprint_vocab_map
@@ -191,12 +191,12 @@ def finite(art: Artifact) -> list[Violation]:
     ]
 
 
-CHECKS: dict[str, Check] = {
-    "layer_ids": layer_ids,
-    "d2t_offsets": d2t_offsets,
-    "variant_tensors": variant_tensors,
-    "t2d_matches_d2t": t2d_matches_d2t,
-    "vocab_map_tensors": vocab_map_tensors,
-    "vocab_map_fingerprint": vocab_map_fingerprint,
-    "finite": finite,
-}
+CHECKS = named(
+    layer_ids,
+    d2t_offsets,
+    variant_tensors,
+    t2d_matches_d2t,
+    vocab_map_tensors,
+    vocab_map_fingerprint,
+    finite,
+)

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
-from eagle3_schemas.contract.checks.common import Check, file_name
+from eagle3_schemas.contract.checks.common import file_name, named
 
 
 def acceptance_length(art: Artifact) -> list[Violation]:
@@ -99,8 +99,4 @@ def group_totals(art: Artifact) -> list[Violation]:
     return out
 
 
-CHECKS: dict[str, Check] = {
-    "acceptance_length": acceptance_length,
-    "sample_totals": sample_totals,
-    "group_totals": group_totals,
-}
+CHECKS = named(acceptance_length, sample_totals, group_totals)

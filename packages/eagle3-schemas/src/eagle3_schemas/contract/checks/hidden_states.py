@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
-from eagle3_schemas.contract.checks.common import Check, capped, duplicates, file_name
+from eagle3_schemas.contract.checks.common import capped, duplicates, file_name, named
 from eagle3_schemas.io.safetensors_format import nonfinite_count
 from eagle3_schemas.layouts.hidden_states import (
     UnsafeShardPath,
@@ -180,13 +180,13 @@ def finite(art: Artifact) -> list[Violation]:
     return out
 
 
-CHECKS: dict[str, Check] = {
-    "layer_ids": layer_ids,
-    "shard_paths_inside": shard_paths_inside,
-    "manifest_rows": manifest_rows,
-    "unique_sample_ids": unique_sample_ids,
-    "totals": totals,
-    "row_checksums": row_checksums,
-    "storage_dtype": storage_dtype,
-    "finite": finite,
-}
+CHECKS = named(
+    layer_ids,
+    shard_paths_inside,
+    manifest_rows,
+    unique_sample_ids,
+    totals,
+    row_checksums,
+    storage_dtype,
+    finite,
+)

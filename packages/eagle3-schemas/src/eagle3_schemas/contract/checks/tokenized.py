@@ -10,9 +10,9 @@ import pyarrow.compute as pc
 from eagle3_schemas.contract.artifact import Artifact, Violation
 from eagle3_schemas.contract.checks.common import (
     MAX_REPORTED,
-    Check,
     capped,
     file_name,
+    named,
     unique_ids_in,
 )
 
@@ -80,9 +80,4 @@ def token_ids_in_vocab(art: Artifact) -> list[Violation]:
     return capped(out)
 
 
-CHECKS: dict[str, Check] = {
-    "unique_ids": unique_ids,
-    "row_lengths": row_lengths,
-    "loss_mask_binary": loss_mask_binary,
-    "token_ids_in_vocab": token_ids_in_vocab,
-}
+CHECKS = named(unique_ids, row_lengths, loss_mask_binary, token_ids_in_vocab)

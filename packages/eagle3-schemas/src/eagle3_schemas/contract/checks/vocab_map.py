@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
-from eagle3_schemas.contract.checks.common import Check, d2t_offset_violations, t2d_violations
+from eagle3_schemas.contract.checks.common import d2t_offset_violations, named, t2d_violations
 
 
 def symbols(art: Artifact) -> dict[str, int]:
@@ -44,8 +44,4 @@ def counts_nonnegative(art: Artifact) -> list[Violation]:
     return out
 
 
-CHECKS: dict[str, Check] = {
-    "d2t_offsets": d2t_offsets,
-    "t2d_matches_d2t": t2d_matches_d2t,
-    "counts_nonnegative": counts_nonnegative,
-}
+CHECKS = named(d2t_offsets, t2d_matches_d2t, counts_nonnegative)
