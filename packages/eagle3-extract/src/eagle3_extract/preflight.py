@@ -67,27 +67,21 @@ def check_layers(target: TargetInfo, aux_layer_ids: Sequence[int]) -> list[Findi
         check_layer_ids(list(aux_layer_ids), target.num_hidden_layers)
     except ConfigError as e:
         return [Finding("error", "layer ids", str(e))]
-    return [
-        Finding(
-            "ok",
-            "layer ids",
-            f"aux {list(aux_layer_ids)} + last id {target.num_hidden_layers} (pre-norm) of a "
-            f"{target.num_hidden_layers}-layer {target.architecture}",
-        )
-    ]
+    n = target.num_hidden_layers
+    message = (
+        f"aux {list(aux_layer_ids)} + last id {n} (pre-norm) of a {n}-layer {target.architecture}"
+    )
+    return [Finding("ok", "layer ids", message)]
 
 
 def check_vocab(target: TargetInfo, tokenized: Tokenized) -> list[Finding]:
     vocab = tokenized.header.fields.get("vocab_size")
     if not isinstance(vocab, int) or vocab > target.vocab_size:
-        return [
-            Finding(
-                "error",
-                "vocabulary",
-                f"tokenized header vocab_size {vocab!r} exceeds the target's vocab_size "
-                f"{target.vocab_size}: the samples were tokenized for another model",
-            )
-        ]
+        message = (
+            f"tokenized header vocab_size {vocab!r} exceeds the target's vocab_size "
+            f"{target.vocab_size}: the samples were tokenized for another model"
+        )
+        return [Finding("error", "vocabulary", message)]
     return [Finding("ok", "vocabulary", f"tokenizer {vocab} <= target {target.vocab_size} ids")]
 
 
@@ -96,27 +90,20 @@ def check_tokenizer_lineage(tokenizer_dir: Path, tokenized: Tokenized) -> list[F
     try:
         actual = fingerprint_tokenizer_dir(tokenizer_dir)
     except FileNotFoundError:
-        return [
-            Finding(
-                "warning",
-                "tokenizer lineage",
-                f"{tokenizer_dir} holds no tokenizer files; cannot check that {tokenized.path} was "
-                "tokenized with the target's tokenizer (pass --tokenizer DIR)",
-            )
-        ]
+        message = (
+            f"{tokenizer_dir} holds no tokenizer files; cannot check that {tokenized.path} was "
+            "tokenized with the target's tokenizer (pass --tokenizer DIR)"
+        )
+        return [Finding("warning", "tokenizer lineage", message)]
     if actual != recorded:
-        return [
-            Finding(
-                "error",
-                "tokenizer lineage",
-                f"{tokenized.path} records tokenizer_fingerprint {recorded} but the target's "
-                f"tokenizer {tokenizer_dir} is {actual}: the samples were tokenized with another "
-                "tokenizer",
-            )
-        ]
-    return [
-        Finding("ok", "tokenizer lineage", f"tokenized with {tokenizer_dir} ({actual[:19]}...)")
-    ]
+        message = (
+            f"{tokenized.path} records tokenizer_fingerprint {recorded} but the target's "
+            f"tokenizer {tokenizer_dir} is {actual}: the samples were tokenized with another "
+            "tokenizer"
+        )
+        return [Finding("error", "tokenizer lineage", message)]
+    message = f"tokenized with {tokenizer_dir} ({actual[:19]}...)"
+    return [Finding("ok", "tokenizer lineage", message)]
 
 
 def disk_need(
