@@ -73,15 +73,12 @@ def mla_draft_symbols(config: dict[str, Any]) -> dict[str, int]:
 def layer_ids(art: Artifact) -> list[Violation]:
     config_ids = art.json(art.root / "config.json")["eagle_aux_hidden_state_layer_ids"]
     header_ids = art.header.fields["aux_layer_ids"]
-    if config_ids != header_ids:
-        return [
-            Violation(
-                art.rel(art.root / "config.json"),
-                "eagle_aux_hidden_state_layer_ids",
-                f"{config_ids} but eagle3.json aux_layer_ids is {header_ids}",
-            )
-        ]
-    return []
+    if config_ids == header_ids:
+        return []
+    message = f"{config_ids} but eagle3.json aux_layer_ids is {header_ids}"
+    return [
+        Violation(art.rel(art.root / "config.json"), "eagle_aux_hidden_state_layer_ids", message)
+    ]
 
 
 def _draft_vocab_sizes(art: Artifact) -> tuple[int, int]:
@@ -116,15 +113,12 @@ def t2d_matches_d2t(art: Artifact) -> list[Violation]:
 def vocab_map_fingerprint(art: Artifact) -> list[Violation]:
     stored = fingerprint_vocab_map(*_draft_vocab_map(art))
     recorded = art.header.lineage["vocab_map_fingerprint"]
-    if stored != recorded:
-        return [
-            Violation(
-                art.rel(art.path("lineage")),
-                "header.lineage.vocab_map_fingerprint",
-                f"{recorded} but the checkpoint's d2t/t2d fingerprint is {stored}",
-            )
-        ]
-    return []
+    if stored == recorded:
+        return []
+    message = f"{recorded} but the checkpoint's d2t/t2d fingerprint is {stored}"
+    return [
+        Violation(art.rel(art.path("lineage")), "header.lineage.vocab_map_fingerprint", message)
+    ]
 
 
 def vocab_map_tensors(art: Artifact) -> list[Violation]:
