@@ -263,7 +263,7 @@ def check_draft_shape(arch: DraftArch) -> list[Finding]:
     )
 
 
-def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -> list[Finding]:
+def check_resume(inputs: RunInputs, resume_from: Path | None) -> list[Finding]:
     if resume_from is None:
         return []
     state = read_state(resume_from)
