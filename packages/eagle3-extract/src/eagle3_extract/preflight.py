@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_extract.config import ConfigError, ExtractConfig, check_layer_ids
-from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
+from eagle3_extract.config import ConfigError, check_layer_ids
+from eagle3_extract.context import RunContext
+from eagle3_extract.plan import SAMPLE_META_BYTES, ShardPlan, bytes_per_token
 from eagle3_extract.samples import Tokenized
 from eagle3_extract.target import TargetInfo, head_bytes, transformers_refusal
 from eagle3_schemas.contract.lineage import fingerprint_tokenizer_dir
@@ -66,27 +67,21 @@ def check_layers(target: TargetInfo, aux_layer_ids: Sequence[int]) -> list[Findi
         check_layer_ids(list(aux_layer_ids), target.num_hidden_layers)
     except ConfigError as e:
         return [Finding("error", "layer ids", str(e))]
-    return [
-        Finding(
-            "ok",
-            "layer ids",
-            f"aux {list(aux_layer_ids)} + last id {target.num_hidden_layers} (pre-norm) of a "
-            f"{target.num_hidden_layers}-layer {target.architecture}",
-        )
-    ]
+    n = target.num_hidden_layers
+    message = (
+        f"aux {list(aux_layer_ids)} + last id {n} (pre-norm) of a {n}-layer {target.architecture}"
+    )
+    return [Finding("ok", "layer ids", message)]
 
 
 def check_vocab(target: TargetInfo, tokenized: Tokenized) -> list[Finding]:
     vocab = tokenized.header.fields.get("vocab_size")
     if not isinstance(vocab, int) or vocab > target.vocab_size:
-        return [
-            Finding(
-                "error",
-                "vocabulary",
-                f"tokenized header vocab_size {vocab!r} exceeds the target's vocab_size "
-                f"{target.vocab_size}: the samples were tokenized for another model",
-            )
-        ]
+        message = (
+            f"tokenized header vocab_size {vocab!r} exceeds the target's vocab_size "
+            f"{target.vocab_size}: the samples were tokenized for another model"
+        )
+        return [Finding("error", "vocabulary", message)]
     return [Finding("ok", "vocabulary", f"tokenizer {vocab} <= target {target.vocab_size} ids")]
 
 
@@ -95,27 +90,20 @@ def check_tokenizer_lineage(tokenizer_dir: Path, tokenized: Tokenized) -> list[F
     try:
         actual = fingerprint_tokenizer_dir(tokenizer_dir)
     except FileNotFoundError:
-        return [
-            Finding(
-                "warning",
-                "tokenizer lineage",
-                f"{tokenizer_dir} holds no tokenizer files; cannot check that {tokenized.path} was "
-                "tokenized with the target's tokenizer (pass --tokenizer DIR)",
-            )
-        ]
+        message = (
+            f"{tokenizer_dir} holds no tokenizer files; cannot check that {tokenized.path} was "
+            "tokenized with the target's tokenizer (pass --tokenizer DIR)"
+        )
+        return [Finding("warning", "tokenizer lineage", message)]
     if actual != recorded:
-        return [
-            Finding(
-                "error",
-                "tokenizer lineage",
-                f"{tokenized.path} records tokenizer_fingerprint {recorded} but the target's "
-                f"tokenizer {tokenizer_dir} is {actual}: the samples were tokenized with another "
-                "tokenizer",
-            )
-        ]
-    return [
-        Finding("ok", "tokenizer lineage", f"tokenized with {tokenizer_dir} ({actual[:19]}...)")
-    ]
+        message = (
+            f"{tokenized.path} records tokenizer_fingerprint {recorded} but the target's "
+            f"tokenizer {tokenizer_dir} is {actual}: the samples were tokenized with another "
+            "tokenizer"
+        )
+        return [Finding("error", "tokenizer lineage", message)]
+    message = f"tokenized with {tokenizer_dir} ({actual[:19]}...)"
+    return [Finding("ok", "tokenizer lineage", message)]
 
 
 def disk_need(
@@ -125,11 +113,16 @@ def disk_need(
     return per_token * num_tokens + SAMPLE_META_BYTES * num_samples + head_bytes(target)
 
 
-def check_disk(out: Path, need: int, num_tokens: int) -> list[Finding]:
+def free_space(out: Path) -> tuple[Path, int]:
+    """(the nearest existing folder of ``out``, its free bytes)."""
     probe = out
     while not probe.exists():
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    return probe, shutil.disk_usage(probe).free
+
+
+def check_disk(out: Path, need: int, num_tokens: int) -> list[Finding]:
+    probe, free = free_space(out)
     usable = int(free * (1 - DISK_HEADROOM))
     text = f"need {need / 2**30:.3f} GiB for {num_tokens} tokens, {free / 2**30:.1f} GiB free at {probe}"
     if need > usable:
@@ -146,25 +139,19 @@ def check_cuda_driver(who: str = "torch") -> list[Finding]:
     return [] if verdict is None else [Finding(verdict[0], "cuda_driver", verdict[1])]
 
 
-def static_checks(
-    config: ExtractConfig,
-    target: TargetInfo,
-    tokenized: Tokenized,
-    aux_layer_ids: Sequence[int],
-    pending_tokens: int,
-    pending_samples: int,
-) -> list[Finding]:
-    """Everything that needs no model weights loaded."""
-    need = disk_need(
-        target, len(aux_layer_ids), config.storage_dtype, pending_tokens, pending_samples
-    )
+def static_checks(ctx: RunContext, plans: Sequence[ShardPlan]) -> list[Finding]:
+    """Everything that needs no model weights loaded, for the shards ``plans`` still to do."""
+    config, target, tokenized = ctx.config, ctx.target, ctx.tokenized
+    tokens = sum(p.num_tokens for p in plans)
+    samples = sum(len(p.samples) for p in plans)
+    need = disk_need(target, len(ctx.aux_layer_ids), config.storage_dtype, tokens, samples)
     return [
         *check_tokenized(config.tokenized),
         *check_backend(config.backend, target),
-        *check_layers(target, aux_layer_ids),
+        *check_layers(target, ctx.aux_layer_ids),
         *check_vocab(target, tokenized),
         *check_tokenizer_lineage(config.tokenizer_dir, tokenized),
-        *check_disk(config.out, need, pending_tokens),
+        *check_disk(config.out, need, tokens),
         *check_cuda_driver(),
     ]
 

@@ -198,15 +198,7 @@ def run(config: ExtractConfig, hf_backend: HFBackend | None = None) -> dict[str,
         "resuming" if resuming else "new run",
     )
     if config.preflight:  # before anything is created on disk
-        findings = preflight.static_checks(
-            ctx.config,
-            ctx.target,
-            ctx.tokenized,
-            ctx.aux_layer_ids,
-            sum(p.num_tokens for p in pending),
-            sum(len(p.samples) for p in pending),
-        )
-        preflight.raise_on_errors(findings)
+        preflight.raise_on_errors(preflight.static_checks(ctx, pending))
     work.prepare(ctx.identity())
     gate = None
     if config.stream:
@@ -295,14 +287,7 @@ def preflight_only(config: ExtractConfig) -> list[preflight.Finding]:
     """The checks ``run`` does first, plus the backend's library check, without extracting."""
     check_paths(config)
     ctx = resolve(config)
-    findings = preflight.static_checks(
-        ctx.config,
-        ctx.target,
-        ctx.tokenized,
-        ctx.aux_layer_ids,
-        sum(p.num_tokens for p in ctx.plans),
-        sum(len(p.samples) for p in ctx.plans),
-    )
+    findings = preflight.static_checks(ctx, ctx.plans)
     first = next((p.samples[0] for p in ctx.plans), None)
     if config.backend == "hf":
         if first is not None:

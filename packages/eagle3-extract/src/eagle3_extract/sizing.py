@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_extract.plan import SAMPLE_META_BYTES, bytes_per_token
-from eagle3_extract.preflight import DISK_HEADROOM, Finding
-from eagle3_extract.target import TargetInfo, head_bytes
+from eagle3_extract.plan import bytes_per_token
+from eagle3_extract.preflight import DISK_HEADROOM, Finding, disk_need, free_space
+from eagle3_extract.target import TargetInfo
 from eagle3_schemas.io.safetensors_format import read_safetensors
 from eagle3_schemas.layouts.target_config import kv_cache_bytes_per_token, text_config
 
@@ -262,10 +261,9 @@ def make_plan(inputs: PlanInputs, target: TargetInfo) -> Plan:
                 f"({kv_per_token:,} B/token/GPU){tight}",
             )
 
-    per_token = bytes_per_token(len(inputs.aux_layer_ids), target.hidden_size, inputs.storage_dtype)
-    disk = (
-        per_token * inputs.num_tokens + SAMPLE_META_BYTES * inputs.num_samples + head_bytes(target)
-    )
+    n_aux, storage = len(inputs.aux_layer_ids), inputs.storage_dtype
+    per_token = bytes_per_token(n_aux, target.hidden_size, storage)
+    disk = disk_need(target, n_aux, storage, inputs.num_tokens, inputs.num_samples)
     plan.figures.update(
         bytes_per_token=per_token,
         gb_per_million_tokens=per_token / 1e3,
@@ -279,10 +277,7 @@ def make_plan(inputs: PlanInputs, target: TargetInfo) -> Plan:
     if inputs.out is None:
         plan.add("ok", "disk", text + " (give --out to check the disk)")
     else:
-        probe = inputs.out
-        while not probe.exists():
-            probe = probe.parent
-        free = shutil.disk_usage(probe).free
+        probe, free = free_space(inputs.out)
         plan.figures["disk_free_bytes"] = free
         text += f"; {free / 1e12:.2f} TB free at {probe}"
         if disk > free * (1 - DISK_HEADROOM) and inputs.tokens_are_bound:

@@ -21,7 +21,6 @@ from eagle3_extract.preflight import Finding
 
 def introspect() -> list[Finding]:
     """Check the installed vLLM exposes what the connector and driver rely on."""
-    findings: list[Finding] = []
     try:
         import vllm
         from vllm.config import KVTransferConfig
@@ -30,9 +29,7 @@ def introspect() -> list[Finding]:
         )
     except ImportError as e:
         return [Finding("error", "vllm", f"cannot import vLLM's hidden-states connector: {e}")]
-    findings.append(
-        Finding("ok", "vllm", f"vllm {vllm.__version__} at {Path(vllm.__file__).parent}")
-    )
+    findings = [Finding("ok", "vllm", f"vllm {vllm.__version__} at {Path(vllm.__file__).parent}")]
     expected = {
         "request_finished": ["self", "request", "block_ids"],
         "build_connector_meta": ["self", "scheduler_output"],
@@ -41,33 +38,23 @@ def introspect() -> list[Finding]:
         "get_finished_count": ["self"],
     }
     cls = ex.ExampleHiddenStatesConnector
+    problems = []  # of the connector's API
     for name, params in expected.items():
         method = getattr(cls, name, None)
         found = list(inspect.signature(method).parameters) if method else None
         if found != params:
-            findings.append(
-                Finding(
-                    "error",
-                    "vllm connector API",
-                    f"{cls.__name__}.{name}{found}, expected {params}",
-                )
-            )
+            problems.append(f"{cls.__name__}.{name}{found}, expected {params}")
     pending_fields = list(getattr(ex.PendingSave, "__dataclass_fields__", {}))
     if pending_fields != ["req_id", "filename", "token_ids", "block_ids"]:
-        findings.append(
-            Finding("error", "vllm connector API", f"PendingSave fields {pending_fields}")
-        )
+        problems.append(f"PendingSave fields {pending_fields}")
     extract_params = list(inspect.signature(ex.extract_from_kv_cache).parameters)
     if extract_params != ["kv_cache", "slot_mapping", "num_tokens"]:
-        findings.append(
-            Finding("error", "vllm connector API", f"extract_from_kv_cache{extract_params}")
-        )
+        problems.append(f"extract_from_kv_cache{extract_params}")
     init_source = inspect.getsource(cls.__init__) + inspect.getsource(cls.register_kv_caches)
     for attribute in ("self._kv_cache", "self._block_size", "self._is_tp_rank_zero"):
         if attribute not in init_source:
-            findings.append(
-                Finding("error", "vllm connector API", f"{cls.__name__} no longer sets {attribute}")
-            )
+            problems.append(f"{cls.__name__} no longer sets {attribute}")
+    findings += [Finding("error", "vllm connector API", p) for p in problems]
     findings += _stepper_findings()
     if "kv_connector_module_path" not in getattr(KVTransferConfig, "__dataclass_fields__", {}):
         findings.append(
@@ -137,22 +124,14 @@ def model_findings(
         return [Finding("warning", "vllm model", f"cannot resolve {architecture}: {e}")]
     if model_cls is None:
         return [Finding("error", "vllm model", f"vLLM has no model class for {architecture}")]
-    findings = []
+    problems = []
     if not getattr(model_cls, "supports_eagle3", False):
-        findings.append(
-            Finding(
-                "error", "vllm model", f"{model_cls.__name__} does not implement SupportsEagle3"
-            )
-        )
+        problems.append(f"{model_cls.__name__} does not implement SupportsEagle3")
     module = sys.modules[model_cls.__module__]
     if 0 in layer_ids and any(ID0_UNSAFE_PATTERN in src for src in _model_sources(module)):
-        findings.append(
-            Finding(
-                "error",
-                "vllm model",
-                f"{model_cls.__name__} cannot capture layer id 0 (embedding output): vLLM adds "
-                "the residual before layer 0, where it is None, and the engine dies; use ids >= 1",
-            )
+        problems.append(
+            f"{model_cls.__name__} cannot capture layer id 0 (embedding output): vLLM adds "
+            "the residual before layer 0, where it is None, and the engine dies; use ids >= 1"
         )
     if pipeline_parallel_size > 1:
         over_pp = any(
@@ -161,15 +140,11 @@ def model_findings(
             if isinstance(obj, type) and obj.__module__ == module.__name__
         )
         if not over_pp:
-            findings.append(
-                Finding(
-                    "error",
-                    "vllm model",
-                    f"{model_cls.__name__} does not pass aux hidden states between pipeline "
-                    "stages: with pipeline_parallel_size > 1 the states of earlier stages would be "
-                    "lost; use tensor parallelism",
-                )
+            problems.append(
+                f"{model_cls.__name__} does not pass aux hidden states between pipeline "
+                "stages: with pipeline_parallel_size > 1 the states of earlier stages would be "
+                "lost; use tensor parallelism"
             )
-    return findings or [
+    return [Finding("error", "vllm model", p) for p in problems] or [
         Finding("ok", "vllm model", f"{model_cls.__name__} supports EAGLE-3 capture")
     ]

@@ -138,10 +138,7 @@ class ParquetStream:
         self.num_rows = 0
 
     def write(self, batch: pa.Table | pa.RecordBatch) -> None:
-        if isinstance(batch, pa.RecordBatch):
-            self._writer.write_batch(batch)
-        else:
-            self._writer.write_table(batch)
+        self._writer.write(batch)
         self.num_rows += batch.num_rows
 
 

@@ -90,13 +90,8 @@ def fingerprint_model_dir(directory: str | os.PathLike[str]) -> str:
     for path in sorted(directory.glob("*.safetensors")):
         parsed = read_safetensors(path)
         entries = {n: [t.dtype, list(t.shape), t.end - t.start] for n, t in parsed.tensors.items()}
-        h.update(
-            path.name.encode()
-            + b"\0"
-            + str(path.stat().st_size).encode()
-            + b"\0"
-            + canonical_json(entries)
-        )
+        size = str(path.stat().st_size).encode()
+        h.update(b"\0".join([path.name.encode(), size, canonical_json(entries)]))
         first = min((t.start for t in parsed.tensors.values()), default=0)
         with open(path, "rb") as f:
             f.seek(first)
@@ -113,13 +108,7 @@ def fingerprint_artifact(path: str | os.PathLike[str]) -> str:
         return fingerprint_vocab_map(st.array("d2t"), st.array("t2d"))
     if kind == "hidden_states":
         manifest = pq.read_table(path / "manifest.parquet", columns=["sample_id", "checksum"])
-        rows = sorted(
-            zip(
-                manifest.column("sample_id").to_pylist(),
-                manifest.column("checksum").to_pylist(),
-                strict=True,
-            )
-        )
+        rows = sorted(zip(*manifest.to_pydict().values(), strict=True))  # (sample_id, checksum)
         header = json.loads((path / "dataset.json").read_text(encoding="utf-8"))
         return fingerprint_json({"header": header, "rows": rows})
     if kind == "draft_checkpoint":

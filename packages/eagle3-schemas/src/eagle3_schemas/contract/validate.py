@@ -63,36 +63,21 @@ def validate(path: str | os.PathLike[str], deep: bool = True) -> list[Violation]
     except (ArtifactError, SafetensorsFormatError, OSError) as e:
         return [Violation(str(path), "(header)", str(e))]
     if header.artifact not in artifact_kinds():
-        return [
-            Violation(
-                str(path),
-                "header.artifact",
-                f"unknown artifact kind {header.artifact!r}; expected one of {artifact_kinds()}",
-            )
-        ]
+        message = f"unknown artifact kind {header.artifact!r}; expected one of {artifact_kinds()}"
+        return [Violation(str(path), "header.artifact", message)]
     known = versions(header.artifact)
     # true and 1.0 equal 1 but name no schema file: the version must be an int itself
     if type(header.schema_version) is not int or header.schema_version not in known:
-        return [
-            Violation(
-                str(path),
-                "header.schema_version",
-                f"{header.artifact} schema version {header.schema_version!r} is not one this library reads (known: {known})",
-            )
-        ]
+        message = f"{header.artifact} schema version {header.schema_version!r} is not one this library reads (known: {known})"
+        return [Violation(str(path), "header.schema_version", message)]
     art = Artifact(path, header, load_schema(header.artifact, header.schema_version))
     where = _header_file(art)
     violations = _check_header(art, where)
     try:
         bindings = symbols_from_header(art)
     except Exception as e:  # header or config.json of any shape: a None, a 0 head count
-        violations.append(
-            Violation(
-                where,
-                "(symbols)",
-                f"cannot read the sizes this artifact declares: {type(e).__name__}: {e}",
-            )
-        )
+        message = f"cannot read the sizes this artifact declares: {type(e).__name__}: {e}"
+        violations.append(Violation(where, "(symbols)", message))
         bindings = {}
     for role, spec in art.schema["files"].items():
         violations += _check_file_role(art, role, spec, bindings)
@@ -159,11 +144,8 @@ def _check_file_role(
         paths = [art.root / pattern] if (art.root / pattern).exists() else []
     art.files[role] = paths
     if not paths:
-        return (
-            [Violation(str(art.root), pattern, "required file is missing")]
-            if spec["required"]
-            else []
-        )
+        missing = Violation(str(art.root), pattern, "required file is missing")
+        return [missing] if spec["required"] else []
     out: list[Violation] = []
     for path in paths:
         local = dict(bindings)
@@ -210,11 +192,8 @@ def _check_parquet(
     except (pa.ArrowException, OSError, ValueError) as e:
         return [*out, Violation(where, "(file)", f"not a readable Parquet file: {e}")]
     for name, (row, count) in nulls.items():
-        out.append(
-            Violation(
-                where, f"row {row}, column {name}", f"null in a non-nullable column ({count} nulls)"
-            )
-        )
+        message = f"null in a non-nullable column ({count} nulls)"
+        out.append(Violation(where, f"row {row}, column {name}", message))
     return out
 
 

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from eagle3_schemas.io.diskspace import DiskFull, disk_full, is_disk_full
 
@@ -26,24 +26,24 @@ TEMP_MARKER = ".eagle3-tmp-"
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
-def _named(error: BaseException, final: Path) -> BaseException | None:
-    """What to raise for ``error`` from writing ``final``: a full disk as ``DiskFull``, an OS
-    error (Python's, or a native writer's in its words) with ``final`` named; None: ``error``
+def _raise_named(error: BaseException, final: Path) -> NoReturn:
+    """Raise what ``error`` from writing ``final`` stands for: a full disk as ``DiskFull``, an
+    OS error (Python's, or a native writer's in its words) with ``final`` named; else ``error``
     as it is (it is not about the disk, or already names what it is about)."""
     if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: as they are
-        return None
+        raise error
     if isinstance(error, DiskFull):  # named by the writer inside
-        return None
+        raise error
     if is_disk_full(error):
-        return disk_full(final, "this file", None, error)
+        raise disk_full(final, "this file", None, error) from error
     if isinstance(error, OSError):
         if error.filename is not None or error.errno is None:
-            return None
-        return OSError(error.errno, error.strerror or str(error), str(final))
+            raise error
+        raise OSError(error.errno, error.strerror or str(error), str(final)) from error
     found = _OS_ERROR.search(str(error))
     if found is not None:
-        return OSError(int(found.group(1)), str(error), str(final))
-    return None
+        raise OSError(int(found.group(1)), str(error), str(final)) from error
+    raise error
 
 
 def fsync_dir(directory: Path) -> None:
@@ -87,10 +87,7 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
         fsync_dir(final.parent)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        named = _named(e, final)
-        if named is None:
-            raise
-        raise named from e
+        _raise_named(e, final)
 
 
 @contextlib.contextmanager
@@ -114,10 +111,7 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
         fsync_dir(final.parent)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        named = _named(e, final)
-        if named is None:
-            raise
-        raise named from e
+        _raise_named(e, final)
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:

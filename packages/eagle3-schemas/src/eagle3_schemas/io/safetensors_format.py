@@ -16,25 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-# Bytes per element of every safetensors dtype.
-DTYPE_SIZES: dict[str, int] = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
-
 # numpy views of the raw bytes; BF16 and FP8 are viewed as unsigned integers of their width.
 NUMPY_VIEWS: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
@@ -53,6 +34,8 @@ NUMPY_VIEWS: dict[str, np.dtype] = {
     "U64": np.dtype("<u8"),
     "F64": np.dtype("<f8"),
 }
+# Bytes per element of every safetensors dtype.
+DTYPE_SIZES: dict[str, int] = {name: view.itemsize for name, view in NUMPY_VIEWS.items()}
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 

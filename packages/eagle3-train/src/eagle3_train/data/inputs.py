@@ -23,7 +23,7 @@ from eagle3_train.config.run_config import Config
 from eagle3_train.data.dataset import HiddenStateDataset
 from eagle3_train.data.stream import StreamWindows, wait_for_stream
 from eagle3_train.export.init_from import fingerprint_init_draft, read_init_draft
-from eagle3_train.model.arch import DraftArch
+from eagle3_train.model.arch import NORM_OPTIONS, DraftArch
 
 
 class InputError(ValueError):
@@ -185,30 +185,17 @@ def resolve_arch(inputs: RunInputs) -> DraftArch:
             "target RMSNorm eps unknown: dataset.json has no target.rms_norm_eps and no "
             "target.path config.json gives one; set target.rms_norm_eps"
         )
+    floats = ("rms_norm_eps", "rope_theta")
+    from_config = ("num_layers", "architecture", "attention", "attention_chunk", "loss_chunk")
     return DraftArch(
         hidden_size=H,
         num_aux=inputs.dataset.num_aux,
         target_vocab_size=inputs.dataset.vocab_size,
         draft_vocab_size=inputs.vocab.draft_vocab_size,
-        num_attention_heads=int(values["num_attention_heads"]),
-        num_key_value_heads=int(values["num_key_value_heads"]),
-        head_dim=int(values["head_dim"]),
-        intermediate_size=int(values["intermediate_size"]),
-        rms_norm_eps=float(values["rms_norm_eps"]),
+        **{k: float(v) if k in floats else int(v) for k, v in values.items()},
         target_rms_norm_eps=float(eps),
-        max_position_embeddings=int(values["max_position_embeddings"]),
-        rope_theta=float(values["rope_theta"]),
         rope_scaling=d.rope_scaling if d.rope_scaling is not None else scaling,
-        num_layers=d.num_layers,
-        norm_before_residual=d.norm_before_residual,
-        norm_before_fc=d.norm_before_fc,
-        fc_norm=d.fc_norm,
-        norm_output=d.norm_output,
-        architecture=d.architecture,
-        **{key: int(values[key]) for key in MLA_KEYS if key in values},
-        attention=d.attention,
-        attention_chunk=d.attention_chunk,
-        loss_chunk=d.loss_chunk,
+        **{k: getattr(d, k) for k in (*from_config, *NORM_OPTIONS)},
     )
 
 

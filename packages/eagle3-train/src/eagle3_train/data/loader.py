@@ -24,8 +24,10 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
+from eagle3_schemas.io.safetensors_format import NUMPY_VIEWS
 from eagle3_schemas.layouts.hidden_states import CHECKSUM_ALGORITHMS
 from eagle3_train.data.dataset import (
     PER_TOKEN,
@@ -40,19 +42,7 @@ from eagle3_train.data.dataset import (
 
 # numpy-compatible torch dtypes of the same width, to allocate batch buffers in torch
 TORCH_STORAGE = {
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "F8_E4M3": torch.uint8,
-    "I16": torch.int16,
-    "U16": torch.uint16,
-    "F16": torch.float16,
-    "BF16": torch.uint16,
-    "I32": torch.int32,
-    "U32": torch.uint32,
-    "F32": torch.float32,
-    "I64": torch.int64,
-    "F64": torch.float64,
+    name: torch.from_numpy(np.empty(0, view)).dtype for name, view in NUMPY_VIEWS.items()
 }
 
 
@@ -327,8 +317,8 @@ class BatchStream:
         plan: list[BatchPlan],
         num_workers: int = 0,
         prefetch: int = 2,
-        recycle: bool = False,
         pin_memory: bool = False,
+        recycle: bool = False,
         verify: str | None = None,
     ) -> None:
         self.dataset = dataset
@@ -378,18 +368,8 @@ class BatchStream:
             reader.close()
 
 
-def make_loader(
-    dataset: HiddenStateDataset,
-    plan: list[BatchPlan],
-    num_workers: int,
-    prefetch: int = 2,
-    pin_memory: bool = False,
-    recycle: bool = False,
-    verify: str | None = None,
-) -> BatchStream:
-    """Batches of ``plan`` in order (see BatchStream for the worker threads and ``recycle``;
-    ShardReader for ``verify``: None, "stop" or "skip")."""
-    return BatchStream(dataset, plan, num_workers, prefetch, recycle, pin_memory, verify)
+# Batches of ``plan`` in order: BatchStream (ShardReader for ``verify``: None, "stop" or "skip").
+make_loader = BatchStream
 
 
 def to_device(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:

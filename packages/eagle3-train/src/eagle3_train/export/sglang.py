@@ -22,6 +22,7 @@ the setting.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from eagle3_schemas.layouts.draft_layout import (
 from eagle3_schemas.layouts.model_card import CARD_FILE, write_card
 from eagle3_train.config.run_config import Config
 from eagle3_train.export.card import render_card
+from eagle3_train.model.arch import NORM_OPTIONS
 
 SGLANG_DIR = "draft-sglang"
 EXPORT_NOTE = "export.json"  # what this folder was made from (layout, source, lineage)
@@ -52,12 +54,10 @@ def sglang_problems(
     architecture: str,
     num_layers: int,
     aux_layer_ids: list[int] | None,
-    norm_before_residual: bool,
-    norm_before_fc: bool,
-    fc_norm: bool,
-    norm_output: bool,
+    norms: Mapping[str, bool],
 ) -> list[str]:
-    """Why a draft of these settings cannot be served by SGLang's LlamaForCausalLMEagle3."""
+    """Why a draft of these settings (``norms``: each of NORM_OPTIONS) cannot be served by
+    SGLang's LlamaForCausalLMEagle3."""
     out = []
     if architecture != "llama":
         out.append(
@@ -69,17 +69,13 @@ def sglang_problems(
             f"draft.num_layers {num_layers}: SGLang's additional draft layers drop the residual "
             "where vLLM's (and this trainer's) keep it; SGLang serves one-layer drafts as trained"
         )
-    if norm_before_residual:
+    if norms["norm_before_residual"]:
         out.append(
             "draft.norm_before_residual true: SGLang's layer 0 always keeps the un-normed residual; "
             "train with draft.norm_before_residual: false for an SGLang export"
         )
-    for name, value in (
-        ("norm_before_fc", norm_before_fc),
-        ("fc_norm", fc_norm),
-        ("norm_output", norm_output),
-    ):
-        if value:
+    for name in NORM_OPTIONS[1:]:
+        if norms[name]:
             out.append(f"draft.{name} true: SGLang's EAGLE-3 draft has no {name}")
     if aux_layer_ids is not None:
         if len(aux_layer_ids) != 3:
@@ -136,15 +132,9 @@ def write_sglang_export(
             "export (a Llama-style draft)"
         )
     layer = speculators["transformer_layer_config"]
-    problems = sglang_problems(
-        "llama",
-        int(layer.get("num_hidden_layers", 1)),
-        list(speculators["eagle_aux_hidden_state_layer_ids"]),
-        bool(speculators.get("norm_before_residual", True)),
-        bool(speculators.get("norm_before_fc", False)),
-        bool(speculators.get("fc_norm", False)),
-        bool(speculators.get("norm_output", False)),
-    )
+    ids = list(speculators["eagle_aux_hidden_state_layer_ids"])
+    norms = {k: bool(speculators.get(k, k == "norm_before_residual")) for k in NORM_OPTIONS}
+    problems = sglang_problems("llama", int(layer.get("num_hidden_layers", 1)), ids, norms)
     if problems:
         raise SGLangExportError(
             f"{source}: cannot be written for SGLang:\n  " + "\n  ".join(problems)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The draft's norm options (draft.* in the config, keys of its config.json).
+NORM_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
 
 @dataclass
 class DraftArch:

@@ -215,23 +215,6 @@ class _FlashTTTAttention(torch.autograd.Function):
         max_len: int,
         scale: float,
     ) -> Tensor:
-        out, lse = _FlashTTTAttention._merged(q, k0, v0, kd, vd, cu_seqlens, max_len, scale)
-        ctx.save_for_backward(q, k0, v0, kd, vd, cu_seqlens, out, lse)
-        ctx.max_len, ctx.scale = max_len, scale  # type: ignore[attr-defined]
-        return out
-
-    @staticmethod
-    def _merged(
-        q: Tensor,
-        k0: Tensor,
-        v0: Tensor,
-        kd: Tensor,
-        vd: Tensor,
-        cu_seqlens: Tensor,
-        max_len: int,
-        scale: float,
-    ) -> tuple[Tensor, Tensor]:
-        """(merged output, its log-sum-exp in the kernel's layout)."""
         T, nh, _ = q.shape
         nkv, m, dv = kd.shape[1], kd.shape[2], vd.shape[-1]
         B, g = T * nkv, nh // nkv
@@ -249,7 +232,9 @@ class _FlashTTTAttention(torch.autograd.Function):
         )
         out = out.view(T, nh, dv).to(q.dtype)
         lse = lse.view(T, nkv, g).permute(1, 2, 0).reshape(nh, T).contiguous()
-        return out, lse
+        ctx.save_for_backward(q, k0, v0, kd, vd, cu_seqlens, out, lse)
+        ctx.max_len, ctx.scale = max_len, scale  # type: ignore[attr-defined]
+        return out
 
     @staticmethod
     @autocast_off

@@ -140,13 +140,10 @@ def compile_kl_chunk(enabled: bool) -> None:
     """Use ``torch.compile``d chunk bodies (train.compile) or the eager ones: the rows'
     gather and final norm, the chunk's softmax and KL, the norm's backward."""
     global _head_rows_impl, _kl_chunk_impl, _head_rows_backward_impl
+    bodies = (head_rows, kl_chunk, head_rows_backward)
     if enabled:
-        _head_rows_impl = torch.compile(head_rows, dynamic=True)
-        _kl_chunk_impl = torch.compile(kl_chunk, dynamic=True)
-        _head_rows_backward_impl = torch.compile(head_rows_backward, dynamic=True)
-    else:
-        _head_rows_impl, _kl_chunk_impl = head_rows, kl_chunk
-        _head_rows_backward_impl = head_rows_backward
+        bodies = tuple(torch.compile(f, dynamic=True) for f in bodies)
+    _head_rows_impl, _kl_chunk_impl, _head_rows_backward_impl = bodies
 
 
 class _FusedLinearKL(torch.autograd.Function):

@@ -61,7 +61,7 @@ def run_preflight(
     report.findings += check_lineage(inputs, arch)
     report.findings += check_stream(inputs)
     report.findings += check_draft_shape(arch)
-    report.findings += check_resume(inputs, arch, resume_from)
+    report.findings += check_resume(inputs, resume_from)
     report.findings += check_init_from(inputs, arch)
     report.findings += check_export_format(inputs, arch)
     report.findings += check_export_vocab(arch)

@@ -12,7 +12,7 @@ from eagle3_train.components.checkpoint import read_run_config, read_state, run_
 from eagle3_train.data.inputs import RunInputs, checkpoint_lineage
 from eagle3_train.export.init_from import InitFromError, compatibility_problems, read_init_draft
 from eagle3_train.export.sglang import sglang_problems
-from eagle3_train.model.arch import DraftArch
+from eagle3_train.model.arch import NORM_OPTIONS, DraftArch
 from eagle3_train.preflight.report import Finding, error, ok, warning
 
 # ---------------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ def check_draft_shape(arch: DraftArch) -> list[Finding]:
     )
 
 
-def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -> list[Finding]:
+def check_resume(inputs: RunInputs, resume_from: Path | None) -> list[Finding]:
     if resume_from is None:
         return []
     state = read_state(resume_from)
@@ -280,13 +280,7 @@ def check_resume(inputs: RunInputs, arch: DraftArch, resume_from: Path | None) -
     run_yaml, run_config = run_config_path(resume_from), read_run_config(resume_from)
     if run_config is not None:
         old = run_config.get("draft", {})
-        for key in (
-            "num_layers",
-            "norm_before_residual",
-            "norm_before_fc",
-            "fc_norm",
-            "norm_output",
-        ):
+        for key in ("num_layers", *NORM_OPTIONS):
             if key in old and old[key] != getattr(inputs.config.draft, key):
                 out += error(
                     "resume",
@@ -301,15 +295,9 @@ def check_export_format(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     trained (export/sglang.py), before any step."""
     if inputs.config.export.format == "speculators":
         return []
-    problems = sglang_problems(
-        arch.architecture,
-        arch.num_layers,
-        list(inputs.aux_layer_ids),
-        arch.norm_before_residual,
-        arch.norm_before_fc,
-        arch.fc_norm,
-        arch.norm_output,
-    )
+    norms = {k: getattr(arch, k) for k in NORM_OPTIONS}
+    ids = list(inputs.aux_layer_ids)
+    problems = sglang_problems(arch.architecture, arch.num_layers, ids, norms)
     if problems:
         return [
             Finding("error", "export_format", f"export.format {inputs.config.export.format}: {p}")
@@ -357,6 +345,5 @@ def check_init_from(inputs: RunInputs, arch: DraftArch) -> list[Finding]:
     return notes + ok(
         "init_from",
         f"{d.init_from}: {init.architecture} draft ({init.layout_note}) fits; its LM head holds "
-        f"{shared} of this "
-        f"run's {len(inputs.vocab.target_ids)} draft tokens",
+        f"{shared} of this run's {len(inputs.vocab.target_ids)} draft tokens",
     )

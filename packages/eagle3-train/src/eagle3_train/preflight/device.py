@@ -161,11 +161,10 @@ def check_attention_kernel(
     arch: DraftArch, device: torch.device, mixed: str, compiled: bool = False
 ) -> list[Finding]:
     """Which attention the step runs, and why (an "ok" finding). Where the flash path will run,
-    it is first compared with the chunked reference on this
-    device (values and gradients, with a negative control), as the step will run it (compiled
-    under train.compile): a kernel of another torch that lays out its log-sum-exp differently,
-    or a compiled graph that computes something else, stops the run here, not in a silently
-    worse draft."""
+    it is first compared with the chunked reference on this device (values and gradients, with
+    a negative control), as the step will run it (compiled under train.compile): a kernel of
+    another torch that lays out its log-sum-exp differently, or a compiled graph that computes
+    something else, stops the run here, not in a silently worse draft."""
     dtype = torch.bfloat16 if mixed == "bf16" else torch.float32
     chosen = ok("attention", attention_kernel_note(arch.attention, device, dtype))
     if resolve_attention(arch.attention, device, dtype) != "flash":
@@ -175,17 +174,12 @@ def check_attention_kernel(
         problems = flash_self_check(device)
     except (RuntimeError, TypeError) as e:  # an op missing or with another signature
         problems = [f"{type(e).__name__}: {e}"]
-    return (
-        [
-            Finding(
-                "error",
-                "attention",
-                f"draft.attention flash on {device} (torch {torch.__version__}"
-                f"{', compiled' if compiled else ''}) disagrees with the chunked reference: "
-                f"{'; '.join(problems)}. Set draft.attention: chunked"
-                + (" (or train.compile: never)" if compiled else ""),
-            )
-        ]
-        if problems
-        else chosen
+    if not problems:
+        return chosen
+    return error(
+        "attention",
+        f"draft.attention flash on {device} (torch {torch.__version__}"
+        f"{', compiled' if compiled else ''}) disagrees with the chunked reference: "
+        f"{'; '.join(problems)}. Set draft.attention: chunked"
+        + (" (or train.compile: never)" if compiled else ""),
     )

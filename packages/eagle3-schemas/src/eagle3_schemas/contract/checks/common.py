@@ -27,6 +27,11 @@ def capped(violations: list[Violation]) -> list[Violation]:
     ]
 
 
+def named(*checks: Check) -> dict[str, Check]:
+    """A kind's ``CHECKS``: each check under its function's name, the name schema files use."""
+    return {check.__name__: check for check in checks}
+
+
 def file_name(art: Artifact, role: str) -> str:
     return art.rel(art.path(role))
 
@@ -58,22 +63,12 @@ def d2t_offset_violations(where: str, d2t: np.ndarray, v_target: int) -> list[Vi
     out = []
     bad = np.flatnonzero((target_ids < 0) | (target_ids >= v_target))
     for i in bad[:MAX_REPORTED]:
-        out.append(
-            Violation(
-                where,
-                f"tensor d2t[{i}]",
-                f"maps draft id {i} to target id {target_ids[i]}, outside [0, {v_target}) (d2t holds offsets: target = i + d2t[i])",
-            )
-        )
+        message = f"maps draft id {i} to target id {target_ids[i]}, outside [0, {v_target}) (d2t holds offsets: target = i + d2t[i])"
+        out.append(Violation(where, f"tensor d2t[{i}]", message))
     unsorted = np.flatnonzero(np.diff(target_ids) <= 0)
     for i in unsorted[:MAX_REPORTED]:
-        out.append(
-            Violation(
-                where,
-                f"tensor d2t[{i + 1}]",
-                f"target id {target_ids[i + 1]} does not exceed draft id {i}'s {target_ids[i]} (draft ids must be sorted ascending by target id, no repeats)",
-            )
-        )
+        message = f"target id {target_ids[i + 1]} does not exceed draft id {i}'s {target_ids[i]} (draft ids must be sorted ascending by target id, no repeats)"
+        out.append(Violation(where, f"tensor d2t[{i + 1}]", message))
     return capped(out)
 
 

@@ -5,7 +5,7 @@ tools and the mode.
 from __future__ import annotations
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
-from eagle3_schemas.contract.checks.common import Check, capped, file_name, unique_ids_in
+from eagle3_schemas.contract.checks.common import capped, file_name, named, unique_ids_in
 from eagle3_schemas.layouts.conversations import MODES, conversation_problem, tools_problem
 
 
@@ -14,45 +14,28 @@ def unique_ids(art: Artifact) -> list[Violation]:
 
 
 def roles_alternate(art: Artifact) -> list[Violation]:
-    out = []
+    out, where = [], file_name(art, "conversations")
     for first, batch in art.batches(art.path("conversations"), ["messages"]):
         for offset, messages in enumerate(batch.column("messages").to_pylist()):
             problem = conversation_problem(messages, art.header.schema_version)
             if problem:
-                out.append(
-                    Violation(
-                        file_name(art, "conversations"),
-                        f"row {first + offset}, column messages",
-                        problem,
-                    )
-                )
+                out.append(Violation(where, f"row {first + offset}, column messages", problem))
     return capped(out)
 
 
 def tools_and_mode(art: Artifact) -> list[Violation]:
-    out = []
+    out, where = [], file_name(art, "conversations")
     for first, batch in art.batches(art.path("conversations"), ["tools", "mode"]):
         d = batch.to_pydict()
         for offset, (tools, mode) in enumerate(zip(d["tools"], d["mode"], strict=True)):
             row = first + offset
             problem = tools_problem(tools)
             if problem:
-                out.append(
-                    Violation(file_name(art, "conversations"), f"row {row}, column tools", problem)
-                )
+                out.append(Violation(where, f"row {row}, column tools", problem))
             if mode not in MODES:
-                out.append(
-                    Violation(
-                        file_name(art, "conversations"),
-                        f"row {row}, column mode",
-                        f"{mode!r} (expected one of {list(MODES)})",
-                    )
-                )
+                expected = f"{mode!r} (expected one of {list(MODES)})"
+                out.append(Violation(where, f"row {row}, column mode", expected))
     return capped(out)
 
 
-CHECKS: dict[str, Check] = {
-    "unique_ids": unique_ids,
-    "roles_alternate": roles_alternate,
-    "tools_and_mode": tools_and_mode,
-}
+CHECKS = named(unique_ids, roles_alternate, tools_and_mode)

@@ -11,9 +11,9 @@ import numpy as np
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
 from eagle3_schemas.contract.checks.common import (
-    Check,
     d2t_offset_violations,
     file_name,
+    named,
     t2d_violations,
 )
 from eagle3_schemas.io.fingerprint import fingerprint_vocab_map
@@ -73,15 +73,12 @@ def mla_draft_symbols(config: dict[str, Any]) -> dict[str, int]:
 def layer_ids(art: Artifact) -> list[Violation]:
     config_ids = art.json(art.root / "config.json")["eagle_aux_hidden_state_layer_ids"]
     header_ids = art.header.fields["aux_layer_ids"]
-    if config_ids != header_ids:
-        return [
-            Violation(
-                art.rel(art.root / "config.json"),
-                "eagle_aux_hidden_state_layer_ids",
-                f"{config_ids} but eagle3.json aux_layer_ids is {header_ids}",
-            )
-        ]
-    return []
+    if config_ids == header_ids:
+        return []
+    message = f"{config_ids} but eagle3.json aux_layer_ids is {header_ids}"
+    return [
+        Violation(art.rel(art.root / "config.json"), "eagle_aux_hidden_state_layer_ids", message)
+    ]
 
 
 def _draft_vocab_sizes(art: Artifact) -> tuple[int, int]:
@@ -116,15 +113,12 @@ def t2d_matches_d2t(art: Artifact) -> list[Violation]:
 def vocab_map_fingerprint(art: Artifact) -> list[Violation]:
     stored = fingerprint_vocab_map(*_draft_vocab_map(art))
     recorded = art.header.lineage["vocab_map_fingerprint"]
-    if stored != recorded:
-        return [
-            Violation(
-                art.rel(art.path("lineage")),
-                "header.lineage.vocab_map_fingerprint",
-                f"{recorded} but the checkpoint's d2t/t2d fingerprint is {stored}",
-            )
-        ]
-    return []
+    if stored == recorded:
+        return []
+    message = f"{recorded} but the checkpoint's d2t/t2d fingerprint is {stored}"
+    return [
+        Violation(art.rel(art.path("lineage")), "header.lineage.vocab_map_fingerprint", message)
+    ]
 
 
 def vocab_map_tensors(art: Artifact) -> list[Violation]:
@@ -136,14 +130,11 @@ def vocab_map_tensors(art: Artifact) -> list[Violation]:
         for name, why in serving_problems(names, v_draft, v_target)
     ]
     if not stores_vocab_map(v_draft, v_target) and "t2d" in names:
-        out.append(
-            Violation(
-                where,
-                "tensor t2d",
-                f"stored in a full-vocabulary draft (draft_vocab_size = vocab_size = {v_target}): "
-                "its map is the identity, stored by neither d2t nor t2d",
-            )
+        message = (
+            f"stored in a full-vocabulary draft (draft_vocab_size = vocab_size = {v_target}): "
+            "its map is the identity, stored by neither d2t nor t2d"
         )
+        out.append(Violation(where, "tensor t2d", message))
     elif stores_vocab_map(v_draft, v_target) and "t2d" not in names:
         out.append(Violation(where, "tensor t2d", "missing beside d2t in a pruned draft"))
     return out
@@ -168,13 +159,10 @@ def variant_tensors(art: Artifact) -> list[Violation]:
     where = file_name(art, "weights")
     out = []
     if ("transformer_layer_config" in config) != (variant == "llama"):
-        out.append(
-            Violation(
-                file_name(art, "config"),
-                "(layout)",
-                f"eagle3.json architecture {variant!r} but config.json is in the other variant's layout",
-            )
+        message = (
+            f"eagle3.json architecture {variant!r} but config.json is in the other variant's layout"
         )
+        out.append(Violation(file_name(art, "config"), "(layout)", message))
     names = set(art.safetensors(art.path("weights")).tensors)
     for kind, parts in VARIANT_TENSORS.items():
         for part in parts:
@@ -183,9 +171,8 @@ def variant_tensors(art: Artifact) -> list[Violation]:
                 message = f"missing: the {variant} attention needs it"
                 out.append(Violation(where, f"tensor {name}", message))
             elif kind != variant and name in names:
-                out.append(
-                    Violation(where, f"tensor {name}", f"a {kind} tensor in a {variant} draft")
-                )
+                message = f"a {kind} tensor in a {variant} draft"
+                out.append(Violation(where, f"tensor {name}", message))
     return out
 
 
@@ -198,12 +185,12 @@ def finite(art: Artifact) -> list[Violation]:
     ]
 
 
-CHECKS: dict[str, Check] = {
-    "layer_ids": layer_ids,
-    "d2t_offsets": d2t_offsets,
-    "variant_tensors": variant_tensors,
-    "t2d_matches_d2t": t2d_matches_d2t,
-    "vocab_map_tensors": vocab_map_tensors,
-    "vocab_map_fingerprint": vocab_map_fingerprint,
-    "finite": finite,
-}
+CHECKS = named(
+    layer_ids,
+    d2t_offsets,
+    variant_tensors,
+    t2d_matches_d2t,
+    vocab_map_tensors,
+    vocab_map_fingerprint,
+    finite,
+)

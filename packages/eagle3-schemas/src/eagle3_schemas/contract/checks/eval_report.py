@@ -9,69 +9,37 @@ from typing import Any
 import pyarrow.compute as pc
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
-from eagle3_schemas.contract.checks.common import Check, file_name
+from eagle3_schemas.contract.checks.common import file_name, named
 
 
 def acceptance_length(art: Artifact) -> list[Violation]:
     f, where, out = art.header.fields, file_name(art, "report"), []
-    drafts, accepted, rates = (
-        f["num_drafts"],
-        f["num_accepted_tokens"],
-        f["per_position_acceptance"],
-    )
+    drafts, accepted = f["num_drafts"], f["num_accepted_tokens"]
+    rates, length = f["per_position_acceptance"], f["acceptance_length"]
     if len(rates) != f["num_speculative_tokens"]:
-        out.append(
-            Violation(
-                where,
-                "per_position_acceptance",
-                f"has {len(rates)} entries, expected num_speculative_tokens={f['num_speculative_tokens']}",
-            )
-        )
+        message = f"has {len(rates)} entries, expected num_speculative_tokens={f['num_speculative_tokens']}"
+        out.append(Violation(where, "per_position_acceptance", message))
     expected = 1 + accepted / drafts if drafts else 1.0
-    if abs(f["acceptance_length"] - expected) > 1e-6:
-        out.append(
-            Violation(
-                where,
-                "acceptance_length",
-                f"is {f['acceptance_length']} but 1 + num_accepted_tokens/num_drafts = {expected:.6f}",
-            )
-        )
-    if drafts and abs(f["acceptance_length"] - (1 + sum(rates))) > 1e-6:
-        out.append(
-            Violation(
-                where,
-                "per_position_acceptance",
-                f"sums to {sum(rates):.6f}, but acceptance_length - 1 = {f['acceptance_length'] - 1:.6f}",
-            )
-        )
+    if abs(length - expected) > 1e-6:
+        message = f"is {length} but 1 + num_accepted_tokens/num_drafts = {expected:.6f}"
+        out.append(Violation(where, "acceptance_length", message))
+    if drafts and abs(length - (1 + sum(rates))) > 1e-6:
+        message = f"sums to {sum(rates):.6f}, but acceptance_length - 1 = {length - 1:.6f}"
+        out.append(Violation(where, "per_position_acceptance", message))
     return out
 
 
 def sample_totals(art: Artifact) -> list[Violation]:
-    f, t, where, out = (
-        art.header.fields,
-        art.table(art.path("samples")),
-        file_name(art, "samples"),
-        [],
-    )
+    f, where, out = art.header.fields, file_name(art, "samples"), []
+    t = art.table(art.path("samples"))
     if t.num_rows != f["num_prompts"]:
-        out.append(
-            Violation(
-                where,
-                "(rows)",
-                f"{t.num_rows} rows but the report has num_prompts={f['num_prompts']}",
-            )
-        )
+        message = f"{t.num_rows} rows but the report has num_prompts={f['num_prompts']}"
+        out.append(Violation(where, "(rows)", message))
     for column in ("num_drafts", "num_accepted_tokens"):
         total = pc.sum(t.column(column)).as_py() or 0
         if total != f[column]:
-            out.append(
-                Violation(
-                    where,
-                    f"column {column}",
-                    f"sums to {total} but the report has {column}={f[column]}",
-                )
-            )
+            message = f"sums to {total} but the report has {column}={f[column]}"
+            out.append(Violation(where, f"column {column}", message))
     return out
 
 
@@ -85,14 +53,11 @@ def _group_figures(where: str, label: str, group: dict[str, Any], k: int) -> lis
     if abs(group["acceptance_length"] - expected) > 1e-6 or (
         drafts and abs(group["acceptance_length"] - 1 - sum(rates)) > 1e-6
     ):
-        out.append(
-            Violation(
-                where,
-                label,
-                f"acceptance_length {group['acceptance_length']} is not 1 + {accepted}/{drafts} "
-                f"= 1 + sum(per_position_acceptance)",
-            )
+        message = (
+            f"acceptance_length {group['acceptance_length']} is not 1 + {accepted}/{drafts} "
+            "= 1 + sum(per_position_acceptance)"
         )
+        out.append(Violation(where, label, message))
     return out
 
 
@@ -123,13 +88,10 @@ def group_totals(art: Artifact) -> list[Violation]:
         found = sums.get(key, [0, 0, 0])
         stated = [group["num_prompts"], group["num_drafts"], group["num_accepted_tokens"]]
         if stated != found:
-            out.append(
-                Violation(
-                    where,
-                    label,
-                    f"prompts/drafts/accepted {stated} but its samples.parquet rows sum to {found}",
-                )
+            message = (
+                f"prompts/drafts/accepted {stated} but its samples.parquet rows sum to {found}"
             )
+            out.append(Violation(where, label, message))
         out += _group_figures(where, label, group, f["num_speculative_tokens"])
     missing = sorted({s for s, _ in sums} - {s for s, c in seen if c is None})
     if missing:
@@ -137,8 +99,4 @@ def group_totals(art: Artifact) -> list[Violation]:
     return out
 
 
-CHECKS: dict[str, Check] = {
-    "acceptance_length": acceptance_length,
-    "sample_totals": sample_totals,
-    "group_totals": group_totals,
-}
+CHECKS = named(acceptance_length, sample_totals, group_totals)

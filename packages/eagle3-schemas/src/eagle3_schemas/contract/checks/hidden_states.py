@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
-from eagle3_schemas.contract.checks.common import Check, capped, duplicates, file_name
+from eagle3_schemas.contract.checks.common import capped, duplicates, file_name, named
 from eagle3_schemas.io.safetensors_format import nonfinite_count
 from eagle3_schemas.layouts.hidden_states import (
     UnsafeShardPath,
@@ -32,27 +32,16 @@ def layer_ids(art: Artifact) -> list[Violation]:
     ids, n_layers = f["aux_layer_ids"], f["target"]["num_hidden_layers"]
     where, out = file_name(art, "dataset"), []
     if ids != sorted(set(ids)):
-        out.append(
-            Violation(
-                where, "header.aux_layer_ids", f"{ids} must be sorted ascending without repeats"
-            )
-        )
+        message = f"{ids} must be sorted ascending without repeats"
+        out.append(Violation(where, "header.aux_layer_ids", message))
     if any(not 0 <= i <= n_layers for i in ids):
-        out.append(
-            Violation(
-                where,
-                "header.aux_layer_ids",
-                f"{ids} outside [0, {n_layers}] (vLLM convention: 0 = embeddings, {n_layers} = last layer before the final norm)",
-            )
-        )
+        message = f"{ids} outside [0, {n_layers}] (vLLM convention: 0 = embeddings, {n_layers} = last layer before the final norm)"
+        out.append(Violation(where, "header.aux_layer_ids", message))
     if art.header.lineage.get("aux_layer_ids") != ids:
-        out.append(
-            Violation(
-                where,
-                "header.lineage.aux_layer_ids",
-                f"{art.header.lineage.get('aux_layer_ids')} differs from header aux_layer_ids {ids}",
-            )
+        message = (
+            f"{art.header.lineage.get('aux_layer_ids')} differs from header aux_layer_ids {ids}"
         )
+        out.append(Violation(where, "header.lineage.aux_layer_ids", message))
     return out
 
 
@@ -61,36 +50,24 @@ def _manifest(art: Artifact) -> dict[str, list[Any]]:
 
 
 def shard_paths_inside(art: Artifact) -> list[Violation]:
-    out = []
+    out, where = [], file_name(art, "manifest")
     for row, shard in enumerate(_manifest(art)["shard"]):
         try:
             path = resolve_shard_path(art.root, shard)
         except UnsafeShardPath as e:
-            out.append(Violation(file_name(art, "manifest"), f"row {row}, column shard", str(e)))
+            out.append(Violation(where, f"row {row}, column shard", str(e)))
             continue
         if not path.is_file():
-            out.append(
-                Violation(
-                    file_name(art, "manifest"),
-                    f"row {row}, column shard",
-                    f"{shard!r} does not exist",
-                )
-            )
+            out.append(Violation(where, f"row {row}, column shard", f"{shard!r} does not exist"))
     return capped(out)
 
 
 def _rows_by_shard(art: Artifact) -> dict[str, list[tuple[int, int, int, int, str]]]:
     m = _manifest(art)
     grouped: dict[str, list[tuple[int, int, int, int, str]]] = {}
+    columns = ("shard", "row_start", "num_tokens", "num_loss_tokens", "checksum")
     for row, (shard, start, n, n_loss, checksum) in enumerate(
-        zip(
-            m["shard"],
-            m["row_start"],
-            m["num_tokens"],
-            m["num_loss_tokens"],
-            m["checksum"],
-            strict=True,
-        )
+        zip(*(m[c] for c in columns), strict=True)
     ):
         grouped.setdefault(shard, []).append((row, start, n, n_loss, checksum))
     return grouped
@@ -116,24 +93,14 @@ def manifest_rows(art: Artifact) -> list[Violation]:
             or (spans and spans[0][0] != 0)
             or cu[-1] != total
         ):
-            out.append(
-                Violation(
-                    where,
-                    f"shard {shard}",
-                    f"manifest rows {spans[:3]}... do not tile the shard's cu_seqlens {cu.tolist()[:4]}... over {total} tokens",
-                )
-            )
+            message = f"manifest rows {spans[:3]}... do not tile the shard's cu_seqlens {cu.tolist()[:4]}... over {total} tokens"
+            out.append(Violation(where, f"shard {shard}", message))
             continue
         for row, start, n, n_loss, _ in rows:
             stored = int(loss_mask[start : start + n].sum())
             if stored != n_loss:
-                out.append(
-                    Violation(
-                        where,
-                        f"row {row}, column num_loss_tokens",
-                        f"is {n_loss} but the shard's loss_mask sums to {stored}",
-                    )
-                )
+                message = f"is {n_loss} but the shard's loss_mask sums to {stored}"
+                out.append(Violation(where, f"row {row}, column num_loss_tokens", message))
     return capped(out)
 
 
@@ -143,23 +110,13 @@ def unique_sample_ids(art: Artifact) -> list[Violation]:
 
 
 def totals(art: Artifact) -> list[Violation]:
-    m, f, out = _manifest(art), art.header.fields, []
+    m, f, out, where = _manifest(art), art.header.fields, [], file_name(art, "dataset")
     if f["num_samples"] != len(m["sample_id"]):
-        out.append(
-            Violation(
-                file_name(art, "dataset"),
-                "header.num_samples",
-                f"is {f['num_samples']} but the manifest has {len(m['sample_id'])} rows",
-            )
-        )
+        message = f"is {f['num_samples']} but the manifest has {len(m['sample_id'])} rows"
+        out.append(Violation(where, "header.num_samples", message))
     if f["num_tokens"] != sum(m["num_tokens"]):
-        out.append(
-            Violation(
-                file_name(art, "dataset"),
-                "header.num_tokens",
-                f"is {f['num_tokens']} but the manifest sums to {sum(m['num_tokens'])}",
-            )
-        )
+        message = f"is {f['num_tokens']} but the manifest sums to {sum(m['num_tokens'])}"
+        out.append(Violation(where, "header.num_tokens", message))
     return out
 
 
@@ -168,25 +125,18 @@ def row_checksums(art: Artifact) -> list[Violation]:
         return []  # reported there
     version = art.header.schema_version
     algorithm = checksum_algorithm(version)
-    out = []
+    out, where = [], file_name(art, "manifest")
     for shard, rows in _rows_by_shard(art).items():
         st = art.safetensors(resolve_shard_path(art.root, shard))
         for row, start, n, _, checksum in rows:
             if not checksum.startswith(f"{algorithm}:"):
                 message = f"{checksum[:24]}... is not a {algorithm} checksum, which schema v{version} uses"
-                out.append(
-                    Violation(file_name(art, "manifest"), f"row {row}, column checksum", message)
-                )
+                out.append(Violation(where, f"row {row}, column checksum", message))
                 continue
             stored = row_checksum(st, start, n, version)
             if stored != checksum:
-                out.append(
-                    Violation(
-                        file_name(art, "manifest"),
-                        f"row {row}, column checksum",
-                        f"{checksum} but the stored rows hash to {stored} (shard {shard} was changed or torn)",
-                    )
-                )
+                message = f"{checksum} but the stored rows hash to {stored} (shard {shard} was changed or torn)"
+                out.append(Violation(where, f"row {row}, column checksum", message))
     return capped(out)
 
 
@@ -201,30 +151,15 @@ def storage_dtype(art: Artifact) -> list[Violation]:
         st = art.safetensors(path)
         for name in ("aux_hidden_states", "last_hidden_state"):
             if st.tensors[name].dtype != want:
-                out.append(
-                    Violation(
-                        art.rel(path),
-                        f"tensor {name}",
-                        f"dtype {st.tensors[name].dtype} but storage_dtype is {storage} ({want})",
-                    )
-                )
+                message = f"dtype {st.tensors[name].dtype} but storage_dtype is {storage} ({want})"
+                out.append(Violation(art.rel(path), f"tensor {name}", message))
         scales = {"aux_hidden_states_scale", "last_hidden_state_scale"} & set(st.tensors)
         if storage == "fp8_e4m3" and len(scales) != 2:
-            out.append(
-                Violation(
-                    art.rel(path),
-                    "tensors *_scale",
-                    "fp8 storage needs aux_hidden_states_scale and last_hidden_state_scale",
-                )
-            )
+            message = "fp8 storage needs aux_hidden_states_scale and last_hidden_state_scale"
+            out.append(Violation(art.rel(path), "tensors *_scale", message))
         if storage != "fp8_e4m3" and scales:
-            out.append(
-                Violation(
-                    art.rel(path),
-                    f"tensors {sorted(scales)}",
-                    f"scales are only allowed with fp8 storage, not {storage}",
-                )
-            )
+            message = f"scales are only allowed with fp8 storage, not {storage}"
+            out.append(Violation(art.rel(path), f"tensors {sorted(scales)}", message))
     return capped(out)
 
 
@@ -245,13 +180,13 @@ def finite(art: Artifact) -> list[Violation]:
     return out
 
 
-CHECKS: dict[str, Check] = {
-    "layer_ids": layer_ids,
-    "shard_paths_inside": shard_paths_inside,
-    "manifest_rows": manifest_rows,
-    "unique_sample_ids": unique_sample_ids,
-    "totals": totals,
-    "row_checksums": row_checksums,
-    "storage_dtype": storage_dtype,
-    "finite": finite,
-}
+CHECKS = named(
+    layer_ids,
+    shard_paths_inside,
+    manifest_rows,
+    unique_sample_ids,
+    totals,
+    row_checksums,
+    storage_dtype,
+    finite,
+)

@@ -10,9 +10,9 @@ import pyarrow.compute as pc
 from eagle3_schemas.contract.artifact import Artifact, Violation
 from eagle3_schemas.contract.checks.common import (
     MAX_REPORTED,
-    Check,
     capped,
     file_name,
+    named,
     unique_ids_in,
 )
 
@@ -28,7 +28,7 @@ def unique_ids(art: Artifact) -> list[Violation]:
 
 def row_lengths(art: Artifact) -> list[Violation]:
     max_length = art.header.fields["max_length"]
-    out = []
+    out, where = [], file_name(art, "tokenized")
     for first, batch in art.batches(
         art.path("tokenized"), ["input_ids", "loss_mask", "num_tokens"]
     ):
@@ -38,13 +38,9 @@ def row_lengths(art: Artifact) -> list[Violation]:
         for row in np.flatnonzero(
             (ids_len != mask_len) | (ids_len != num) | (num <= 0) | (num > max_length)
         ):
-            out.append(
-                Violation(
-                    file_name(art, "tokenized"),
-                    f"row {first + row}",
-                    f"len(input_ids)={ids_len[row]}, len(loss_mask)={mask_len[row]}, num_tokens={num[row]}: expected all equal and in [1, {max_length}]",
-                )
-            )
+            found = f"len(input_ids)={ids_len[row]}, len(loss_mask)={mask_len[row]}, num_tokens={num[row]}"
+            message = f"{found}: expected all equal and in [1, {max_length}]"
+            out.append(Violation(where, f"row {first + row}", message))
     return capped(out)
 
 
@@ -59,28 +55,17 @@ def loss_mask_binary(art: Artifact) -> list[Violation]:
         sums = np.bincount(rows, weights=flat, minlength=len(lengths)).astype(np.int64)
         declared = batch.column("num_loss_tokens").to_numpy()
         for row in np.flatnonzero(sums != declared):
-            out.append(
-                Violation(
-                    where,
-                    f"row {first + row}, column num_loss_tokens",
-                    f"is {declared[row]} but loss_mask sums to {sums[row]}",
-                )
-            )
+            message = f"is {declared[row]} but loss_mask sums to {sums[row]}"
+            out.append(Violation(where, f"row {first + row}, column num_loss_tokens", message))
     if bad_values:
-        out.insert(
-            0,
-            Violation(
-                where,
-                "column loss_mask",
-                f"values {sorted(bad_values)[:5]} found, expected only 0 and 1",
-            ),
-        )
+        message = f"values {sorted(bad_values)[:5]} found, expected only 0 and 1"
+        out.insert(0, Violation(where, "column loss_mask", message))
     return capped(out)
 
 
 def token_ids_in_vocab(art: Artifact) -> list[Violation]:
     vocab = art.header.fields["vocab_size"]
-    out = []
+    out, where = [], file_name(art, "tokenized")
     for first, batch in art.batches(art.path("tokenized"), ["input_ids"]):
         ids = batch.column("input_ids")
         flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
@@ -90,19 +75,9 @@ def token_ids_in_vocab(art: Artifact) -> list[Violation]:
             rows = np.repeat(np.arange(len(lengths)), lengths)[bad]
             for row in np.unique(rows)[: MAX_REPORTED + 1]:
                 values = flat[bad[rows == row]][:5].tolist()
-                out.append(
-                    Violation(
-                        file_name(art, "tokenized"),
-                        f"row {first + row}, column input_ids",
-                        f"token ids {values} outside [0, {vocab})",
-                    )
-                )
+                message = f"token ids {values} outside [0, {vocab})"
+                out.append(Violation(where, f"row {first + row}, column input_ids", message))
     return capped(out)
 
 
-CHECKS: dict[str, Check] = {
-    "unique_ids": unique_ids,
-    "row_lengths": row_lengths,
-    "loss_mask_binary": loss_mask_binary,
-    "token_ids_in_vocab": token_ids_in_vocab,
-}
+CHECKS = named(unique_ids, row_lengths, loss_mask_binary, token_ids_in_vocab)

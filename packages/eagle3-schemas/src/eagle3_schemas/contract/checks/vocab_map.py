@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from eagle3_schemas.contract.artifact import Artifact, Violation
-from eagle3_schemas.contract.checks.common import Check, d2t_offset_violations, t2d_violations
+from eagle3_schemas.contract.checks.common import d2t_offset_violations, named, t2d_violations
 
 
 def symbols(art: Artifact) -> dict[str, int]:
@@ -29,39 +29,19 @@ def t2d_matches_d2t(art: Artifact) -> list[Violation]:
 def counts_nonnegative(art: Artifact) -> list[Violation]:
     st = art.safetensors(art.path("vocab_map"))
     counts, d2t = st.array("token_counts"), st.array("d2t")
-    f = art.header.fields
-    out = []
+    f, where, out = art.header.fields, str(art.root), []
     if np.any(counts < 0):
-        out.append(
-            Violation(
-                str(art.root),
-                "tensor token_counts",
-                f"{int(np.count_nonzero(counts < 0))} negative counts",
-            )
-        )
+        message = f"{int(np.count_nonzero(counts < 0))} negative counts"
+        out.append(Violation(where, "tensor token_counts", message))
     if int(counts.sum()) != f["num_loss_tokens"]:
-        out.append(
-            Violation(
-                str(art.root),
-                "header.num_loss_tokens",
-                f"is {f['num_loss_tokens']} but token_counts sum to {int(counts.sum())}",
-            )
-        )
+        message = f"is {f['num_loss_tokens']} but token_counts sum to {int(counts.sum())}"
+        out.append(Violation(where, "header.num_loss_tokens", message))
     total = max(int(counts.sum()), 1)
     covered = int(counts[np.arange(len(d2t)) + d2t].sum()) / total
     if abs(covered - f["coverage"]) > 1e-6:
-        out.append(
-            Violation(
-                str(art.root),
-                "header.coverage",
-                f"is {f['coverage']} but the draft vocabulary covers {covered:.6f} of loss tokens",
-            )
-        )
+        message = f"is {f['coverage']} but the draft vocabulary covers {covered:.6f} of loss tokens"
+        out.append(Violation(where, "header.coverage", message))
     return out
 
 
-CHECKS: dict[str, Check] = {
-    "d2t_offsets": d2t_offsets,
-    "t2d_matches_d2t": t2d_matches_d2t,
-    "counts_nonnegative": counts_nonnegative,
-}
+CHECKS = named(d2t_offsets, t2d_matches_d2t, counts_nonnegative)
