@@ -33,6 +33,9 @@ class Family:
     tool_parser_reason: str
 
 
+QWEN_TOOLS = (
+    "Qwen's calls sit in <tool_call> blocks (vLLM's hermes parser, Qwen's documented choice)"
+)
 # Keyed by the decoder's model_type (a wrapper's text_config for Kimi-K2.5).
 FAMILIES: dict[str, Family] = {
     "llama": Family(
@@ -50,27 +53,9 @@ FAMILIES: dict[str, Family] = {
         "mistral",
         "Mistral's calls follow its [TOOL_CALLS] token (vLLM's mistral parser)",
     ),
-    "qwen2": Family(
-        "Qwen2.5",
-        "gqa",
-        None,
-        "hermes",
-        "Qwen's calls sit in <tool_call> blocks (vLLM's hermes parser, Qwen's documented choice)",
-    ),
-    "qwen3": Family(
-        "Qwen3",
-        "gqa",
-        "qwen3",
-        "hermes",
-        "Qwen's calls sit in <tool_call> blocks (vLLM's hermes parser, Qwen's documented choice)",
-    ),
-    "qwen3_moe": Family(
-        "Qwen3-MoE",
-        "gqa",
-        "qwen3",
-        "hermes",
-        "Qwen's calls sit in <tool_call> blocks (vLLM's hermes parser, Qwen's documented choice)",
-    ),
+    "qwen2": Family("Qwen2.5", "gqa", None, "hermes", QWEN_TOOLS),
+    "qwen3": Family("Qwen3", "gqa", "qwen3", "hermes", QWEN_TOOLS),
+    "qwen3_moe": Family("Qwen3-MoE", "gqa", "qwen3", "hermes", QWEN_TOOLS),
     "deepseek_v3": Family(
         "DeepSeek-V3",
         "mla",
