@@ -91,11 +91,8 @@ def row_mode(config: RegenerateConfig, sample_id: str, own_mode: str) -> str:
     if config.thinking_fraction is None:
         return own_mode
     digest = hashlib.blake2b(f"{config.sampling.seed}:{sample_id}".encode(), digest_size=8)
-    return (
-        "thinking"
-        if int.from_bytes(digest.digest()) / 2**64 < config.thinking_fraction
-        else "instant"
-    )
+    draw = int.from_bytes(digest.digest()) / 2**64
+    return "thinking" if draw < config.thinking_fraction else "instant"
 
 
 def template_kwargs(config: RegenerateConfig, mode: str) -> dict[str, Any]:
