@@ -246,23 +246,18 @@ def _check_fields(path: Path, wrapper: dict[str, Any], config: dict[str, Any]) -
     if (dense or not experts) and config.get("intermediate_size") is None:
         raise PlanError(f"{path}: field 'intermediate_size' is missing (dense MLP layers)")
     for fields in (config, wrapper):
-        tied = fields.get("tie_word_embeddings")
-        if tied is not None and not isinstance(tied, bool):
-            raise PlanError(
-                f"{path}: field 'tie_word_embeddings' is {_short(tied)}, not true/false"
-            )
-        names = fields.get("architectures")
-        if names is not None and not (
-            isinstance(names, list) and all(isinstance(n, str) for n in names)
+        for key, fits, expected in (
+            ("tie_word_embeddings", lambda v: isinstance(v, bool), "true/false"),
+            ("architectures", _names, "a list of names"),
+            ("quantization_config", lambda v: isinstance(v, dict), "an object"),
         ):
-            raise PlanError(
-                f"{path}: field 'architectures' is {_short(names)}, not a list of names"
-            )
-        quant = fields.get("quantization_config")
-        if quant is not None and not isinstance(quant, dict):
-            raise PlanError(
-                f"{path}: field 'quantization_config' is {_short(quant)}, not an object"
-            )
+            value = fields.get(key)
+            if value is not None and not fits(value):
+                raise PlanError(f"{path}: field '{key}' is {_short(value)}, not {expected}")
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(n, str) for n in value)
 
 
 def _short(value: Any) -> str:
