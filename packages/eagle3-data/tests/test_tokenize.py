@@ -13,7 +13,7 @@ import pytest
 
 from eagle3_data.config import TokenizeConfig
 from eagle3_data.loss_mask import ChatRenderer
-from eagle3_data.tokenization import encode, load_tokenizer, run
+from eagle3_data.tokenization import Encoded, encode_batch, load_tokenizer, run
 from eagle3_schemas import read_header, validate
 
 THINKING = [
@@ -33,6 +33,13 @@ PLAIN = [
     {"role": "user", "content": "def add(a, b):"},
     {"role": "assistant", "content": "    return a + b"},
 ]
+
+
+def encode(
+    renderer: ChatRenderer, sample_id: str, source: str, messages, max_length: int
+) -> Encoded:
+    """One whole-conversation row through ``encode_batch``."""
+    return encode_batch(renderer, [(sample_id, source, messages)], max_length)[0]
 
 
 def _masked_text(tokenizer, ids: np.ndarray, mask: np.ndarray) -> list[str]:

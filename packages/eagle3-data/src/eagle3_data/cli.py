@@ -28,6 +28,7 @@ from eagle3_data.config import (
 )
 from eagle3_schemas.contract.validate import validate
 from eagle3_schemas.io.diskspace import EXIT_DISK_FULL, DiskFull
+from eagle3_schemas.runtime.options import config_from_args
 from eagle3_schemas.runtime.signals import EXIT_PREEMPTED
 
 
@@ -183,27 +184,20 @@ def main(argv: list[str] | None = None) -> int:
                 ingest.run(IngestConfig(args.inputs, args.out, _rejects(args), keep=keep))
             )
         elif args.command == "regenerate":
-            sampling = SamplingConfig(args.temperature, args.top_p, args.max_tokens, args.seed)
-            config = RegenerateConfig(
-                args.conversations,
-                args.out,
-                _rejects(args),
-                args.model,
-                args.endpoint,
-                args.engine,
-                sampling,
-                args.concurrency,
-                args.retries,
-                args.timeout,
-                args.backoff,
-                args.limit,
-                dict(_engine_arg(a) for a in args.engine_arg)
+            config = config_from_args(
+                RegenerateConfig,
+                args,
+                output=args.out,
+                rejects=_rejects(args),
+                sampling=config_from_args(SamplingConfig, args),
+                timeout_s=args.timeout,
+                backoff_s=args.backoff,
+                engine_args=dict(_engine_arg(a) for a in args.engine_arg)
                 | ({"trust_remote_code": True} if args.trust_remote_code else {}),
-                args.sample_seed,
-                dict(_engine_arg(a, "--chat-template-kwarg") for a in args.chat_template_kwarg),
-                tuple(s for s in args.preempt_signals.split(",") if s.strip()),
-                args.thinking_fraction,
-                args.keep_length_cut,
+                chat_template_kwargs=dict(
+                    _engine_arg(a, "--chat-template-kwarg") for a in args.chat_template_kwarg
+                ),
+                preempt_signals=tuple(s for s in args.preempt_signals.split(",") if s.strip()),
             )
             summary = asdict(regenerate.run(config))
             if summary["preempted"]:
@@ -223,20 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 1
         elif args.command == "tokenize":
-            config = TokenizeConfig(
-                args.conversations,
-                args.tokenizer,
-                args.out,
-                _rejects(args),
-                args.max_length,
-                args.workers,
-                trust_remote_code=args.trust_remote_code,
-            )
+            config = config_from_args(TokenizeConfig, args, output=args.out, rejects=_rejects(args))
             summary = asdict(tokenization.run(config))
         else:
-            vocab_map = vocab.run(
-                VocabConfig(args.tokenized, args.out, args.draft_vocab_size, args.target_vocab_size)
-            )
+            vocab_map = vocab.run(config_from_args(VocabConfig, args, output=args.out))
             summary = {
                 "draft_vocab_size": len(vocab_map.d2t),
                 "coverage": round(vocab_map.coverage, 6),

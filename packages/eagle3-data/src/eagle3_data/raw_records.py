@@ -42,7 +42,7 @@ def records(inputs: list[Path]) -> Iterator[RawRecord]:
             yield from _json_array_records(path)
         else:  # IngestConfig.check refuses these up front; a direct caller still gets a reason
             yield RawRecord(
-                str(path), raw="", error=f"unknown_format: {path.name}: expected {RAW_EXPECTED}"
+                str(path), error=f"unknown_format: {path.name}: expected {RAW_EXPECTED}"
             )
 
 
@@ -83,7 +83,6 @@ def _json_array_records(path: Path) -> Iterator[RawRecord]:
                 except UnicodeDecodeError as e:
                     yield RawRecord(
                         f"{path.name}:{index}",
-                        raw="",
                         error=f"non_utf8: {path.name} is not UTF-8 near record {index} ({e.reason}); the rest of the file is unread",
                     )
                     return
@@ -174,7 +173,6 @@ def _surrogate_at(value: Any, where: str) -> str | None:
 def _unreadable(source: str, what: str, e: Exception) -> RawRecord:
     return RawRecord(
         source,
-        raw="",
         error=f"unreadable: {what} cannot be read from record {source.rsplit(':', 1)[1]} on "
         f"({type(e).__name__}: {str(e)[:300]}); the rest of the file is unread",
     )

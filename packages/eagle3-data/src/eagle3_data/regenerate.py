@@ -19,7 +19,7 @@ the output; a rerun skips what the journal holds. Samples the target answers bad
 ``max_tokens``, empty) are rejected for good; samples whose endpoint calls kept failing are
 left out of the journal, and the artifact is only published once none remain.
 
-One module of some 570 lines on purpose: both engines walk a row's turns with the same
+One module on purpose: both engines walk a row's turns with the same
 acceptance rules into the same journal, and its three sections (the endpoint engine, the vLLM
 offline engine, the command) read top to bottom as one row's life.
 """
@@ -91,11 +91,8 @@ def row_mode(config: RegenerateConfig, sample_id: str, own_mode: str) -> str:
     if config.thinking_fraction is None:
         return own_mode
     digest = hashlib.blake2b(f"{config.sampling.seed}:{sample_id}".encode(), digest_size=8)
-    return (
-        "thinking"
-        if int.from_bytes(digest.digest()) / 2**64 < config.thinking_fraction
-        else "instant"
-    )
+    draw = int.from_bytes(digest.digest()) / 2**64
+    return "thinking" if draw < config.thinking_fraction else "instant"
 
 
 def template_kwargs(config: RegenerateConfig, mode: str) -> dict[str, Any]:
@@ -235,12 +232,6 @@ def _splice(reply: dict[str, Any], results: Messages) -> tuple[Messages, bool]:
     return spliced, len(results) >= len(calls)
 
 
-async def _regenerate_one(
-    client: httpx.AsyncClient, config: RegenerateConfig, request: Request, messages: Messages
-) -> tuple[Messages, int]:
-    return await _walk(messages, lambda history: _complete(client, config, request, history))
-
-
 async def _walk(messages: Messages, complete: Any) -> tuple[Messages, int]:
     """Regenerate ``messages`` event by event with ``complete(history) -> turn``; returns the
     new conversation and how many answers were cut at max_tokens and kept."""
@@ -283,14 +274,29 @@ async def _walk(messages: Messages, complete: Any) -> tuple[Messages, int]:
     return history, cut
 
 
+@dataclass
+class _Outcomes:
+    """Where each row's outcome goes, whichever engine answered it."""
+
+    journal: Journal
+    rejects: RejectsFile
+    bar: tqdm
+    summary: RegenerateSummary
+    stop: StopSignals
+
+    def done(self, sample_id: str, history: Messages, cut: int) -> None:
+        self.journal.done(sample_id, history)
+        self.summary.regenerated += 1
+        self.summary.kept_length_cut += cut
+
+    def rejected(self, sample_id: str, reason: str, messages: Messages) -> None:
+        self.rejects.add(sample_id, reason, messages)
+        self.journal.rejected(sample_id, reason)
+        self.summary.rejected += 1
+
+
 async def _run_endpoint(
-    config: RegenerateConfig,
-    todo: Iterator[tuple[str, Messages, Request]],
-    journal: Journal,
-    rejects: RejectsFile,
-    bar: tqdm,
-    summary: RegenerateSummary,
-    stop: StopSignals,
+    config: RegenerateConfig, todo: Iterator[tuple[str, Messages, Request]], out: _Outcomes
 ) -> None:
     queue: asyncio.Queue[tuple[str, Messages, Request] | None] = asyncio.Queue(
         maxsize=2 * config.concurrency
@@ -305,30 +311,29 @@ async def _run_endpoint(
 
         async def answer(sample_id: str, messages: Messages, request: Request) -> None:
             try:
-                history, cut = await _regenerate_one(client, config, request, messages)
-                journal.done(sample_id, history)
-                summary.regenerated += 1
-                summary.kept_length_cut += cut
+                out.done(
+                    sample_id,
+                    *await _walk(messages, lambda h: _complete(client, config, request, h)),
+                )
             except AnswerRejected as e:
-                _journal_rejected(journal, rejects, sample_id, str(e), messages)
-                summary.rejected += 1
+                out.rejected(sample_id, str(e), messages)
             except EndpointFailed as e:
-                rejects.add(sample_id, f"endpoint_failed: {e}", messages)
-                summary.failed += 1
+                out.rejects.add(sample_id, f"endpoint_failed: {e}", messages)
+                out.summary.failed += 1
 
         async def worker() -> None:
             while (item := await queue.get()) is not None:
-                if stop.requested or errors:  # only the conversations already asked finish
+                if out.stop.requested or errors:  # only the conversations already asked finish
                     continue
                 try:
                     await answer(*item)
                 except Exception as e:  # not journaled: that sample is asked again on rerun
                     errors.append(e)
-                bar.update(1)
+                out.bar.update(1)
 
         workers = [asyncio.create_task(worker()) for _ in range(config.concurrency)]
         for item in todo:
-            if stop.requested or errors:
+            if out.stop.requested or errors:
                 break
             await queue.put(item)
         for _ in workers:
@@ -359,13 +364,7 @@ def _engine_args(config: RegenerateConfig) -> dict[str, Any]:
 
 
 def _run_vllm(
-    config: RegenerateConfig,
-    todo: Iterator[tuple[str, Messages, Request]],
-    journal: Journal,
-    rejects: RejectsFile,
-    bar: tqdm,
-    summary: RegenerateSummary,
-    stop: StopSignals,
+    config: RegenerateConfig, todo: Iterator[tuple[str, Messages, Request]], out: _Outcomes
 ) -> None:
     """Turn by turn over a batch. Thinking-mode output is split at its first ``</think>`` (what
     vLLM's kimi_k2 and qwen3 reasoning parsers do); rows with tools need a server's tool-call
@@ -376,7 +375,7 @@ def _run_vllm(
     params = SamplingParams(**asdict(config.sampling))
     batch: list[tuple[str, Messages, Request]] = []
     for item in [*todo, None]:
-        if stop.requested:  # preempted: the batch in flight was journaled, no new one starts
+        if out.stop.requested:  # preempted: the batch in flight was journaled, no new one starts
             break
         if item is not None:
             batch.append(item)
@@ -428,24 +427,14 @@ def _run_vllm(
                     histories[sid].append(reply)
         for sid, messages, _ in batch:
             if sid in failed:
-                _journal_rejected(journal, rejects, sid, failed[sid], messages)
-                summary.rejected += 1
+                out.rejected(sid, failed[sid], messages)
             else:
-                journal.done(sid, histories[sid])
-                summary.regenerated += 1
-                summary.kept_length_cut += cut[sid]
-            bar.update(1)
+                out.done(sid, histories[sid], cut[sid])
+            out.bar.update(1)
         batch = []
 
 
 # ---- the command -------------------------------------------------------------------------
-
-
-def _journal_rejected(
-    journal: Journal, rejects: RejectsFile, sample_id: str, reason: str, messages: Messages
-) -> None:
-    rejects.add(sample_id, reason, messages)
-    journal.rejected(sample_id, reason)
 
 
 def _conversations(
@@ -486,10 +475,11 @@ def run(config: RegenerateConfig) -> RegenerateSummary:
         tqdm(total=total, initial=len(done), desc="regenerate", unit="conv") as bar,
         StopSignals(config.preempt_signals, "--preempt-signals") as stop,
     ):
+        out = _Outcomes(journal, rejects, bar, summary, stop)
         if config.engine == "vllm":
-            _run_vllm(config, todo, journal, rejects, bar, summary, stop)
+            _run_vllm(config, todo, out)
         else:
-            asyncio.run(_run_endpoint(config, todo, journal, rejects, bar, summary, stop))
+            asyncio.run(_run_endpoint(config, todo, out))
     finished = summary.already_done + summary.regenerated + summary.rejected + summary.failed
     if stop.received is not None and finished < summary.total:
         summary.preempted = stop.received.name

@@ -13,14 +13,13 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from eagle3_schemas.io.atomic import TEMP_MARKER
 from eagle3_schemas.io.diskspace import disk_full, is_disk_full
 
 
-class RejectsFile:
+class RejectsFile(contextlib.AbstractContextManager["RejectsFile"]):
     def __init__(self, path: Path) -> None:
         self.path = path
         self.reasons: Counter[str] = Counter()
@@ -50,29 +49,22 @@ class RejectsFile:
     def count(self) -> int:
         return sum(self.reasons.values())
 
-    def __enter__(self) -> RejectsFile:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            try:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            if exc_type is None:
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._file.close()
                 os.replace(self._tmp, self.path)
-            except OSError as e:
-                with contextlib.suppress(OSError):
-                    self._file.close()
-                self._tmp.unlink(missing_ok=True)
-                raise self._named(e) from e
-            return
+                return
+        except OSError as e:
+            self._discard()
+            raise self._named(e) from e
         # the command failed (a full disk, maybe): what the buffer still holds is dropped
         # with the file, and a second error from flushing it would hide the first
+        self._discard()
+
+    def _discard(self) -> None:
         with contextlib.suppress(OSError):
             self._file.close()
         self._tmp.unlink(missing_ok=True)

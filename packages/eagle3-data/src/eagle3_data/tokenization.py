@@ -327,16 +327,6 @@ def encode_without_offsets(
     return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
 
 
-def encode(
-    renderer: ChatRenderer,
-    sample_id: str,
-    source: str,
-    messages: list[dict[str, str]],
-    max_length: int,
-) -> Encoded:
-    return encode_batch(renderer, [(sample_id, source, messages)], max_length)[0]
-
-
 # ---- worker processes --------------------------------------------------------------------
 # Workers are forked after the tokenizer is loaded and before any Parquet is read: they
 # inherit it instead of importing transformers and parsing tokenizer.json again (seconds per

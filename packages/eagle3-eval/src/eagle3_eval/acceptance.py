@@ -21,7 +21,7 @@ accepted lengths follows from it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -87,6 +87,7 @@ def positions_from_histogram(histogram: Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class Summary:
+    acceptance_length_per_request: float | None  # first: the report's field order
     num_speculative_tokens: int
     num_prompts: int
     num_drafts: int
@@ -97,22 +98,9 @@ class Summary:
     per_position_acceptance: list[float]
     conditional_acceptance: list[float | None]
     accepted_histogram: list[int]
-    acceptance_length_per_request: float | None = None
 
     def fields(self) -> dict[str, Any]:
-        return {
-            "acceptance_length_per_request": self.acceptance_length_per_request,
-            "num_speculative_tokens": self.num_speculative_tokens,
-            "num_prompts": self.num_prompts,
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "num_generated_tokens": self.num_generated_tokens,
-            "acceptance_length": self.acceptance_length,
-            "per_position_acceptance": self.per_position_acceptance,
-            "conditional_acceptance": self.conditional_acceptance,
-            "accepted_histogram": self.accepted_histogram,
-        }
+        return asdict(self)
 
 
 def summarize(samples: Sequence[SampleCounts], k: int) -> Summary:

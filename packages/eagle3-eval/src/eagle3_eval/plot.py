@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -22,7 +23,7 @@ class PlotUnavailable(RuntimeError):
     """matplotlib is not installed."""
 
 
-def render(report_dir: str | Path, out: str | Path | None = None) -> Path:
+def pyplot() -> Any:
     try:
         import matplotlib
 
@@ -30,7 +31,19 @@ def render(report_dir: str | Path, out: str | Path | None = None) -> Path:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise PlotUnavailable("matplotlib is missing (install the 'plot' extra)") from e
+    return plt
 
+
+def save(plt: Any, fig: Any, out: Path) -> Path:
+    """Write ``fig`` to ``out`` as a PNG, whole or not at all, and free it."""
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return out
+
+
+def render(report_dir: str | Path, out: str | Path | None = None) -> Path:
+    plt = pyplot()
     report_dir = Path(report_dir)
     out = Path(out) if out is not None else report_dir / "acceptance.png"
     f = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
@@ -112,7 +125,4 @@ def render(report_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.set_ylabel("acceptance length")
     ax.set_title("per prompt set / category", fontsize=9)
     fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return out
+    return save(plt, fig, out)

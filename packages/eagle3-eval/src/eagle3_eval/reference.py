@@ -19,6 +19,7 @@ the proposal left unverified when the request ends is not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -57,9 +58,8 @@ class DecodeSettings:
 class DraftCache:
     """The draft's KV cache: one KV per layer, rows for positions 0..len-1."""
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self) -> None:
         self.layers: list[KV] | None = None
-        self.num_layers = num_layers
 
     def __len__(self) -> int:
         return 0 if self.layers is None else len(self.layers[0])
@@ -146,7 +146,7 @@ class SpeculativeDecoder:
         draft = self.draft
         assert draft is not None
         cache = DynamicCache()
-        draft_cache = DraftCache(draft.spec.num_layers)
+        draft_cache = DraftCache()
         output: list[int] = []
         with capture_aux(self.target.model, self.aux_ids) as aux:
             logits, states = self._target_forward(prompt, cache, aux)
@@ -230,17 +230,10 @@ def run_requests(
     decoder: SpeculativeDecoder, requests: list[Request], settings: DecodeSettings
 ) -> list[SampleCounts]:
     """Each request with its own seed (settings.seed + index), so runs are reproducible."""
-    results = []
-    for index, request in enumerate(requests):
-        per_request = DecodeSettings(
-            settings.max_new_tokens,
-            settings.temperature,
-            settings.seed + index,
-            settings.stop_token_ids,
-            settings.draft_proposal,
-        )
-        results.append(decoder.generate(request, per_request))
-    return results
+    return [
+        decoder.generate(request, dataclasses.replace(settings, seed=settings.seed + index))
+        for index, request in enumerate(requests)
+    ]
 
 
 def run_reference(inputs: OnlineInputs) -> dict[str, list[EvalResult]]:

@@ -259,21 +259,16 @@ def format_table(report: Report) -> str:
     same = f.get("outputs_identical_to_baseline")
     if same:
         lines.append(f"  greedy outputs equal to baseline: {same['identical']}/{same['compared']}")
-    groups = report.groups
-    if len(groups) > 1:
-        lines.append("  per set / category   prompts  drafts  AL      per position         speedup")
-        for g in groups:
+    for title, rows, label in (
+        ("per set / category ", report.groups if len(report.groups) > 1 else [], group_label),
+        ("per kind of traffic", report.kinds, lambda g: g["kind"]),
+    ):
+        if rows:
+            lines.append(f"  {title}  prompts  drafts  AL      per position         speedup")
+        for g in rows:
             positions = " ".join(_num(x, 2) for x in g["per_position_acceptance"])
             lines.append(
-                f"    {group_label(g):<19}{g['num_prompts']:>7}{g['num_drafts']:>8}  "
-                f"{g['acceptance_length']:.3f}   {positions:<20} {_num(g.get('speedup'), 2)}"
-            )
-    if report.kinds:
-        lines.append("  per kind of traffic  prompts  drafts  AL      per position         speedup")
-        for g in report.kinds:
-            positions = " ".join(_num(x, 2) for x in g["per_position_acceptance"])
-            lines.append(
-                f"    {g['kind']:<19}{g['num_prompts']:>7}{g['num_drafts']:>8}  "
+                f"    {label(g):<19}{g['num_prompts']:>7}{g['num_drafts']:>8}  "
                 f"{g['acceptance_length']:.3f}   {positions:<20} {_num(g.get('speedup'), 2)}"
             )
     prompts = f.get("prompts")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_eval.groups import group_label
-from eagle3_eval.plot import PlotUnavailable
+from eagle3_eval.plot import pyplot, save
 from eagle3_eval.report import Report, ReportError
 from eagle3_schemas.io.atomic import atomic_path, write_json_atomic
 
@@ -120,14 +120,7 @@ def markdown(table: dict[str, Any]) -> str:
 
 def render_png(table: dict[str, Any], out: Path) -> Path:
     """Bars per column, one colour per draft: acceptance length above, speedup below."""
-    try:
-        import matplotlib
-    except ImportError as e:
-        raise PlotUnavailable("matplotlib is missing (install the 'plot' extra)") from e
-
-    matplotlib.use("Agg")  # files only; never a display
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     temperatures = sorted({r["temperature"] for r in table["rows"]})
     columns = table["columns"]
     fig, axes = plt.subplots(
@@ -151,10 +144,7 @@ def render_png(table: dict[str, Any], out: Path) -> Path:
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"{table['mode']} · k={table['num_speculative_tokens']}", fontsize=10)
     fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return out
+    return save(plt, fig, out)
 
 
 def write_table(reports: dict[str, list[Report]], out: Path, figure: bool = True) -> dict[str, Any]:

@@ -21,6 +21,7 @@ turns follow (``answer_first``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -95,6 +96,13 @@ def sampling(job: dict[str, Any], temperature: float, index: int) -> Any:
     )
 
 
+def generate(llm: Any, token_ids: list[list[int]], params: Any) -> Any:
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in token_ids]
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
 def batches(job: dict[str, Any]) -> list[list[int]]:
     """Prompt indices in batches of ``concurrency`` that never mix groups (set, category, kind),
     so each group's generation time is its own batches' time."""
@@ -112,8 +120,6 @@ def batches(job: dict[str, Any]) -> list[list[int]]:
 def run_prompts(
     llm: Any, job: dict[str, Any], temperature: float, k: int, phase: str
 ) -> dict[str, Any]:
-    from vllm.inputs import TokensPrompt
-
     prompts = job["prompts"]
     before = read_counters(llm, k) if k else None
     requests: list[dict[str, Any]] = []
@@ -122,11 +128,7 @@ def run_prompts(
     for batch in batches(job):
         params = [sampling(job, temperature, i) for i in batch]
         began = time.perf_counter()
-        outputs = llm.generate(
-            [TokensPrompt(prompt_token_ids=prompts[i]["token_ids"]) for i in batch],
-            params,
-            use_tqdm=False,
-        )
+        outputs = generate(llm, [prompts[i]["token_ids"] for i in batch], params)
         elapsed = time.perf_counter() - began
         seconds += elapsed
         group = json.dumps(prompts[batch[0]]["group"])
@@ -161,16 +163,14 @@ def answer_first(llm: Any, job: dict[str, Any]) -> None:
     the parent renders the next turns from the answers with the target's chat template and
     sends their prompts back (``ANSWERS`` line out, a reply file's path in), until no turn
     awaits an answer. Later engines get every prompt from the start."""
-    from vllm.inputs import TokensPrompt
-
     pending = set(job.get("answer_first") or [])
     while pending:
         report_progress("the target's greedy answers to the turns a later turn follows")
         wanted = [i for i, p in enumerate(job["prompts"]) if p["id"] in pending]
-        outputs = llm.generate(
-            [TokensPrompt(prompt_token_ids=job["prompts"][i]["token_ids"]) for i in wanted],
+        outputs = generate(
+            llm,
+            [job["prompts"][i]["token_ids"] for i in wanted],
             [sampling(job, 0.0, i) for i in wanted],
-            use_tqdm=False,
         )
         answers = {
             job["prompts"][i]["id"]: [int(t) for t in out.outputs[0].token_ids]
@@ -227,14 +227,9 @@ def make_engine(job: dict[str, Any], with_draft: bool) -> Any:
 def warm_up(llm: Any, job: dict[str, Any]) -> None:
     """One short request first: lazy initialisation must not land in the timed runs."""
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
-    first = job["prompts"][0]["token_ids"]
-    llm.generate(
-        [TokensPrompt(prompt_token_ids=first)],
-        SamplingParams(temperature=0.0, max_tokens=8, detokenize=False),
-        use_tqdm=False,
-    )
+    params = SamplingParams(temperature=0.0, max_tokens=8, detokenize=False)
+    generate(llm, [job["prompts"][0]["token_ids"]], params)
 
 
 def shutdown(llm: Any) -> None:
@@ -292,12 +287,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         "runs": [],
         "startup_seconds": {},
     }
-    try:
+    with contextlib.suppress(ImportError):
         import transformers
 
         result["versions"]["transformers"] = transformers.__version__
-    except ImportError:
-        pass
     name = job["engine"]
     with_draft = name == "draft"
     result["process_ids"] = {name: os.getpid()}

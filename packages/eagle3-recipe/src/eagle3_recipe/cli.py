@@ -16,6 +16,7 @@ from eagle3_recipe.gpus import GPUS
 from eagle3_recipe.plan import Request, make_plan, plan_text
 from eagle3_recipe.target import PlanError
 from eagle3_recipe.write import write_recipe
+from eagle3_schemas.runtime.options import config_from_args
 
 UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "GIB": 2**30, "TIB": 2**40}
 
@@ -52,14 +53,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    request = Request(
-        target=args.target,
-        gpu=args.gpu,
-        gpus=args.gpus,
-        nodes=args.nodes,
-        gpu_memory_gib=args.gpu_memory,
-        disk_budget_bytes=args.disk_budget,
-        max_length=args.max_length,
+    request = config_from_args(
+        Request, args, gpu_memory_gib=args.gpu_memory, disk_budget_bytes=args.disk_budget
     )
     try:
         plan = make_plan(request)

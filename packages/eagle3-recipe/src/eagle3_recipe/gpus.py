@@ -51,8 +51,6 @@ GPUS: dict[str, Gpu] = {
         Gpu("cpu", "CPU only (the embedded targets' recipes)", 24, 0, "-", False),
     )
 }
-# The GPU the committed H200 measurements were taken on: every step rate is scaled from it.
-REFERENCE_GPU = "h200"
 
 
 def gpu_kind(key: str, memory_gib: float | None = None) -> Gpu:

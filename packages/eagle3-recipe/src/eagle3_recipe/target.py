@@ -33,6 +33,9 @@ class Family:
     tool_parser_reason: str
 
 
+QWEN_TOOLS = (
+    "Qwen's calls sit in <tool_call> blocks (vLLM's hermes parser, Qwen's documented choice)"
+)
 # Keyed by the decoder's model_type (a wrapper's text_config for Kimi-K2.5).
 FAMILIES: dict[str, Family] = {
     "llama": Family(
@@ -50,27 +53,9 @@ FAMILIES: dict[str, Family] = {
         "mistral",
         "Mistral's calls follow its [TOOL_CALLS] token (vLLM's mistral parser)",
     ),
-    "qwen2": Family(
-        "Qwen2.5",
-        "gqa",
-        None,
-        "hermes",
-        "Qwen's calls sit in <tool_call> blocks (vLLM's hermes parser, Qwen's documented choice)",
-    ),
-    "qwen3": Family(
-        "Qwen3",
-        "gqa",
-        "qwen3",
-        "hermes",
-        "Qwen's calls sit in <tool_call> blocks (vLLM's hermes parser, Qwen's documented choice)",
-    ),
-    "qwen3_moe": Family(
-        "Qwen3-MoE",
-        "gqa",
-        "qwen3",
-        "hermes",
-        "Qwen's calls sit in <tool_call> blocks (vLLM's hermes parser, Qwen's documented choice)",
-    ),
+    "qwen2": Family("Qwen2.5", "gqa", None, "hermes", QWEN_TOOLS),
+    "qwen3": Family("Qwen3", "gqa", "qwen3", "hermes", QWEN_TOOLS),
+    "qwen3_moe": Family("Qwen3-MoE", "gqa", "qwen3", "hermes", QWEN_TOOLS),
     "deepseek_v3": Family(
         "DeepSeek-V3",
         "mla",
@@ -261,23 +246,18 @@ def _check_fields(path: Path, wrapper: dict[str, Any], config: dict[str, Any]) -
     if (dense or not experts) and config.get("intermediate_size") is None:
         raise PlanError(f"{path}: field 'intermediate_size' is missing (dense MLP layers)")
     for fields in (config, wrapper):
-        tied = fields.get("tie_word_embeddings")
-        if tied is not None and not isinstance(tied, bool):
-            raise PlanError(
-                f"{path}: field 'tie_word_embeddings' is {_short(tied)}, not true/false"
-            )
-        names = fields.get("architectures")
-        if names is not None and not (
-            isinstance(names, list) and all(isinstance(n, str) for n in names)
+        for key, fits, expected in (
+            ("tie_word_embeddings", lambda v: isinstance(v, bool), "true/false"),
+            ("architectures", _names, "a list of names"),
+            ("quantization_config", lambda v: isinstance(v, dict), "an object"),
         ):
-            raise PlanError(
-                f"{path}: field 'architectures' is {_short(names)}, not a list of names"
-            )
-        quant = fields.get("quantization_config")
-        if quant is not None and not isinstance(quant, dict):
-            raise PlanError(
-                f"{path}: field 'quantization_config' is {_short(quant)}, not an object"
-            )
+            value = fields.get(key)
+            if value is not None and not fits(value):
+                raise PlanError(f"{path}: field '{key}' is {_short(value)}, not {expected}")
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(n, str) for n in value)
 
 
 def _short(value: Any) -> str:

@@ -107,18 +107,9 @@ def write_recipe(plan: Plan, name: str, hub_id: str, out: Path | None) -> Path:
     return folder
 
 
-def _comment(text: str, indent: str = "") -> str:
-    return (
-        "\n".join(
-            textwrap.wrap(
-                text,
-                98 - len(indent),
-                initial_indent=f"{indent}# ",
-                subsequent_indent=f"{indent}# ",
-            )
-        )
-        + "\n"
-    )
+def _comment(text: str) -> str:
+    """``text`` as comment lines inside a train.yaml section."""
+    return "\n".join(textwrap.wrap(text, 96, initial_indent="  # ", subsequent_indent="  # "))
 
 
 # ---- flags.sh -------------------------------------------------------------------------------
@@ -278,13 +269,12 @@ def train_yaml(plan: Plan, name: str, hub_id: str) -> str:
     ]
     if not cpu:
         out.append(f"  name_or_path: {hub_id}")
-    out.append("draft:")
-    out.append(_comment(d["aux_layer_ids"].reason, "  ").rstrip("\n"))
+    out += ["draft:", _comment(d["aux_layer_ids"].reason)]
     if cpu:  # the tiny pipeline extracts at eagle3-extract's default; the draft reads the dataset's
         out.append(f"  # aux_layer_ids: taken from the dataset ({d['aux_layer_ids'].value})")
     else:
         out.append(f"  aux_layer_ids: {d['aux_layer_ids'].value}")
-    out.append(_comment(d["draft_layer"].reason, "  ").rstrip("\n"))
+    out.append(_comment(d["draft_layer"].reason))
     if layer["architecture"] != "llama":
         out.append(f"  architecture: {layer['architecture']}")
     out.append("  num_layers: 1")
@@ -299,14 +289,14 @@ def train_yaml(plan: Plan, name: str, hub_id: str) -> str:
     ]
     if not cpu:
         out.append("  max_validation_batches: 50")
-    out.append(_comment(d["tokens_per_batch"].reason, "  ").rstrip("\n"))
+    out.append(_comment(d["tokens_per_batch"].reason))
     out += [f"  max_tokens_per_batch: {batch}", f"  num_workers: {0 if cpu else 4}"]
     out += [
         "train:",
         "  ttt_steps: 3",
         "  ttt_step_loss_decay: 0.8",
         f"  epochs: {sched['epochs']}",
-        _comment(d["lr"].reason, "  ").rstrip("\n"),
+        _comment(d["lr"].reason),
         f"  lr: {_lr(lr['adamw'])}",
         "  optimizer: muon",
         "  muon:",
@@ -318,9 +308,9 @@ def train_yaml(plan: Plan, name: str, hub_id: str) -> str:
         out.append("  min_lr_ratio: 0.1")
     out += [
         "  max_grad_norm: 0.5",
-        _comment(d["gradient_accumulation_steps"].reason, "  ").rstrip("\n"),
+        _comment(d["gradient_accumulation_steps"].reason),
+        f"  gradient_accumulation_steps: {accumulation}",
     ]
-    out.append(f"  gradient_accumulation_steps: {accumulation}")
     if not cpu:
         out += ["  mixed_precision: auto", "  tf32: true"]
     out += [
