@@ -84,17 +84,9 @@ class Arm:
     def per_position(self) -> str:
         return " / ".join(f3(p) for p in self.row.get("per_position", []))
 
-    def figures(self) -> set[str]:
-        shown = {f3(self.mean), f3(self.low), f3(self.high), *map(f3, self.seeds.values())}
-        return shown | {f3(p) for p in self.row.get("per_position", [])}
-
 
 def load(name: str) -> dict[str, Any]:
     return json.loads((BENCH / f"{name}.json").read_text(encoding="utf-8"))
-
-
-def result_files() -> list[str]:
-    return sorted(p.stem for p in BENCH.glob("*.json"))
 
 
 def table_of(name: str, table_id: str) -> dict[str, Any]:
@@ -228,20 +220,6 @@ def render_summary() -> str:
         cells = [target, arm.row["arm"], str(arm.row["steps"]), arm.al(), arm.per_seed()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def figures(name: str) -> set[str]:
-    """Every figure a result file holds or yields (values, means, ranges), as rendered."""
-    shown: set[str] = set()
-    for table in load(name)["tables"]:
-        for row in table["rows"]:
-            if isinstance(row, dict) and ("seeds" in row or "summary" in row):
-                shown |= Arm(row).figures()
-            elif isinstance(row, list):
-                for cell in row:
-                    if isinstance(cell, dict):
-                        shown |= Arm(cell).figures()
-    return shown
 
 
 def rendered(text: str) -> str:
