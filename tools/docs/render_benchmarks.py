@@ -226,11 +226,9 @@ def rendered(text: str) -> str:
     """``text`` (a page or the README) with its generated blocks rendered anew."""
 
     def block(m: re.Match[str]) -> str:
-        kind, ref = m.group(2), m.group(3)
-        if kind == "header":
-            return m.group(1) + render_header(ref) + m.group(5)
-        name, table_id = ref.split("/")
-        return m.group(1) + render_table(name, table_id) + m.group(5)
+        kind, ref = m.group(2), m.group(3)  # header:FILE or table:FILE/ID
+        body = render_header(ref) if kind == "header" else render_table(*ref.split("/"))
+        return m.group(1) + body + m.group(5)
 
     text = BLOCK.sub(block, text)
     return SUMMARY_BLOCK.sub(lambda m: m.group(1) + render_summary() + m.group(3), text)
