@@ -33,7 +33,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -339,8 +339,7 @@ def endpoint_for(kinds: list[str], logs: Path) -> Iterator[str | None]:
 
 
 def print_table(tally: Tally, totals: dict[str, list[int]]) -> None:
-    head = f"{'stage':14} {'kill -9':>7} {'SIGTERM':>7} {'resumed':>7} {'lost':>5} {'doubled':>7} {'torn':>5} {'hit a write':>11}  exit statuses seen"
-    print(head)
+    print(f"{'stage':14} {'kill -9':>7} {'SIGTERM':>7} {'resumed':>7} {'lost':>5} {'doubled':>7} {'torn':>5} {'hit a write':>11}  exit statuses seen")  # fmt: skip
     for name, (lost, doubled, torn) in totals.items():
         k9, term = tally.kills[(name, "kill -9")], tally.kills[(name, "SIGTERM")]
         codes = " ".join(f"{c}:{n}" for c, n in sorted(tally.codes[name].items()))
@@ -369,8 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.work / "logs").mkdir(parents=True)
     rng, tally, began = random.Random(args.seed), Tally(), time.monotonic()
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    with ExitStack() as stack:
-        endpoint = stack.enter_context(endpoint_for(kinds, args.work))
+    with endpoint_for(kinds, args.work) as endpoint:
         refs = {kind: reference(kind, args.work, endpoint) for kind in kinds}
         for r in range(args.rounds):
             for kind in kinds:
