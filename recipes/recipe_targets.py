@@ -42,9 +42,6 @@ class RecipeError(ValueError):
     """A recipe's files, or a target directory, do not agree with each other."""
 
 
-# ---- the facts and the rule ---------------------------------------------------------------
-
-
 def target_facts(recipe_dir: Path) -> dict[str, Any]:
     return json.loads((Path(recipe_dir) / FACTS_FILE).read_text(encoding="utf-8"))
 
@@ -116,9 +113,6 @@ def parameter_count(facts: dict[str, Any]) -> int:
     layer = attention + 3 * h * facts["intermediate_size"] + 2 * h + qk_norm
     embeddings = v * h * (1 if facts.get("tie_word_embeddings") else 2)
     return n * layer + embeddings + h
-
-
-# ---- command line (pipeline.sh) ------------------------------------------------------------
 
 
 def main(argv: list[str]) -> int:

@@ -33,10 +33,11 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,25 +142,12 @@ def _start(stage: Stage, log: Path) -> subprocess.Popen[bytes]:
 
 def _rank_pid(root: int, rank: int) -> int | None:
     """The process of ``rank`` among ``root``'s descendants (torchrun's workers)."""
-    children: defaultdict[int, list[int]] = defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children[ppid].append(int(entry.name))
-    todo = [root]
-    while todo:
-        for child in children[todo.pop()]:
-            try:
-                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in environ and f"LOCAL_RANK={rank}".encode() in environ:
-                return child
-            todo.append(child)
+    with suppress(psutil.Error):
+        for child in psutil.Process(root).children(recursive=True):
+            with suppress(psutil.Error):
+                environ = child.environ()
+                if environ.get("RANK") == environ.get("LOCAL_RANK") == str(rank):
+                    return child.pid
     return None
 
 
@@ -242,11 +230,8 @@ def run_stage(
         code = proc.wait()
         codes = [code]
         if stage.ranks > 1 and victim != proc.pid:
-            text = log.read_text(errors="replace")
-            codes = [
-                int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", text.split("launch#")[-1])
-            ]
-            codes = codes or [code]
+            last = log.read_text(errors="replace").split("launch#")[-1]  # this start's part
+            codes = [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", last)] or codes
         if codes == [0]:  # the signal reached a process already leaving: not a kill
             tally.codes[stage.name]["0"] += 1
             continue
@@ -345,22 +330,16 @@ def endpoint_for(kinds: list[str], logs: Path) -> Iterator[str | None]:
     if "regenerated" not in kinds:
         yield None
         return
-    python = (
-        os.environ.get("EAGLE3_VLLM_PYTHON")
-        or subprocess.run(
-            ["bash", str(REPO / "tools/ci/setup_vllm_cpu.sh")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
+    python = os.environ.get("EAGLE3_VLLM_PYTHON")
+    if not python:
+        setup = ["bash", str(REPO / "tools/ci/setup_vllm_cpu.sh")]
+        python = subprocess.run(setup, capture_output=True, text=True, check=True).stdout.strip()
     with served(python, logs / "vllm-serve.log") as url:
         yield f"{url}/v1"
 
 
 def print_table(tally: Tally, totals: dict[str, list[int]]) -> None:
-    head = f"{'stage':14} {'kill -9':>7} {'SIGTERM':>7} {'resumed':>7} {'lost':>5} {'doubled':>7} {'torn':>5} {'hit a write':>11}  exit statuses seen"
-    print(head)
+    print(f"{'stage':14} {'kill -9':>7} {'SIGTERM':>7} {'resumed':>7} {'lost':>5} {'doubled':>7} {'torn':>5} {'hit a write':>11}  exit statuses seen")  # fmt: skip
     for name, (lost, doubled, torn) in totals.items():
         k9, term = tally.kills[(name, "kill -9")], tally.kills[(name, "SIGTERM")]
         codes = " ".join(f"{c}:{n}" for c, n in sorted(tally.codes[name].items()))
@@ -389,8 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.work / "logs").mkdir(parents=True)
     rng, tally, began = random.Random(args.seed), Tally(), time.monotonic()
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    with ExitStack() as stack:
-        endpoint = stack.enter_context(endpoint_for(kinds, args.work))
+    with endpoint_for(kinds, args.work) as endpoint:
         refs = {kind: reference(kind, args.work, endpoint) for kind in kinds}
         for r in range(args.rounds):
             for kind in kinds:
@@ -399,9 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                 ref_stages, seconds = refs[kind]
                 for stage, ref in zip(stages(kind, out, endpoint), ref_stages, strict=True):
                     kills = args.kills if not args.stage or stage.name in args.stage else 0
-                    kills = -(
-                        -kills // stage.ranks
-                    )  # a launch costs twice a process: half its kills
+                    # a launch costs twice a process: half its kills
+                    kills = -(-kills // stage.ranks)
                     log = args.work / "logs" / f"{kind}-round{r}-{stage.name}.log"
                     run_stage(stage, rng, kills, seconds[stage.name], log, tally)
                     if stage.output.exists():

@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import inspect
 import io
+import json
 import sys
 import tokenize
 from pathlib import Path
@@ -86,37 +87,6 @@ def _comments(module: ModuleType) -> tuple[dict[tuple[str, str], str], dict[str,
     return fields, docs
 
 
-def _annotation(cls: type, name: str) -> str:
-    for node in ast.walk(ast.parse(inspect.getsource(cls))):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and node.target.id == name
-        ):
-            return ast.unparse(node.annotation)
-    raise KeyError(f"{cls.__name__}.{name}")
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_shown(v) for v in value) + "]"
-    return repr(value)
-
-
-def _default(f: dataclasses.Field[Any]) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    raise ValueError(f"{f.name} has no default")
-
-
 def sections() -> list[tuple[str, str, list[Key]]]:
     """(section path, section description, its keys) for the whole config, depth first."""
     comments: dict[tuple[str, str], str] = {}
@@ -127,24 +97,27 @@ def sections() -> list[tuple[str, str, list[Key]]]:
         docs |= more_docs
     out: list[tuple[str, str, list[Key]]] = []
 
-    def walk(cls: type, prefix: str, about: str) -> None:
+    def walk(config: Any, prefix: str, about: str) -> None:
+        """``config``: the dataclass's defaults (every field has one)."""
+        cls = type(config)
         keys: list[Key] = []
-        nested: list[tuple[type, str, str]] = []
-        for f in dataclasses.fields(cls):
+        nested: list[tuple[Any, str, str]] = []
+        for f in dataclasses.fields(config):
             path = f"{prefix}{f.name}"
-            value = _default(f)
+            value = getattr(config, f.name)
             meaning = comments.get((cls.__name__, f.name), "")
             if dataclasses.is_dataclass(value):
-                sub = type(value)
                 own = "" if meaning.startswith("As `") else meaning
-                nested.append((sub, f"{path}.", own or docs.get(sub.__name__, "")))
+                nested.append((value, f"{path}.", own or docs.get(type(value).__name__, "")))
                 continue
-            keys.append(Key(path, _annotation(cls, f.name), _shown(value), meaning))
+            # f.type: the annotation as written (the config modules postpone annotations);
+            # the default as YAML (JSON) writes it
+            keys.append(Key(path, str(f.type), json.dumps(value, ensure_ascii=False), meaning))
         out.append((prefix.rstrip(".") or "(top level)", about, keys))
         for sub, sub_prefix, sub_about in nested:
             walk(sub, sub_prefix, sub_about)
 
-    walk(run_config.Config, "", "")
+    walk(run_config.Config(), "", "")
     return out
 
 

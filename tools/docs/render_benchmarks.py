@@ -84,17 +84,9 @@ class Arm:
     def per_position(self) -> str:
         return " / ".join(f3(p) for p in self.row.get("per_position", []))
 
-    def figures(self) -> set[str]:
-        shown = {f3(self.mean), f3(self.low), f3(self.high), *map(f3, self.seeds.values())}
-        return shown | {f3(p) for p in self.row.get("per_position", [])}
-
 
 def load(name: str) -> dict[str, Any]:
     return json.loads((BENCH / f"{name}.json").read_text(encoding="utf-8"))
-
-
-def result_files() -> list[str]:
-    return sorted(p.stem for p in BENCH.glob("*.json"))
 
 
 def table_of(name: str, table_id: str) -> dict[str, Any]:
@@ -230,29 +222,13 @@ def render_summary() -> str:
     return "\n".join(lines) + "\n"
 
 
-def figures(name: str) -> set[str]:
-    """Every figure a result file holds or yields (values, means, ranges), as rendered."""
-    shown: set[str] = set()
-    for table in load(name)["tables"]:
-        for row in table["rows"]:
-            if isinstance(row, dict) and ("seeds" in row or "summary" in row):
-                shown |= Arm(row).figures()
-            elif isinstance(row, list):
-                for cell in row:
-                    if isinstance(cell, dict):
-                        shown |= Arm(cell).figures()
-    return shown
-
-
 def rendered(text: str) -> str:
     """``text`` (a page or the README) with its generated blocks rendered anew."""
 
     def block(m: re.Match[str]) -> str:
-        kind, ref = m.group(2), m.group(3)
-        if kind == "header":
-            return m.group(1) + render_header(ref) + m.group(5)
-        name, table_id = ref.split("/")
-        return m.group(1) + render_table(name, table_id) + m.group(5)
+        kind, ref = m.group(2), m.group(3)  # header:FILE or table:FILE/ID
+        body = render_header(ref) if kind == "header" else render_table(*ref.split("/"))
+        return m.group(1) + body + m.group(5)
 
     text = BLOCK.sub(block, text)
     return SUMMARY_BLOCK.sub(lambda m: m.group(1) + render_summary() + m.group(3), text)

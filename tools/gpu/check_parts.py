@@ -50,13 +50,9 @@ def attention_check(device_name: str, tokens: int) -> dict[str, object]:
     def leaf(*shape):
         return torch.randn(shape, generator=g, device=device, dtype=torch.bfloat16).requires_grad_()
 
-    q, k0, v0, kd, vd = (
-        leaf(nh, T, d),
-        leaf(nkv, T, d),
-        leaf(nkv, T, d),
-        leaf(m, nkv, T, d),
-        leaf(m, nkv, T, d),
-    )
+    q = leaf(nh, T, d)
+    k0, v0 = leaf(nkv, T, d), leaf(nkv, T, d)
+    kd, vd = leaf(m, nkv, T, d), leaf(m, nkv, T, d)
     paths = {
         "flash": lambda: flash_ttt_attention(q, k0, v0, kd, vd, cu, doc),
         "chunked": lambda: chunked_ttt_attention(q, k0, v0, kd, vd, doc_start),

@@ -6,30 +6,11 @@
     python tools/gpu/gpu_check.py --plan               # the parts, their order and budgets
     python tools/gpu/gpu_check.py --device cpu         # a rehearsal on CPU (small shapes)
 
-Parts, most valuable first (PARTS); each runs in its own process group with a timeout of the
-budget left, is skipped with its reason when its cost does not fit, and the JSON is written
-again after each one, so a run cut short keeps what it measured:
-
-1. attention: the flash TTT path against the chunked reference (values and gradients within
-   8·u of bf16; a moved diagonal key must fail it), both paths' forward+backward time at the
-   Llama-3.1-8B draft's shape.
-2. llama: the training step at a Llama-3.1-8B draft's shape with the recipes' settings (ours:
-   train: defaults' objective, Muon + AdamW, the LM head trained, every token scored, the
-   layers compiled, as eagle3-train runs on CUDA) beside speculators 0.9.0 at its defaults:
-   tokens/s, MFU, peak GPU memory, the step's time by part (attention, GEMMs, loss, copies;
-   forward, backward, optimizer); one step under torch.cuda.set_sync_debug_mode("error") (the
-   op that synchronised, named), the step's host→device copies from pageable memory, the
-   profile's top kernels.
-3. whole: the whole tiny run: corpus → eagle3-data → eagle3-extract (--device) →
-   accelerate launch eagle3-train (train.compile=never, a checkpoint, a resumed second
-   launch, export) → eagle3-eval reference; the launches' tokens/s beside the step's.
-4. kimi: the llama row at a Kimi-K2.5 draft's shape (recipes/kimi-k2.5/train.yaml: H 7168,
-   64 heads, V 163,840 → 32,000).
-5. long: the llama row on one 32K-token sample.
-6. llama-bench: the earlier rows' settings (speculators' plain objective, AdamW, the head
-   frozen, 3/4 of each document scored), for continuity with their figures.
-7. probes: ours not compiled; ours with the chunked attention, not compiled.
-8. vllm: vLLM on CUDA where vllm imports (where it does not, the rows say so).
+The parts (PARTS, most valuable first; what each measures: docs/gpu-check.md) each run in
+their own process group with a timeout of the budget left, are skipped with their reason when
+their cost does not fit, and the JSON is written again after each one, so a run cut short keeps
+what it measured. A training row is one bench_train.py run (each side in its own process; ours
+as eagle3-train runs on CUDA); the other parts are in check_parts.py.
 
 On CPU (``--device cpu``) every part runs at small shapes, float32 and not compiled: a
 rehearsal of the whole script within its budget, and the measured seconds of each part.

@@ -9,6 +9,7 @@ fails has its reason in the log).
 
 from __future__ import annotations
 
+import email
 import importlib.metadata
 import sys
 import zipfile
@@ -18,8 +19,7 @@ from pathlib import Path
 def _requirements(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as z:
         name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        metadata = z.read(name).decode()
-    return [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]  # fmt: skip
+        return email.message_from_bytes(z.read(name)).get_all("Requires-Dist", [])
 
 
 def installed_version(name: str) -> str | None:

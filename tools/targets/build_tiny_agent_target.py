@@ -37,16 +37,13 @@ import json
 import re
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+# The trainer the builders share, beside this file; it puts tests/ on the path (tests/support
+# holds the corpus and the target's shared code, shared with the tests).
+import target_training as training
 from tokenizers import Tokenizer, models
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
-
-# The trainer the builders share beside this file; it puts tests/ on the path (tests/support
-# holds the corpus and the target's shared code, shared with the tests).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import target_training as training
 
 from support import agent_corpus
 from support.agent_target import (
@@ -58,7 +55,7 @@ from support.agent_target import (
     MAX_SEQ_LEN,
     PAD,
     SPECIAL_TOKENS,
-    TARGET_DIR,
+    TARGET_DIR,  # noqa: F401 (training.builder_main reads it)
     ce_per_kind,
     chat_template,
     check_failures,
@@ -81,9 +78,7 @@ MODEL_SIZES = {
 }
 DEFAULT_STEPS = 600
 DEFAULT_MAX_MINUTES = 20.0
-
-
-# ---- tokenizer and model --------------------------------------------------------------------
+NOT_PRINTED = ("heldout_sources",)  # of build_info.json, when the build ends
 
 
 def train_tokenizer(rows: Sequence[dict[str, Any]]) -> PreTrainedTokenizerFast:
@@ -123,11 +118,7 @@ def unigram_per_kind(
     return out
 
 
-# ---- commands -------------------------------------------------------------------------------
-
-
-def build(args: argparse.Namespace) -> int:
-    started = training.begin(args)
+def build(args: argparse.Namespace) -> dict[str, object]:
     rows = agent_corpus.build_agent_corpus(seed=args.seed)
     train_rows = [r for r in rows if r["split"] == "train"]
     tokenizer = train_tokenizer(train_rows)
@@ -136,17 +127,19 @@ def build(args: argparse.Namespace) -> int:
     print(f"corpus: {len(train_rows)} train rows -> {len(kept)} sequences "
           f"({sum(len(e.ids) for e in kept)} tokens; {len(encoded) - len(kept)} too long)")  # fmt: skip
     model = LlamaForCausalLM(training.llama_config(tokenizer, MODEL_SIZES, MAX_SEQ_LEN * 2, BOS))
-    n_params = training.count_parameters(model)
+    n_params = model.num_parameters()
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params} parameters")
-    stats = training.train(
-        model, kept, tokenizer.pad_token_id, args.steps, args.max_minutes, args.seed
+    loss = "next-token CE on each generation event's completion (reasoning, </think>, answer, "
+    loss += "tool-call section, <|im_end|>) only"
+    record = training.train(
+        model, kept, tokenizer.pad_token_id, args, loss, "final_train_completion_ce"
     )
     training.save_target(model, tokenizer, args.out)
     shipped, tokenizer = load_target(args.out)
     ce = ce_per_kind(shipped, tokenizer, rows)
     calls = tool_call_quality(shipped, tokenizer, rows)
     print(f"held-out CE per kind {ce}; tool calls {calls}")
-    info = training.run_facts(args) | {
+    return {
         "corpus": "tests/support/agent_corpus.py",
         "corpus_fingerprint": agent_corpus.corpus_fingerprint(rows),
         # Read by eagle3-eval --heldout-sources: prompts only from rows no training saw.
@@ -158,20 +151,13 @@ def build(args: argparse.Namespace) -> int:
         "vocab_size": len(tokenizer),
         "model_sizes": MODEL_SIZES,
         "parameters": n_params,
-        "training": training.training_record(
-            stats,
-            args,
-            "next-token CE on each generation event's completion (reasoning, </think>, "
-            "answer, tool-call section, <|im_end|>) only",
-            "final_train_completion_ce",
-        ),
+        "training": record,
         "heldout_ce_per_kind": ce,
         "unigram_ce_per_kind": unigram_per_kind(tokenizer, rows),
         "check_events_per_kind": CHECK_EVENTS,
         "check_margin_nats": CHECK_MARGIN_NATS,
         "tool_calls": calls,
     }
-    return training.write_build_info(args.out, info, started, ("heldout_sources",))
 
 
 def check(args: argparse.Namespace) -> int:
@@ -189,11 +175,5 @@ def check(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return training.builder_main(
-        argv, __doc__, TARGET_DIR, DEFAULT_STEPS, DEFAULT_MAX_MINUTES, build, check
-    )
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(training.builder_main(sys.modules[__name__]))

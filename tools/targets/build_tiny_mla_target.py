@@ -26,17 +26,14 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# The trainer the builders share, beside this file; it puts tests/ on the path (tests/support
+# holds the tiny target's corpus and scoring and the Kimi stand-in, shared with the tests).
+import target_training as training
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast
-
-# The trainer the builders share beside this file; it puts tests/ on the path (tests/support
-# holds the tiny target's corpus and scoring and the Kimi stand-in, shared with the tests).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import target_training as training
 
 from support import kimi_standin, tiny_target
 from support.tiny_corpus import corpus_fingerprint
@@ -67,6 +64,7 @@ DEFAULT_MAX_MINUTES = 36.0
 # Held-out answer CE bound of --check: the unigram baseline (6.49) minus 1.0 nats. The build
 # measured 5.03 on that subset (the Llama target: 4.72 after 300 steps).
 CHECK_MAX_CE = 5.5
+NOT_PRINTED = ("samples",)  # of build_info.json, when the build ends
 
 
 def wrapper_config(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
@@ -98,8 +96,7 @@ def load_target(target_dir: Path) -> torch.nn.Module:
     return load_wrapped(target_dir, dtype="float32").model
 
 
-def build(args: argparse.Namespace) -> int:
-    started = training.begin(args)
+def build(args: argparse.Namespace) -> dict[str, object]:
     out_dir: Path = args.out
     corpus, train_convs, heldout_convs = training.corpus_splits()
     tokenizer = load_tokenizer()
@@ -110,9 +107,9 @@ def build(args: argparse.Namespace) -> int:
 
     config = wrapper_config(tokenizer)
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**kimi_standin.text_model_config(config)))
-    n_params = training.count_parameters(model)
+    n_params = model.num_parameters()
     print(f"model: {n_params} parameters")
-    stats = training.train(model, train_enc, pad_id, args.steps, args.max_minutes, args.seed)
+    record = training.train(model, train_enc, pad_id, args, dtype="float32 (saved as bfloat16)")
 
     # What ships is bf16 in the wrapper's layout: save, then measure the saved checkpoint.
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,14 +123,14 @@ def build(args: argparse.Namespace) -> int:
     )
     samples = training.generation_samples(shipped, tokenizer, heldout_convs)
 
-    info = training.run_facts(args) | {
+    return {
         "corpus_fingerprint": corpus_fingerprint(corpus),
         # Read by eagle3-eval --heldout-sources: prompts only from files no training saw.
         "heldout_sources": sorted({c.source for c in heldout_convs}),
         "tokenizer": "recipes/tiny/target (same files)",
         "text_sizes": TEXT_SIZES,
         "parameters": n_params,
-        "training": training.training_record(stats, args, dtype="float32 (saved as bfloat16)"),
+        "training": record,
         "heldout_answer_ce": round(heldout_ce, 4),
         "heldout_answer_tokens": heldout_tokens,
         "unigram_heldout_answer_ce": round(unigram, 4),
@@ -142,7 +139,6 @@ def build(args: argparse.Namespace) -> int:
         "check_max_ce": CHECK_MAX_CE,
         "samples": samples,
     }
-    return training.write_build_info(out_dir, info, started, ("samples",))
 
 
 def check(args: argparse.Namespace) -> int:
@@ -151,11 +147,5 @@ def check(args: argparse.Namespace) -> int:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return training.builder_main(
-        argv, __doc__, TARGET_DIR, DEFAULT_STEPS, DEFAULT_MAX_MINUTES, build, check
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(training.builder_main(sys.modules[__name__]))

@@ -24,19 +24,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-import torch
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
-
-# The trainer the builders share beside this file; it puts tests/ on the path (tests/support
+# The trainer the builders share, beside this file; it puts tests/ on the path (tests/support
 # holds the corpus and the target's scoring, shared with the tests).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import target_training as training
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from support.tiny_corpus import (
     MAX_FUNCTION_CHARS,
-    Conversation,
     build_corpus,
     check_subset,
     corpus_fingerprint,
@@ -52,12 +47,10 @@ from support.tiny_target import (
     IM_START,
     MAX_SEQ_LEN,
     PAD_TOKEN,
-    TARGET_DIR,
+    TARGET_DIR,  # noqa: F401 (training.builder_main reads it)
     encode_all,
     load_target,
 )
-
-# --- Tokenizer and chat template ---------------------------------------------------------------
 
 VOCAB_SIZE = 4096  # including the special tokens
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]  # ids 0, 1, 2
@@ -82,12 +75,16 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
-# --- Training budget ---------------------------------------------------------------------------
-
 DEFAULT_STEPS = 300
 DEFAULT_MAX_MINUTES = 25.0
-
-# --- Tokenizer ---------------------------------------------------------------------------------
+NOT_PRINTED = ("heldout_sources", "samples")  # of build_info.json, when the build ends
+MODEL_SIZES = {
+    "hidden_size": 256,
+    "intermediate_size": 576,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def train_tokenizer(texts: Sequence[str], vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
@@ -103,34 +100,13 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int = VOCAB_SIZE) -> PreTr
     )
 
 
-def tokenizer_texts(convs: Sequence[Conversation]) -> list[str]:
-    """The text between special tokens in rendered conversations, to train the tokenizer on."""
-    return [text for c in convs for text in (f"user\n{c.prompt}", f"assistant\n{c.answer}")]
-
-
-# --- Model -------------------------------------------------------------------------------------
-
-
-MODEL_SIZES = {
-    "hidden_size": 256,
-    "intermediate_size": 576,
-    "num_hidden_layers": 6,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
-
-
-# --- Commands ----------------------------------------------------------------------------------
-
-
-def build(args: argparse.Namespace) -> int:
-    started = training.begin(args)
-    out_dir: Path = args.out
-
+def build(args: argparse.Namespace) -> dict[str, object]:
     corpus, train_convs, heldout_convs = training.corpus_splits()
     print(f"corpus: {len(train_convs)} train / {len(heldout_convs)} held-out conversations")
 
-    tokenizer = train_tokenizer(tokenizer_texts(train_convs))
+    # the text between the special tokens of the rendered conversations
+    texts = [t for c in train_convs for t in (f"user\n{c.prompt}", f"assistant\n{c.answer}")]
+    tokenizer = train_tokenizer(texts)
     train_enc = encode_all(tokenizer, train_convs)
     heldout_enc = encode_all(tokenizer, heldout_convs)
     pad_id = tokenizer.pad_token_id
@@ -140,9 +116,9 @@ def build(args: argparse.Namespace) -> int:
     )
 
     model = LlamaForCausalLM(training.llama_config(tokenizer, MODEL_SIZES, 2048, PAD_TOKEN))
-    n_params = training.count_parameters(model)
+    n_params = model.num_parameters()
     print(f"model: {n_params} parameters")
-    stats = training.train(model, train_enc, pad_id, args.steps, args.max_minutes, args.seed)
+    record = training.train(model, train_enc, pad_id, args, detailed=True)
 
     heldout_ce, heldout_tokens, unigram, check_ce = training.heldout_figures(
         model, tokenizer, train_enc, heldout_enc, heldout_convs
@@ -152,11 +128,9 @@ def build(args: argparse.Namespace) -> int:
         encode_all(tokenizer, check_subset(heldout_convs, CHECK_CONVERSATIONS)),
         len(tokenizer),
     )
-
     samples = training.generation_samples(model, tokenizer, heldout_convs)
-
-    training.save_target(model, tokenizer, out_dir)
-    info = training.run_facts(args) | {
+    training.save_target(model, tokenizer, args.out)
+    return {
         "stdlib_files": len(stdlib_files(stdlib_root())),
         "stdlib_fingerprint": stdlib_fingerprint(stdlib_root()),
         "corpus_fingerprint": corpus_fingerprint(corpus),
@@ -175,7 +149,7 @@ def build(args: argparse.Namespace) -> int:
         },
         "vocab_size": len(tokenizer),
         "parameters": n_params,
-        "training": training.training_record(stats, args, detailed=True),
+        "training": record,
         "heldout_answer_ce": round(heldout_ce, 4),
         "unigram_heldout_answer_ce": round(unigram, 4),
         "check_subset_conversations": CHECK_CONVERSATIONS,
@@ -184,11 +158,9 @@ def build(args: argparse.Namespace) -> int:
         "check_max_ce": CHECK_MAX_CE,
         "samples": samples,
     }
-    return training.write_build_info(out_dir, info, started, ("heldout_sources", "samples"))
 
 
 def check(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     model, tokenizer = load_target(args.out)
     return training.check_heldout_ce(model, tokenizer, args.out, CHECK_MAX_CE)
 
@@ -201,11 +173,5 @@ def corpus_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return training.builder_main(
-        argv, __doc__, TARGET_DIR, DEFAULT_STEPS, DEFAULT_MAX_MINUTES, build, check, corpus_only
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(training.builder_main(sys.modules[__name__]))

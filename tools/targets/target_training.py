@@ -16,9 +16,9 @@ import platform
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -103,10 +103,6 @@ def heldout_figures(
     return heldout_ce, heldout_tokens, unigram, check_ce
 
 
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def unigram_ce(train: Sequence[Encoded], heldout: Sequence[Encoded], vocab_size: int) -> float:
     """CE of an add-one-smoothed unigram model of training answer tokens on held-out answers.
 
@@ -137,30 +133,23 @@ def lr_at(step: int, total_steps: int, time_fraction: float = 0.0) -> float:
     return PEAK_LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-@dataclass
-class TrainStats:
-    steps: int
-    tokens_seen: int  # non-padding tokens through the model
-    answer_tokens_trained: int  # tokens that carried loss
-    epochs: float
-    final_train_loss: float  # mean answer CE over the last 50 steps
-    seconds: float
-    stopped_by_time: bool
-    time_bound: bool
-
-
 def train(
     model: PreTrainedModel,
     encoded: Sequence[Encoded],
     pad_id: int,
-    steps: int,
-    max_minutes: float,
-    seed: int,
-) -> TrainStats:
-    """AdamW on the answer tokens only (prompt tokens carry no loss), fp32.
+    args: argparse.Namespace,
+    loss_text: str = ANSWER_LOSS,
+    final_ce_key: str = "final_train_answer_ce",
+    dtype: str | None = None,
+    detailed: bool = False,
+) -> dict[str, object]:
+    """AdamW on the answer tokens only (prompt tokens carry no loss), fp32: ``args.steps``
+    optimizer steps, or fewer if ``args.max_minutes`` runs out first.
 
-    Runs `steps` optimizer steps, or fewer if `max_minutes` runs out first.
+    Returns ``build_info.json``'s "training": the run as asked and as it went (``detailed``: also
+    the warmup and the loss-carrying tokens, as the tiny target records them).
     """
+    steps, max_minutes = args.steps, args.max_minutes
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -170,7 +159,7 @@ def train(
         eps=1e-8,
     )
     batches = length_batches(encoded, BATCH_TOKENS)
-    rng = random.Random(seed)
+    rng = random.Random(args.seed)
     model.train()
     start = time.monotonic()
     recent: list[float] = []
@@ -206,46 +195,23 @@ def train(
                 f"tokens {tokens_seen}  {elapsed:.0f}s",
                 flush=True,
             )
-    epoch_tokens = sum(len(e.ids) for e in encoded)
-    return TrainStats(
-        steps=step,
-        tokens_seen=tokens_seen,
-        answer_tokens_trained=answer_tokens,
-        epochs=tokens_seen / epoch_tokens,
-        final_train_loss=sum(recent) / len(recent),
-        seconds=time.monotonic() - start,
-        stopped_by_time=step < steps,
-        time_bound=time_bound,
-    )
-
-
-def training_record(
-    stats: TrainStats,
-    args: argparse.Namespace,
-    loss: str = ANSWER_LOSS,
-    final_ce_key: str = "final_train_answer_ce",
-    dtype: str | None = None,
-    detailed: bool = False,
-) -> dict[str, object]:
-    """``build_info.json``'s "training": the run as asked and as it went (``detailed``: also the
-    warmup and the loss-carrying tokens, as the tiny target records them)."""
-    record: dict[str, object] = {"loss": loss, **({"dtype": dtype} if dtype else {})}
-    record |= {
-        "steps": stats.steps,
-        "requested_steps": args.steps,
-        "max_minutes": args.max_minutes,
-        "stopped_by_time": stats.stopped_by_time,
-        "schedule_followed_time": stats.time_bound,
+    return {
+        "loss": loss_text,
+        **({"dtype": dtype} if dtype else {}),
+        "steps": step,
+        "requested_steps": steps,
+        "max_minutes": max_minutes,
+        "stopped_by_time": step < steps,
+        "schedule_followed_time": time_bound,
         "batch_tokens": BATCH_TOKENS,
         "peak_lr": PEAK_LR,
         **({"warmup_steps": WARMUP_STEPS} if detailed else {}),
-        "tokens_trained": stats.tokens_seen,
-        **({"answer_tokens_trained": stats.answer_tokens_trained} if detailed else {}),
-        "epochs": round(stats.epochs, 3),
-        "train_seconds": round(stats.seconds, 1),
-        final_ce_key: round(stats.final_train_loss, 4),
+        "tokens_trained": tokens_seen,
+        **({"answer_tokens_trained": answer_tokens} if detailed else {}),
+        "epochs": round(tokens_seen / sum(len(e.ids) for e in encoded), 3),
+        "train_seconds": round(time.monotonic() - start, 1),
+        final_ce_key: round(sum(recent) / len(recent), 4),  # the mean over the last 50 steps
     }
-    return record
 
 
 def generation_samples(
@@ -283,32 +249,6 @@ def save_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_
     config_path.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
 
 
-def begin(args: argparse.Namespace) -> float:
-    """Seeds torch for the model's initialisation; the build's start on the monotonic clock."""
-    started = time.monotonic()
-    torch.manual_seed(args.seed)
-    return started
-
-
-def run_facts(args: argparse.Namespace) -> dict[str, object]:
-    """What every ``build_info.json`` opens with: the seed and the versions that trained it."""
-    return {
-        "seed": args.seed,
-        "python_version": platform.python_version(),
-        "torch_version": torch.__version__,
-    }
-
-
-def write_build_info(
-    out_dir: Path, info: dict[str, object], started: float, not_printed: Sequence[str]
-) -> int:
-    """``info`` and the build's seconds as ``build_info.json``, printed but for ``not_printed``."""
-    info["build_seconds"] = round(time.monotonic() - started, 1)
-    (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in info.items() if k not in not_printed}, indent=2))
-    return 0
-
-
 def check_heldout_ce(
     model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: Path, bound: float
 ) -> int:
@@ -329,39 +269,45 @@ def check_heldout_ce(
     return 1
 
 
-Command = Callable[[argparse.Namespace], int]
-
-
-def builder_main(
-    argv: Sequence[str] | None,
-    doc: str,
-    target_dir: Path,
-    steps: int,
-    max_minutes: float,
-    build: Command,
-    check: Command,
-    corpus_only: Command | None = None,
-) -> int:
-    """A builder's command line: ``--check`` verifies the shipped target, else it builds one
-    (``corpus_only``: the tiny builder's ``--corpus-only OUT.jsonl`` too)."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+def builder_main(builder: ModuleType) -> int:
+    """A builder's command line, from its module: ``--check`` runs its ``check`` on the shipped
+    target (its ``corpus_only`` where it has one: ``--corpus-only OUT.jsonl``), else its ``build``
+    runs after torch is seeded for the model's initialisation, and ``build_info.json`` gets the
+    seed and the versions that trained it, what ``build`` returned and the build's seconds
+    (printed but for its ``NOT_PRINTED``)."""
+    corpus_only = getattr(builder, "corpus_only", None)
+    parser = argparse.ArgumentParser(description=builder.__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="verify the shipped target")
     if corpus_only is not None:
         mode.add_argument(
             "--corpus-only", type=Path, metavar="OUT.jsonl", help="write the conversations and stop"
         )
-    parser.add_argument("--out", type=Path, default=target_dir, help="target directory")
-    parser.add_argument("--steps", type=int, default=steps, help="optimizer steps")
+    parser.add_argument("--out", type=Path, default=builder.TARGET_DIR, help="target directory")
+    parser.add_argument("--steps", type=int, default=builder.DEFAULT_STEPS, help="optimizer steps")
     parser.add_argument(
-        "--max-minutes", type=float, default=max_minutes, help="stop training after this"
+        "--max-minutes",
+        type=float,
+        default=builder.DEFAULT_MAX_MINUTES,
+        help="stop training after this",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.check:
-        return check(args)
+        return builder.check(args)
     if corpus_only is not None and args.corpus_only:
         return corpus_only(args)
-    return build(args)
+    started = time.monotonic()
+    torch.manual_seed(args.seed)
+    info: dict[str, object] = {
+        "seed": args.seed,
+        "python_version": platform.python_version(),
+        "torch_version": torch.__version__,
+        **builder.build(args),
+    }
+    info["build_seconds"] = round(time.monotonic() - started, 1)
+    (args.out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in info.items() if k not in builder.NOT_PRINTED}, indent=2))
+    return 0
