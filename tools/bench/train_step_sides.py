@@ -269,14 +269,17 @@ def _time(step, args, tokens: int, phases: dict[str, float]) -> dict[str, object
         "tokens_per_s": tokens / seconds,
         "cpu_seconds_per_step": cpu_seconds,
         "peak_rss_mib": peak_rss,
-        # what a step adds at its peak over the memory held before it (activations, and on
-        # CPU the optimizer's state, created by the first step): grows with T
-        "step_peak_mib": peak_rss - base_rss,
     }
     if args.device == "cuda":  # the device's peak over the timed steps (weights, optimizer,
-        # activations), and the step's over what was held before it
+        # activations); the step's below is then over the device memory held before it
         result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
-        result["step_peak_mib"] = (torch.cuda.max_memory_allocated() - base_gpu) / 2**20
+    # what a step adds at its peak over the memory held before it (activations, and on CPU the
+    # optimizer's state, created by the first step): grows with T
+    result["step_peak_mib"] = (
+        (torch.cuda.max_memory_allocated() - base_gpu) / 2**20
+        if args.device == "cuda"
+        else peak_rss - base_rss
+    )
     return result
 
 

@@ -37,10 +37,12 @@ import json
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 # The trainer the builders share, beside this file; it puts tests/ on the path (tests/support
 # holds the corpus and the target's shared code, shared with the tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under python -P
 import target_training as training
 from tokenizers import Tokenizer, models
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast

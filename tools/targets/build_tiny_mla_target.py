@@ -31,6 +31,7 @@ from typing import Any
 
 # The trainer the builders share, beside this file; it puts tests/ on the path (tests/support
 # holds the tiny target's corpus and scoring and the Kimi stand-in, shared with the tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under python -P
 import target_training as training
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast

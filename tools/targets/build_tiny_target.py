@@ -24,9 +24,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 # The trainer the builders share, beside this file; it puts tests/ on the path (tests/support
 # holds the corpus and the target's scoring, shared with the tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under python -P
 import target_training as training
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
