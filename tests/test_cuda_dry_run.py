@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from eagle3_train.components.build import make_optimizer, speed_up
+from eagle3_train.components.build import make_optimizer
 from eagle3_train.components.preempt import Preemption
 from eagle3_train.config.run_config import Config
 from eagle3_train.data import batch as batch_module
@@ -32,98 +32,18 @@ from eagle3_train.preflight.device import check_memory
 from eagle3_train.run.nonfinite import BadStep, NonFiniteSkip
 
 from support import fake_cuda as fc
+from support.fake_step import (
+    LENGTHS,
+    TTT,
+    Accelerator,
+    host_batch,
+    make_model,
+    real_align,
+    train_step,
+)
 from support.train import small_arch, yarn_arch
 
 pytestmark = pytest.mark.cuda_dry_run
-TTT = 3
-LENGTHS = (11, 5, 16)  # three packed documents
-
-
-class Accelerator(SimpleNamespace):
-    """What the step asks of Accelerate on one CUDA process (Accelerate itself would look for a
-    real device): its device, bf16 autocast, the reduction across ranks (one rank: itself)."""
-
-    def __init__(self, processes: int = 1) -> None:
-        super().__init__(
-            device=fc.DEVICE,
-            mixed_precision="bf16",
-            num_processes=processes,
-            state=SimpleNamespace(deepspeed_plugin=None),
-            sync_gradients=True,
-        )
-
-    def autocast(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        return tensor * self.num_processes  # every rank voted alike
-
-
-def host_batch(mode: fc.StrictFakeCuda, hidden: int, vocab: int) -> dict[str, torch.Tensor]:
-    """A packed batch as the loader hands it over with ``pin_memory`` (host tensors, page-locked,
-    the loader's dtypes: int64 cu_seqlens). Fake host tensors; ``shift.align``, which reads
-    their values on the host, gets the real ones (``real_align``)."""
-    with fc.on_host():
-        g = torch.Generator().manual_seed(0)
-        T = sum(LENGTHS)
-        real = {
-            "aux_hidden_states": torch.randn(T, 3, hidden, generator=g).bfloat16(),
-            "last_hidden_state": torch.randn(T, hidden, generator=g).bfloat16(),
-            "input_ids": torch.randint(0, vocab, (T,), generator=g, dtype=torch.int32),
-            "loss_mask": (torch.rand(T, generator=g) < 0.7).to(torch.uint8),
-            "cu_seqlens": torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()]),
-        }
-    REAL_BATCH.clear()
-    REAL_BATCH.update(real)
-    return {k: fc.fake_host(mode, v, pinned=True) for k, v in real.items()}
-
-
-REAL_BATCH: dict[str, torch.Tensor] = {}
-
-
-def real_align(input_ids, loss_mask, cu_seqlens, ttt_steps):
-    """shift.align on the host batch's real values, its tensors then fake host ones."""
-    mode = input_ids.fake_mode
-    with fc.on_host():
-        b = REAL_BATCH
-        al = align(b["input_ids"].long(), b["loss_mask"], b["cu_seqlens"], ttt_steps)
-    fields = {f.name: getattr(al, f.name) for f in dataclasses.fields(al)}
-    return type(al)(
-        **{
-            n: [mode.from_tensor(x) for x in v]
-            if isinstance(v, list) and v and torch.is_tensor(v[0])
-            else mode.from_tensor(v)
-            if torch.is_tensor(v)
-            else v
-            for n, v in fields.items()
-        }
-    )
-
-
-def make_model(arch, config: Config, accelerator: Accelerator) -> Eagle3Draft:
-    with torch.device(fc.DEVICE):
-        model = Eagle3Draft(arch)
-    speed_up(model, config, accelerator)
-    return model
-
-
-def train_step(
-    mode: fc.StrictFakeCuda, model, config: Config, accelerator: Accelerator, optimizer=None
-):
-    """The trainer's micro-batch: data.batch.forward, backward, the optimizer step."""
-    arch = model.arch
-    batch = host_batch(mode, arch.hidden_size, arch.target_vocab_size)
-    slot = SlotState()  # a recycled batch (the loop's loader: recycle=True) holds its ring slot
-    batch["lease"] = slot.lend()
-    with mode.step() as record:
-        loss, stats = batch_module.forward(model, batch, accelerator, config)
-        fc.backward(loss)
-        if optimizer is not None:
-            optimizer.step()
-    # the slot is released fenced by an event recorded after the copies (not waited for)
-    assert isinstance(slot._fence, fc.FakeEvent) and slot._fence.is_recorded
-    assert not slot._fence.synchronized
-    return loss, stats, record
 
 
 @pytest.fixture
