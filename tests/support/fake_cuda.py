@@ -51,6 +51,8 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensorMode,
 )
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,6 +102,11 @@ _GEMMS_OUT_DTYPE = {
     aten.baddbmm.dtype: (1, 2, 0),
 }
 _PIN = {aten._pin_memory.default}
+_FLASH_OPS = {
+    f"{op}_{way}.default": way
+    for op in ("aten._flash_attention", "eagle3.flash")
+    for way in ("forward", "backward")
+}
 
 
 def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
@@ -120,6 +127,57 @@ class Transfer:
 class StepRecord:
     transfers: list[Transfer] = field(default_factory=list)
     ops: Counter = field(default_factory=Counter)  # aten op name -> calls
+    # Counted only when the step is told the flash kernel's (query, key) pairs (``step(
+    # causal_pairs=...)``: the kernel's varlen lengths are values, which fake tensors lack):
+    # per (phase, op, GEMM operand sizes) the FLOPs and the bytes each op would move run
+    # eagerly (it reads its inputs and writes its outputs once; a view moves nothing).
+    causal_pairs: int | None = None
+    phase: str = "forward"
+    flops: Counter = field(default_factory=Counter)
+    bytes: Counter = field(default_factory=Counter)
+
+    def count(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        schema = func._schema
+        if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+            return  # a view
+        if func.namespace == "prim" or "empty" in schema.name or not _leaves(out):
+            return  # metadata, or memory allocated and not written
+        written = [
+            a
+            for a, spec in zip(args, schema.arguments, strict=False)
+            if spec.alias_info is not None and spec.alias_info.is_write
+        ]
+        fresh = [] if any(r.alias_info is not None for r in schema.returns) else _leaves(out)
+        moved = sum(map(_nbytes, {id(t): t for t in _leaves((args, kwargs))}.values()))
+        moved += sum(map(_nbytes, _leaves([written, fresh])))
+        flash = _FLASH_OPS.get(str(func))  # the kernel's, or ours around it (eagle3::flash_*)
+        gemm = func._overloadpacket in flop_registry and not flash
+        if func in (aten._to_copy.default, aten.copy_.default):
+            source, target = (args[0], out) if func is aten._to_copy.default else args[1::-1]
+            if source.device != target.device:
+                self.bytes[(self.phase, str(func), ("h2d",))] += _nbytes(source)
+                return
+        dims = tuple(sorted({d for t in _leaves(args) for d in t.shape})) if gemm else ()
+        key = (self.phase, str(func), dims)
+        self.bytes[key] += moved
+        if flash:  # document-causal: 2 FLOPs per (pair, head, width) in QK^T and in PV
+            q, v = (args[0], args[2]) if flash == "forward" else (args[1], args[3])
+            forward = 2 * q.shape[1] * (q.shape[2] + v.shape[2]) * self.causal_pairs
+            self.flops[key] += forward if flash == "forward" else 2 * forward
+        elif gemm:
+            self.flops[key] += flop_registry[func._overloadpacket](*args, **kwargs, out_val=out)
+
+
+def _leaves(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """The bytes a kernel reads or writes of ``t``: a broadcast (stride 0) dimension once."""
+    n = t.element_size()
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        n *= size if stride else 1
+    return n
 
 
 class StrictFakeCuda(FakeTensorMode):
@@ -129,11 +187,13 @@ class StrictFakeCuda(FakeTensorMode):
         super().__init__(allow_non_fake_inputs=False)
         self.pinned: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.record: StepRecord | None = None  # set inside step()
+        self.depth = 0
 
     @contextlib.contextmanager
-    def step(self) -> Iterator[StepRecord]:
-        """The region of one training step: host syncs and host↔device stalls fail here."""
-        self.record = StepRecord()
+    def step(self, causal_pairs: int | None = None) -> Iterator[StepRecord]:
+        """The region of one training step: host syncs and host↔device stalls fail here. With
+        ``causal_pairs``, its FLOPs and bytes are counted (StepRecord)."""
+        self.record = StepRecord(causal_pairs=causal_pairs)
         try:
             yield self.record
         except DataDependentOutputException as e:
@@ -154,7 +214,13 @@ class StrictFakeCuda(FakeTensorMode):
             out = super().dispatch(aten.clone.default, types, (args[0],), {})
             self.pinned[out] = True
             return out
-        out = super().dispatch(func, types, args, kwargs)
+        self.depth += 1  # a decomposition's ops come back through here: count the outermost
+        try:
+            out = super().dispatch(func, types, args, kwargs)
+        finally:
+            self.depth -= 1
+        if self.depth == 0 and self.record is not None and self.record.causal_pairs is not None:
+            self.record.count(func, args, kwargs, out)
         if func in (aten.empty.memory_format, aten.empty_strided.default) and kwargs.get(
             "pin_memory"
         ):

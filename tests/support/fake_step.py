@@ -43,19 +43,34 @@ class Accelerator(SimpleNamespace):
         return tensor * self.num_processes  # every rank voted alike
 
 
-def host_batch(mode: fc.StrictFakeCuda, hidden: int, vocab: int) -> dict[str, torch.Tensor]:
+def host_batch(
+    mode: fc.StrictFakeCuda,
+    hidden: int,
+    vocab: int,
+    lengths: tuple[int, ...] = LENGTHS,
+    scored: float | None = None,
+) -> dict[str, torch.Tensor]:
     """A packed batch as the loader hands it over with ``pin_memory`` (host tensors, page-locked,
     the loader's dtypes: int64 cu_seqlens). Fake host tensors; ``shift.align``, which reads
-    their values on the host, gets the real ones (``real_align``)."""
+    their values on the host, gets the real ones (``real_align``). ``scored``: the share of
+    each document the loss scores (its end, the answer); by default a random 70 % of tokens."""
     with fc.on_host():
         g = torch.Generator().manual_seed(0)
-        T = sum(LENGTHS)
+        T = sum(lengths)
+        starts = torch.tensor([0, *lengths]).cumsum(0)
+        if scored is None:
+            loss_mask = torch.rand(T, generator=g) < 0.7
+        else:
+            at = torch.arange(T) - starts[:-1].repeat_interleave(torch.tensor(lengths))
+            loss_mask = at >= torch.tensor(lengths).repeat_interleave(torch.tensor(lengths)) * (
+                1 - scored
+            )
         real = {
             "aux_hidden_states": torch.randn(T, 3, hidden, generator=g).bfloat16(),
             "last_hidden_state": torch.randn(T, hidden, generator=g).bfloat16(),
             "input_ids": torch.randint(0, vocab, (T,), generator=g, dtype=torch.int32),
-            "loss_mask": (torch.rand(T, generator=g) < 0.7).to(torch.uint8),
-            "cu_seqlens": torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()]),
+            "loss_mask": loss_mask.to(torch.uint8),
+            "cu_seqlens": starts,
         }
     REAL_BATCH.clear()
     REAL_BATCH.update(real)

@@ -1,0 +1,257 @@
+"""The FLOPs and bytes of one training step at the GPU recipes' draft shapes: counted, not timed.
+
+Ours' step (the trainer's model, loss, objective and optimizer; data.batch.forward with its
+pinned host batch and non-blocking copies) runs on fake ``cuda:0`` tensors
+(tests/support/fake_cuda.py: shapes and dtypes, no storage, no GPU), and every op is counted:
+GEMM FLOPs by torch's own formulas, the flash kernel's on its document-causal pairs, and the
+bytes each op would move run eagerly (it reads its inputs and writes its outputs once; a view
+moves nothing). Eager bytes are an upper bound on the element-wise parts: under
+``train.compile`` Inductor fuses them (its backward graphs cannot be lowered without a GPU).
+
+Each step runs three ways:
+- ``recipes``: what a user's step runs (train: defaults' objective, Muon + AdamW as the GPU
+  recipes set them, the LM head trained, every token scored);
+- ``recipes, head dW per chunk``: the same before the LM head's weight gradient became one GEMM
+  per TTT step (a float32 [V, H] accumulation after every 1,024-row loss chunk);
+- ``bench``: the settings of the H200 rows in gpu-throughput.md (plain TTT KL, AdamW, the head
+  frozen, 3/4 of each document scored), the anchor of the prediction.
+
+The prediction: each op at the H200's peak (989 TFLOP/s dense bf16, 4.8 TB/s), whichever bound
+it meets, summed; scaled by what the H200 measured for the ``bench`` row against its own
+count, and set against speculators' measured step there (speculators at its defaults trains
+the bench's settings). A prediction, not a measurement: tools/gpu/gpu_check.py measures.
+
+    uv run --frozen python tools/gpu/step_counts.py                # all shapes, a table
+    uv run --frozen python tools/gpu/step_counts.py --json docs/benchmarks/step-counts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tools" / "bench")]  # the fake device; the bench
+
+PEAK_FLOPS = 989e12  # H200 (and H100 SXM) dense bf16
+PEAK_BYTES = 4.8e12  # H200 HBM3e
+# (hidden, heads, intermediate, V_target, V_draft, document lengths), as gpu_check's CUDA rows
+SHAPES = {
+    "llama": (4096, 32, 14336, 128256, 32000, (2048,) * 4),
+    "kimi": (7168, 64, 18432, 163840, 32000, (2048,) * 4),
+    "long": (4096, 32, 14336, 128256, 32000, (32768,)),
+}
+# the H200's measured bench rows (gpu-throughput.json, tokens/s): ours, speculators
+MEASURED = {"llama": (76657, 66976), "kimi": (34030, 32125), "long": (47984, 49510)}
+PCIE_BYTES = 55e9  # host→device over PCIe Gen5 x16, as measured on H100/H200 hosts
+VARIANTS = {  # objective, optimizer, head, scored share, the head dW after every chunk
+    "bench": ("plain", "adamw", "frozen", 0.75, False),
+    "recipes, before": ("defaults", "muon", "trained", 1.0, True),
+    "recipes": ("defaults", "muon", "trained", 1.0, False),
+}
+PARTS = (
+    "attention",
+    "GEMM, LM heads",
+    "GEMM, layers",
+    "element-wise and reductions",
+    "host→device copies",
+    "optimizer, Newton–Schulz GEMMs",
+    "optimizer, element-wise",
+)
+RANKS = 8  # the recipes' GPUs: Muon's orthogonalisation shared among them
+
+
+def draft_arch(shape: str):
+    """The draft of ``shape``: one Llama-style layer, flash attention, as the bench builds it."""
+    from train_step_sides import heads_of
+
+    from eagle3_train.model.arch import DraftArch
+
+    hidden, heads, intermediate, v_target, v_draft, lengths = SHAPES[shape]
+    n_heads, kv, head_dim = heads_of(argparse.Namespace(heads=heads, hidden=hidden))
+    return DraftArch(
+        hidden_size=hidden,
+        num_aux=3,
+        target_vocab_size=v_target,
+        draft_vocab_size=v_draft,
+        num_attention_heads=n_heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        rms_norm_eps=1e-5,
+        target_rms_norm_eps=1e-5,
+        max_position_embeddings=max(lengths) + 8,
+        rope_theta=10000.0,
+        attention="flash",
+    )
+
+
+def count_step(shape: str, variant: str) -> dict[str, dict[str, float]]:
+    """{part: {"flops", "bytes", "peak_ms"}} of one step of ours on the fake device."""
+    import torch
+    from train_step_sides import _objective, _optimizer
+
+    from eagle3_train.config.run_config import Config
+    from eagle3_train.data import batch as batch_module
+    from eagle3_train.model import loss as loss_module
+
+    from support import fake_cuda as fc
+    from support import fake_step
+
+    hidden, _, _, v_target, v_draft, lengths = SHAPES[shape]
+    objective, optimizer_name, head, scored, per_chunk = VARIANTS[variant]
+    arch = draft_arch(shape)
+    config = Config()
+    t = config.train
+    t.ttt_steps, t.compile = fake_step.TTT, "never"
+    t.objective, t.ttt_step_loss_decay, t.max_grad_norm = _objective(objective)
+    accelerator = fake_step.Accelerator()
+    rows = loss_module.HEAD_GRAD_ROWS_ELEMENTS
+    batch_module.align, align = fake_step.real_align, batch_module.align
+    loss_module.HEAD_GRAD_ROWS_ELEMENTS = 1 if per_chunk else rows
+    try:
+        with fc.fake_cuda() as mode:
+            model = fake_step.make_model(arch, config, accelerator)
+            target_head = torch.randn(v_target, hidden, device=fc.DEVICE)
+            model.load_target_head(
+                target_head, torch.ones(hidden, device=fc.DEVICE), target_head[:v_draft]
+            )
+            if head == "frozen":
+                model.lm_head.weight.requires_grad_(False)
+            params = model.trainable_parameters()
+            optimizer = _optimizer(optimizer_name, model, params, fused=True)
+            batch = fake_step.host_batch(mode, hidden, v_target, lengths, scored)
+            pairs = sum(n * (n + 1) // 2 for n in lengths)
+            with mode.step(causal_pairs=pairs) as record:
+                loss, _ = batch_module.forward(model, batch, accelerator, config)
+                record.phase = "backward"
+                fc.backward(loss)
+                record.phase = "optimizer"
+                torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
+                optimizer.step()
+    finally:
+        batch_module.align, loss_module.HEAD_GRAD_ROWS_ELEMENTS = align, rows
+    return by_part(record, (v_target, v_draft))
+
+
+def by_part(record, vocab: tuple[int, int]) -> dict[str, dict[str, float]]:
+    parts: dict[str, Counter] = {p: Counter() for p in PARTS}
+    for key, moved in record.bytes.items():
+        phase, op, dims = key
+        flops = record.flops.get(key, 0)
+        if phase == "optimizer":
+            part = "optimizer, Newton–Schulz GEMMs" if flops else "optimizer, element-wise"
+        elif dims == ("h2d",):
+            part = "host→device copies"
+        elif "flash" in op:
+            part = "attention"
+        elif flops:
+            part = "GEMM, LM heads" if set(vocab) & set(dims) else "GEMM, layers"
+        else:
+            part = "element-wise and reductions"
+        parts[part]["flops"] += flops
+        parts[part]["bytes"] += moved
+        # each op at whichever peak bounds it (ops of one key share their shapes)
+        bandwidth = PCIE_BYTES if part == "host→device copies" else PEAK_BYTES
+        parts[part]["peak_ms"] += 1e3 * max(flops / PEAK_FLOPS, moved / bandwidth)
+    return {p: dict(c) for p, c in parts.items()}
+
+
+def totals(parts: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {k: sum(p.get(k, 0) for p in parts.values()) for k in ("flops", "bytes", "peak_ms")}
+
+
+def critical_ms(parts: dict[str, dict[str, float]], copies: bool, ranks: int) -> float:
+    """The step's time at peak on one GPU's compute stream: host→device copies count where
+    they run on it (``copies``), Newton–Schulz is each rank's share of the matrices."""
+    ms = {p: c.get("peak_ms", 0) for p, c in parts.items()}
+    ms["host→device copies"] *= copies
+    ms["optimizer, Newton–Schulz GEMMs"] /= ranks
+    return sum(ms.values())
+
+
+PREDICTED = (  # label, counted variant, copies on the compute stream, ranks sharing Newton–Schulz
+    ("bench's settings (the batch staged once), measured", "bench", False, 1),
+    ("recipes' settings, before: head dW per chunk, copies on the compute stream, "
+     "Newton–Schulz on every rank", "recipes, before", True, 1),
+    ("recipes' settings, now, 1 GPU", "recipes", False, 1),
+    (f"recipes' settings, now, each of {RANKS} GPUs", "recipes", False, RANKS),
+)  # fmt: skip
+
+
+def predict(counted: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[list]:
+    """Per shape: ours' step in ms and its ratio to speculators' measured step, the bench row
+    measured and the others predicted from it (measured / counted at peak, as a scale)."""
+    rows = []
+    for shape, variants in counted.items():
+        tokens = sum(SHAPES[shape][5])
+        ours, theirs = (1e3 * tokens / rate for rate in MEASURED[shape])
+        scale = ours / critical_ms(variants["bench"], False, 1)
+        for label, variant, copies, ranks in PREDICTED:
+            predicted = critical_ms(variants[variant], copies, ranks) * scale
+            rows.append([shape, label, round(predicted, 1), round(theirs / predicted, 3)])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="of: " + ", ".join(SHAPES))
+    parser.add_argument("--json", type=Path, help="write the result file here")
+    args = parser.parse_args(argv)
+    counted = {
+        shape: {variant: count_step(shape, variant) for variant in VARIANTS}
+        for shape in args.shapes.split(",")
+    }
+    grid = [
+        [shape, variant, part, round(c.get("flops", 0) / 1e12, 2), round(c.get("bytes", 0) / 1e9, 1),
+         round(c.get("peak_ms", 0), 2)]
+        for shape, variants in counted.items()
+        for variant, parts in variants.items()
+        for part, c in [*parts.items(), ("total", totals(parts))]
+    ]  # fmt: skip
+    for row in grid:
+        print("  ".join(f"{x:>12}" if not isinstance(x, str) else f"{x:<28}" for x in row))
+    predicted = predict(counted) if set(counted) <= set(MEASURED) else []
+    for row in predicted:
+        print(f"predicted: {row[0]:<6} {row[2]:>8} ms  {row[3]:.3f}x speculators  {row[1]}")
+    if args.json:
+        result = {
+            "question": "How many FLOPs and bytes does one training step of ours do at the GPU "
+            "recipes' draft shapes, and what step time do they predict on an H200?",
+            "command": "uv run --frozen python tools/gpu/step_counts.py --json "
+            "docs/benchmarks/step-counts.json",
+            "measured": datetime.date.today().isoformat(),
+            "versions": {"torch": __import__("torch").__version__},
+            "hardware": "a CPU, no GPU (fake cuda:0 tensors; the prediction takes an H200's "
+            "peaks)",
+            "settings": "bf16 autocast, 3 TTT steps, flash attention, not compiled (eager "
+            "bytes); 8,192 packed tokens (4 documents of 2,048) unless stated",
+            "tables": [
+                {
+                    "id": "counts",
+                    "title": "One step, counted by part (FLOPs, bytes moved eagerly, and the "
+                    "time at the H200's peaks, each op at the bound it meets)",
+                    "kind": "grid",
+                    "columns": ["shape", "settings", "part", "TFLOP", "GB", "ms at peak"],
+                    "rows": grid,
+                },
+                {
+                    "id": "prediction",
+                    "title": "Predicted on an H200: the counted time scaled by the measured "
+                    "bench row, against speculators' measured step (a prediction)",
+                    "kind": "grid",
+                    "columns": ["shape", "settings", "ours ms", "× speculators"],
+                    "rows": predicted,
+                },
+            ],
+        }
+        args.json.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
