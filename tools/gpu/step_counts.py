@@ -226,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             "docs/benchmarks/step-counts.json",
             "measured": datetime.date.today().isoformat(),
             "versions": {"torch": __import__("torch").__version__},
-            "hardware": "a CPU, no GPU (fake cuda:0 tensors; the prediction takes an H200's "
-            "peaks)",
+            "hardware": "a CPU, no GPU (fake cuda:0 tensors; the prediction takes an H200's peaks)",
             "settings": "bf16 autocast, 3 TTT steps, flash attention, not compiled (eager "
             "bytes); 8,192 packed tokens (4 documents of 2,048) unless stated",
             "tables": [
