@@ -102,6 +102,13 @@ _GEMMS_OUT_DTYPE = {
     aten.baddbmm.dtype: (1, 2, 0),
 }
 _PIN = {aten._pin_memory.default}
+_ROW_READS = {
+    aten.index.Tensor,
+    aten.index_select.default,
+    aten.gather.default,
+    aten.embedding.default,
+}
+_ROW_WRITES = {aten.index_put_.default, aten._index_put_impl_.default, aten.index_add_.default}
 _FLASH_OPS = {
     f"{op}_{way}.default": way
     for op in ("aten._flash_attention", "eagle3.flash")
@@ -148,8 +155,15 @@ class StepRecord:
             if spec.alias_info is not None and spec.alias_info.is_write
         ]
         fresh = [] if any(r.alias_info is not None for r in schema.returns) else _leaves(out)
-        moved = sum(map(_nbytes, {id(t): t for t in _leaves((args, kwargs))}.values()))
-        moved += sum(map(_nbytes, _leaves([written, fresh])))
+        inputs = {id(t): t for t in _leaves((args, kwargs))}.values()
+        indices = sum(_nbytes(t) for t in inputs if not t.is_floating_point())
+        if func in _ROW_READS:  # a gather reads the rows it picks, not its whole source
+            moved = indices + 2 * sum(map(_nbytes, fresh))
+        elif func in _ROW_WRITES:  # a scatter reads its values and writes them into rows
+            values = [t for t in _leaves(args[1:]) if t.is_floating_point()]
+            moved = indices + 2 * sum(map(_nbytes, values))
+        else:
+            moved = sum(map(_nbytes, inputs)) + sum(map(_nbytes, _leaves([written, fresh])))
         flash = _FLASH_OPS.get(str(func))  # the kernel's, or ours around it (eagle3::flash_*)
         gemm = func._overloadpacket in flop_registry and not flash
         if func in (aten._to_copy.default, aten.copy_.default):
