@@ -137,7 +137,8 @@ class StepRecord:
     # Counted only when the step is told the flash kernel's (query, key) pairs (``step(
     # causal_pairs=...)``: the kernel's varlen lengths are values, which fake tensors lack):
     # per (phase, op, GEMM operand sizes) the FLOPs and the bytes each op would move run
-    # eagerly (it reads its inputs and writes its outputs once; a view moves nothing).
+    # eagerly (it reads its inputs and writes its outputs once, a gather only the rows it
+    # picks; a view moves nothing).
     causal_pairs: int | None = None
     phase: str = "forward"
     flops: Counter = field(default_factory=Counter)
