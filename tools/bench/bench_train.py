@@ -1,8 +1,9 @@
 """Benchmark eagle3-train side by side with speculators 0.9.0, in one run.
 
 1. Training step: our Eagle3Draft vs speculators' Eagle3DraftModel at the same config (one
-   packed sequence of T tokens, H, draft vocabulary, TTT steps, AdamW, or ours with the GPU
-   recipes' Muon (``--optimizer muon``); lm_head frozen in both, as speculators does, or in
+   packed sequence of T tokens, H, draft vocabulary, TTT steps, AdamW, or Muon on the same
+   matrices (``--optimizer muon``: ours as the GPU recipes set it, speculators at its 0.9.0
+   defaults); lm_head frozen in both, as speculators does, or in
    ours trained as the recipes train it (``--head trained``); ``--scored``, the share of each
    document the loss scores (its answer), 0.75 by default, 1 for every token).
    speculators runs with sdpa attention and its eager kl_div loss (its defaults need a GPU).

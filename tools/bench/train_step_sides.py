@@ -195,7 +195,7 @@ def run_speculators(args) -> dict[str, float]:
         del head, rows
     model.to(args.device)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    optimizers = _speculators_optimizers(args.optimizer, model, params)
     b = _batch(args)
     # speculators' own per-sample shift, then packing
     cat, doc = pack_documents(b)
@@ -219,11 +219,28 @@ def run_speculators(args) -> dict[str, float]:
             )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, SPECULATORS_CLIP)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
     phases["build"] = time.perf_counter() - built
     return _time(step, args, b["input_ids"].shape[0], phases)
+
+
+def _speculators_optimizers(name: str, model, params) -> list:
+    """speculators' optimizers. ``muon``: its 0.9.0 defaults (``speculators train`` builds them
+    with ``build_optimizers``: torch's Muon on the 2-D matrices, the same ones ours' Muon takes,
+    AdamW on the rest; ``--muon-lr`` unset is ``--lr``). ``adamw``: AdamW on every trained
+    tensor, its default before 0.9.0 and the earlier rows' setting."""
+    import torch
+
+    if name == "adamw":
+        return [torch.optim.AdamW(params, lr=1e-4)]
+    from speculators.train.config.schema import OptimizerArgs
+    from speculators.train.optimizers import build_optimizers
+
+    defaults = OptimizerArgs()
+    return build_optimizers(model, defaults.model_copy(update={"muon_lr": defaults.lr}))
 
 
 def _on_device(batch: dict, args) -> dict:

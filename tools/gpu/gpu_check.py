@@ -75,7 +75,7 @@ class Part:
 
 # The recipes' settings (what a user's step runs): train: defaults' objective, Muon + AdamW as
 # the GPU recipes set it, the LM head trained, every token of the documents scored; beside it
-# speculators 0.9.0 at its defaults (its LM head frozen).
+# speculators 0.9.0 at its defaults (Muon on the matrices, AdamW on the rest, its LM head frozen).
 RECIPE = ["--objective=defaults", "--optimizer=muon", "--head=trained", "--scored=1"]
 # The earlier rows' settings, for continuity: speculators' plain TTT objective, AdamW, the head
 # frozen on both sides, 3/4 of each document scored.

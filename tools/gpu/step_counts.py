@@ -174,26 +174,33 @@ def critical_ms(parts: dict[str, dict[str, float]], copies: bool, ranks: int) ->
     return sum(ms.values())
 
 
-PREDICTED = (  # label, counted variant, copies on the compute stream, ranks sharing Newton–Schulz
-    ("bench's settings (the batch staged once), measured", "bench", False, 1),
+PREDICTED = (  # label, counted variant, copies on the compute stream, ours' NS share, GPUs
+    ("bench's settings (the batch staged once); both measured", "bench", False, 1, 1),
     ("recipes' settings, before: head dW per chunk, copies on the compute stream, "
-     "Newton–Schulz on every rank", "recipes, before", True, 1),
-    ("recipes' settings, now, 1 GPU", "recipes", False, 1),
-    (f"recipes' settings, now, each of {RANKS} GPUs", "recipes", False, RANKS),
+     "Newton–Schulz whole on every rank", "recipes, before", True, 1, RANKS),
+    ("recipes' settings, now", "recipes", False, 1, 1),
+    ("recipes' settings, now: Newton–Schulz shared", "recipes", False, RANKS, RANKS),
 )  # fmt: skip
 
 
 def predict(counted: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[list]:
-    """Per shape: ours' step in ms and its ratio to speculators' measured step, the bench row
-    measured and the others predicted from it (measured / counted at peak, as a scale)."""
+    """Per shape: ours' step and speculators' in ms, per GPU, and their ratio. The bench row is
+    measured on both sides; the others scale ours' count at peak by measured / counted of the
+    bench row. speculators at its 0.9.0 defaults runs Muon on the same matrices as ours: its
+    measured AdamW step plus their Newton–Schulz at the same scale, shared among the GPUs as
+    its FSDP2 shards them (torch's Muon on DTensors; the collectives are not counted)."""
     rows = []
     for shape, variants in counted.items():
         tokens = sum(SHAPES[shape][5])
-        ours, theirs = (1e3 * tokens / rate for rate in MEASURED[shape])
-        scale = ours / critical_ms(variants["bench"], False, 1)
-        for label, variant, copies, ranks in PREDICTED:
-            predicted = critical_ms(variants[variant], copies, ranks) * scale
-            rows.append([shape, label, round(predicted, 1), round(theirs / predicted, 3)])
+        ours_bench, theirs_bench = (1e3 * tokens / rate for rate in MEASURED[shape])
+        scale = ours_bench / critical_ms(variants["bench"], False, 1)
+        newton_schulz = variants["recipes"]["optimizer, Newton–Schulz GEMMs"]["peak_ms"] * scale
+        for label, variant, copies, share, gpus in PREDICTED:
+            ours = critical_ms(variants[variant], copies, share) * scale
+            theirs = theirs_bench + (variant != "bench") * newton_schulz / gpus
+            rows.append(
+                [shape, label, gpus, round(ours, 1), round(theirs, 1), round(theirs / ours, 3)]
+            )
     return rows
 
 
@@ -217,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         print("  ".join(f"{x:>12}" if not isinstance(x, str) else f"{x:<28}" for x in row))
     predicted = predict(counted) if set(counted) <= set(MEASURED) else []
     for row in predicted:
-        print(f"predicted: {row[0]:<6} {row[2]:>8} ms  {row[3]:.3f}x speculators  {row[1]}")
+        print(
+            f"predicted: {row[0]:<6} {row[2]} GPU  {row[3]:>7} ms  {row[4]:>7} ms  {row[5]:.3f}x  {row[1]}"
+        )
     if args.json:
         result = {
             "question": "How many FLOPs and bytes does one training step of ours do at the GPU "
@@ -240,10 +249,18 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 {
                     "id": "prediction",
-                    "title": "Predicted on an H200: the counted time scaled by the measured "
-                    "bench row, against speculators' measured step (a prediction)",
+                    "title": "Predicted on H200s, per GPU: ours' counted time scaled by the "
+                    "measured bench row, against speculators 0.9.0 at its defaults (Muon; a "
+                    "prediction but for the bench row)",
                     "kind": "grid",
-                    "columns": ["shape", "settings", "ours ms", "× speculators"],
+                    "columns": [
+                        "shape",
+                        "ours' settings",
+                        "GPUs",
+                        "ours ms",
+                        "speculators ms",
+                        "×",
+                    ],
                     "rows": predicted,
                 },
             ],
