@@ -4,22 +4,24 @@ Ours' step (the trainer's model, loss, objective and optimizer; data.batch.forwa
 pinned host batch and non-blocking copies) runs on fake ``cuda:0`` tensors
 (tests/support/fake_cuda.py: shapes and dtypes, no storage, no GPU), and every op is counted:
 GEMM FLOPs by torch's own formulas, the flash kernel's on its document-causal pairs, and the
-bytes each op would move run eagerly (it reads its inputs and writes its outputs once; a view
-moves nothing). Eager bytes are an upper bound on the element-wise parts: under
-``train.compile`` Inductor fuses them (its backward graphs cannot be lowered without a GPU).
+bytes each op would move run eagerly (it reads its inputs and writes its outputs once, a
+gather only the rows it picks; a view moves nothing). Eager bytes are an upper bound on the
+element-wise parts: under ``train.compile`` Inductor fuses them (its backward graphs cannot be
+lowered without a GPU).
 
 Each step runs three ways:
 - ``recipes``: what a user's step runs (train: defaults' objective, Muon + AdamW as the GPU
   recipes set them, the LM head trained, every token scored);
-- ``recipes, head dW per chunk``: the same before the LM head's weight gradient became one GEMM
-  per TTT step (a float32 [V, H] accumulation after every 1,024-row loss chunk);
+- ``recipes, before``: the same before the LM head's weight gradient became one GEMM per TTT
+  step (a float32 [V, H] accumulation after every 1,024-row loss chunk);
 - ``bench``: the settings of the H200 rows in gpu-throughput.md (plain TTT KL, AdamW, the head
   frozen, 3/4 of each document scored), the anchor of the prediction.
 
-The prediction: each op at the H200's peak (989 TFLOP/s dense bf16, 4.8 TB/s), whichever bound
-it meets, summed; scaled by what the H200 measured for the ``bench`` row against its own
-count, and set against speculators' measured step there (speculators at its defaults trains
-the bench's settings). A prediction, not a measurement: tools/gpu/gpu_check.py measures.
+The prediction (``predict``): each op at the H200's peak (989 TFLOP/s dense bf16, 4.8 TB/s),
+whichever bound it meets, summed; scaled by what the H200 measured for the ``bench`` row
+against its own count; set against speculators 0.9.0 at its defaults (Muon), its measured
+``bench`` step plus its Newton–Schulz. A prediction, not a measurement: tools/gpu/gpu_check.py
+measures.
 
     uv run --frozen python tools/gpu/step_counts.py                # all shapes, a table
     uv run --frozen python tools/gpu/step_counts.py --json docs/benchmarks/step-counts.json
