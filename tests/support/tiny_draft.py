@@ -26,7 +26,6 @@ test tier would say so.
 from __future__ import annotations
 
 import argparse
-import ast
 import fcntl
 import hashlib
 import importlib.util
@@ -68,6 +67,7 @@ from eagle3_schemas.layouts.hidden_states import SHARD_DIR, checksum_rows
 
 from support import tiny_corpus
 from support.drafts import random_draft, save_draft, speculators_config
+from support.imports import followed_imports, module_sources
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "recipes" / "tiny" / "target"
@@ -90,23 +90,6 @@ DEFAULTS = {
 FOLLOWED = ("eagle3_eval", "eagle3_schemas")
 
 
-def followed_imports(path: Path) -> set[str]:
-    """Names of the FOLLOWED packages' modules a source file imports, at any depth of its code."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names if a.name.split(".")[0] in FOLLOWED)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FOLLOWED:
-            names.add(node.module)
-            package = importlib.util.find_spec(node.module)
-            if package is None or package.submodule_search_locations is None:
-                continue  # a module: its names are functions and classes
-            for alias in node.names:  # "from eagle3_eval import draft" may name a module
-                if importlib.util.find_spec(f"{node.module}.{alias.name}") is not None:
-                    names.add(f"{node.module}.{alias.name}")
-    return names
-
-
 def _source_name(module: str, origin: Path) -> str:
     """A module's path inside its install root: eagle3_eval/draft.py, eagle3_eval/__init__.py."""
     parts = module.split(".") + (["__init__"] if origin.name == "__init__.py" else [])
@@ -127,17 +110,9 @@ def builder_sources() -> dict[str, Path]:
         "tests/support/tiny_draft.py": Path(__file__).resolve(),
         "tests/support/tiny_corpus.py": Path(tiny_corpus.__file__).resolve(),
     }
-    todo, seen = [*FOLLOWED, *followed_imports(Path(__file__))], set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        spec = importlib.util.find_spec(name)
-        assert spec is not None and spec.origin is not None, name
-        origin = Path(spec.origin)
+    roots = [*FOLLOWED, *followed_imports(Path(__file__), FOLLOWED)]
+    for name, origin in module_sources(roots, FOLLOWED).items():
         sources[_source_name(name, origin)] = origin
-        todo += followed_imports(origin)
     schemas_root = Path(importlib.util.find_spec("eagle3_schemas").origin).parent
     # os.walk, not rglob: schema_files is a symlink to the repository's schemas/ folder.
     for folder, dirs, files in os.walk(schemas_root / "schema_files", followlinks=True):
