@@ -4,10 +4,10 @@ are made of.
 A tiny pipeline run (regenerate through vLLM, extract, train, evaluate in vLLM) takes 6-16 min on
 2 cores, and its tests only read its files. The run is a function of the repository's files
 that make it (every package's sources and schemas, the recipe and its embedded target, the
-target builders, this test support, the lockfile), of its settings, of the interpreters that
-run it and of this CPU. Its folder is named by a hash of all of those, contents included: a
-change to any of them runs it again, a change elsewhere (docs, bench tools, the tests that read
-it) reuses it. No version to bump by hand.
+target builders, the test support it imports, the lockfile), of its settings, of the
+interpreters that run it and of this CPU. Its folder is named by a hash of all of those,
+contents included: a change to any of them runs it again, a change elsewhere (docs, bench
+tools, the tests that read it and their helpers) reuses it. No version to bump by hand.
 
 - The run is built in its final folder, and a marker written last (atomically) says it ended
   well: a folder without the marker, from a killed session, is removed and run again.
@@ -39,6 +39,7 @@ from eagle3_schemas.io.atomic import write_json_atomic
 from eagle3_schemas.io.fingerprint import fingerprint_files, fingerprint_json
 
 from support.failures import failure_report
+from support.imports import followed_imports, module_sources
 from support.mt_bench import write_mt_bench
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,10 +50,10 @@ COMMON_INPUTS = (
     "schemas",
     "tools/targets",
     "tools/ci",
-    "tests/support",
     "pyproject.toml",
     "uv.lock",
 )
+SUPPORT = REPO / "tests" / "support"
 
 
 def cache_root() -> Path:
@@ -71,14 +72,23 @@ def tracked_files(inputs: Sequence[str]) -> list[str] | None:
     if listing.returncode != 0:
         return None
     names = {name for name in listing.stdout.decode().split("\0") if name}
-    # Test files other than the support are not what makes a run; a file deleted but not yet
-    # committed is skipped.
-    return sorted(
-        n
-        for n in names
-        if (REPO / n).is_file()
-        and not ("/tests/" in f"/{n}" and not n.startswith("tests/support/"))
-    )
+    # Test files are not what makes a run (support_files says which support ones are); a file
+    # deleted but not yet committed is skipped.
+    return sorted(n for n in names if (REPO / n).is_file() and "/tests/" not in f"/{n}")
+
+
+def support_files(recipe: str) -> list[str]:
+    """The test support a run of ``recipe`` is made of: this module, the support modules the
+    recipe's shell scripts run (``-m support.X``) and the target builders import, and what
+    those import, followed import by import; and the support's data files. A change to another support module (a
+    test's helper) keeps the run."""
+    scripts = "".join(p.read_text("utf-8") for p in (REPO / "recipes" / recipe).glob("*.sh"))
+    roots = {__name__} | {f"support.{n}" for n in re.findall(r"-m support\.(\w+)", scripts)}
+    for builder in (REPO / "tools" / "targets").glob("*.py"):
+        roots |= followed_imports(builder, ("support",))
+    modules = module_sources(["support", *roots], ("support",)).values()
+    data = [p for p in SUPPORT.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")]
+    return sorted({p.resolve().relative_to(REPO).as_posix() for p in [*modules, *data]})
 
 
 def vllm_release(vllm_python: str) -> str:
@@ -93,6 +103,7 @@ def run_key(recipe: str, settings: dict[str, object], vllm_python: str) -> str |
     files = tracked_files([*COMMON_INPUTS, f"recipes/{recipe}"])
     if files is None:
         return None
+    files += support_files(recipe)
     facts = {
         "recipe": recipe,
         "settings": settings,
