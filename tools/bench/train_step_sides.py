@@ -51,15 +51,12 @@ def heads_of(args) -> tuple[int, int, int]:
     return heads, max(1, heads // 2), args.hidden // heads
 
 
-def run_ours(args) -> dict[str, float]:
-    import torch
-    from torch.profiler import record_function
-
+def ours_arch(args):
+    """Ours' draft at the bench's shape: one Llama-style layer."""
     from eagle3_train.model.arch import DraftArch
-    from eagle3_train.model.draft import Eagle3Draft
 
     heads, kv, head_dim = heads_of(args)
-    arch = DraftArch(
+    return DraftArch(
         hidden_size=args.hidden,
         num_aux=3,
         target_vocab_size=args.v_target,
@@ -74,6 +71,15 @@ def run_ours(args) -> dict[str, float]:
         rope_theta=10000.0,
         attention=args.attention,
     )
+
+
+def run_ours(args) -> dict[str, float]:
+    import torch
+    from torch.profiler import record_function
+
+    from eagle3_train.model.draft import Eagle3Draft
+
+    arch = ours_arch(args)
     from eagle3_train.components.build import speed_up
     from eagle3_train.model.shift import align
 

@@ -68,28 +68,12 @@ RANKS = 8  # the recipes' GPUs: Muon's orthogonalisation shared among them
 
 
 def draft_arch(shape: str):
-    """The draft of ``shape``: one Llama-style layer, flash attention, as the bench builds it."""
-    from train_step_sides import heads_of
+    """The draft of ``shape`` as the bench builds it (one Llama-style layer), flash attention."""
+    from train_step_sides import ours_arch
 
-    from eagle3_train.model.arch import DraftArch
-
-    hidden, heads, intermediate, v_target, v_draft, lengths = SHAPES[shape]
-    n_heads, kv, head_dim = heads_of(argparse.Namespace(heads=heads, hidden=hidden))
-    return DraftArch(
-        hidden_size=hidden,
-        num_aux=3,
-        target_vocab_size=v_target,
-        draft_vocab_size=v_draft,
-        num_attention_heads=n_heads,
-        num_key_value_heads=kv,
-        head_dim=head_dim,
-        intermediate_size=intermediate,
-        rms_norm_eps=1e-5,
-        target_rms_norm_eps=1e-5,
-        max_position_embeddings=max(lengths) + 8,
-        rope_theta=10000.0,
-        attention="flash",
-    )
+    hidden, heads, intermediate, v_target, v_draft, _ = SHAPES[shape]
+    fields = dict(hidden=hidden, heads=heads, intermediate=intermediate, attention="flash")
+    return ours_arch(argparse.Namespace(**fields, v_target=v_target, v_draft=v_draft))
 
 
 def count_step(shape: str, variant: str) -> dict[str, dict[str, float]]:
