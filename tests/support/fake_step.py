@@ -60,11 +60,8 @@ def host_batch(
         starts = torch.tensor([0, *lengths]).cumsum(0)
         if scored is None:
             loss_mask = torch.rand(T, generator=g) < 0.7
-        else:
-            at = torch.arange(T) - starts[:-1].repeat_interleave(torch.tensor(lengths))
-            loss_mask = at >= torch.tensor(lengths).repeat_interleave(torch.tensor(lengths)) * (
-                1 - scored
-            )
+        else:  # each document's end
+            loss_mask = torch.cat([torch.arange(n) >= round(n * (1 - scored)) for n in lengths])
         real = {
             "aux_hidden_states": torch.randn(T, 3, hidden, generator=g).bfloat16(),
             "last_hidden_state": torch.randn(T, hidden, generator=g).bfloat16(),
@@ -107,17 +104,33 @@ def make_model(arch, config: Config, accelerator: Accelerator) -> Eagle3Draft:
 
 
 def train_step(
-    mode: fc.StrictFakeCuda, model, config: Config, accelerator: Accelerator, optimizer=None
+    mode: fc.StrictFakeCuda,
+    model,
+    config: Config,
+    accelerator: Accelerator,
+    optimizer=None,
+    *,
+    lengths: tuple[int, ...] = LENGTHS,
+    scored: float | None = None,
+    count: bool = False,
 ):
-    """The trainer's micro-batch: data.batch.forward, backward, the optimizer step."""
+    """The trainer's micro-batch: data.batch.forward, backward, clipping (where
+    ``train.max_grad_norm`` is set and an optimizer steps) and the optimizer step. ``count``:
+    the step's FLOPs and bytes are counted, by phase (StepRecord)."""
     arch = model.arch
-    batch = host_batch(mode, arch.hidden_size, arch.target_vocab_size)
+    batch = host_batch(mode, arch.hidden_size, arch.target_vocab_size, lengths, scored)
     slot = SlotState()  # a recycled batch (the loop's loader: recycle=True) holds its ring slot
     batch["lease"] = slot.lend()
-    with mode.step() as record:
+    pairs = sum(n * (n + 1) // 2 for n in lengths) if count else None
+    with mode.step(causal_pairs=pairs) as record:
         loss, stats = batch_module.forward(model, batch, accelerator, config)
+        record.phase = "backward"
         fc.backward(loss)
         if optimizer is not None:
+            record.phase = "optimizer"
+            if config.train.max_grad_norm:
+                params = model.trainable_parameters()
+                torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm)
             optimizer.step()
     # the slot is released fenced by an event recorded after the copies (not waited for)
     assert isinstance(slot._fence, fc.FakeEvent) and slot._fence.is_recorded

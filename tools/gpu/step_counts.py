@@ -108,17 +108,17 @@ def count_step(shape: str, variant: str) -> dict[str, dict[str, float]]:
             )
             if head == "frozen":
                 model.lm_head.weight.requires_grad_(False)
-            params = model.trainable_parameters()
-            optimizer = _optimizer(optimizer_name, model, params, fused=True)
-            batch = fake_step.host_batch(mode, hidden, v_target, lengths, scored)
-            pairs = sum(n * (n + 1) // 2 for n in lengths)
-            with mode.step(causal_pairs=pairs) as record:
-                loss, _ = batch_module.forward(model, batch, accelerator, config)
-                record.phase = "backward"
-                fc.backward(loss)
-                record.phase = "optimizer"
-                torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
-                optimizer.step()
+            optimizer = _optimizer(optimizer_name, model, model.trainable_parameters(), fused=True)
+            _, _, record = fake_step.train_step(
+                mode,
+                model,
+                config,
+                accelerator,
+                optimizer,
+                lengths=lengths,
+                scored=scored,
+                count=True,
+            )
     finally:
         batch_module.align, loss_module.HEAD_GRAD_ROWS_ELEMENTS = align, rows
     return by_part(record, (v_target, v_draft))
