@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from eagle3_schemas.contract.registry import load_schema
 from eagle3_train.model.attention import chunked_ttt_attention, dense_ttt_attention, ttt_mask
@@ -556,6 +557,46 @@ def test_compiled_layers_and_loss_give_the_eager_loss_and_gradients():
         compile_kl_chunk(False)
         compile_flash_attention(False)
         compile_target_distribution(False)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "mla"])
+def test_under_bf16_autocast_the_compiled_layers_take_weights_cast_once_per_step(architecture):
+    """A compiled layer's graph takes its GEMM weights as bf16 inputs, cast once per step for
+    every TTT call (draft.cast_once), not as float32 parameters that each call would cast again
+    and return float32 gradients for. Dynamo's graphs, run as captured (a recording backend),
+    give eager autocast's loss and gradients bit for bit: the same computation."""
+    from torch._dynamo.utils import counters
+
+    weights: list[tuple[str, torch.dtype]] = []
+
+    def record(graph: torch.fx.GraphModule, _inputs):
+        for node in graph.graph.nodes:
+            value = node.meta.get("example_value")
+            named = "_parameters_weight_" in node.name and "norm" not in node.name
+            if node.op == "placeholder" and named:
+                weights.append((node.name, value.dtype))
+        return graph.forward
+
+    extra = {"architecture": "mla", **MLA_SHAPE} if architecture == "mla" else {}
+    results = []
+    for compiled in (False, True):
+        model = small_draft(num_layers=2, **extra)
+        torch._dynamo.reset()
+        counters.clear()
+        if compiled:
+            for layer in model.layers:
+                layer.compile(backend=record)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = model(*_batch(), ttt_steps=3)
+        loss.backward()
+        results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
+    linear = {name for name, m in model.layers[0].named_modules() if isinstance(m, nn.Linear)}
+    assert len({name for name, _ in weights}) == len(linear), weights  # every one of them
+    assert {dtype for _, dtype in weights} == {torch.bfloat16}, weights
+    (eager_loss, eager), (loss, grads) = results
+    assert torch.equal(loss, eager_loss)
+    for name, grad in eager.items():
+        assert grad.dtype == torch.float32 and torch.equal(grads[name], grad), name
 
 
 def test_under_bf16_autocast_every_ttt_step_reaches_the_flash_kernel_in_bf16(monkeypatch):

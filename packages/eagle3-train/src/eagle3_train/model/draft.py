@@ -249,10 +249,10 @@ class Eagle3Draft(nn.Module):
         hidden = self.fc(self.fc_input(aux_hidden.to(pdtype)))
         caches = [LayerCache() for _ in self.layers]
         prev_correct = al.valid[0]
-        device = hidden.device.type  # RoPE in the dtype q and k are computed in
-        rope_dtype = (
-            torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        )
+        device = hidden.device.type
+        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        rope_dtype = autocast or hidden.dtype  # RoPE in the dtype q and k are computed in
+        weights = [cast_once(layer, autocast) for layer in self.layers]
         loss = hidden.new_zeros((), dtype=torch.float32)
         rows: list[Tensor] = []
         for k in range(ttt_steps):
@@ -260,7 +260,9 @@ class Eagle3Draft(nn.Module):
             cos, sin = self.rotary(al.positions + k, rope_dtype)
             x = hidden
             for i, layer in enumerate(self.layers):
-                x = run_layer(layer, x, embeds if i == 0 else None, cos, sin, caches[i], al)
+                x = run_layer(
+                    layer, weights[i], x, embeds if i == 0 else None, cos, sin, caches[i], al
+                )
             # the final norm runs inside the LM head's chunk loop, unless the next step is fed
             # the normed state (norm_output): then it is formed once here for both
             hidden = self.norm(x) if self.arch.norm_output else x
@@ -295,6 +297,23 @@ class Eagle3Draft(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
+
+
+def cast_once(layer: nn.Module, dtype: torch.dtype | None) -> dict[str, Tensor]:
+    """The layer's float32 GEMM weights (its nn.Linear weights) cast to autocast's ``dtype``
+    once per step, for every TTT step to share; {} without autocast, or where the weights are
+    stored in ``dtype`` already (DeepSpeed's bf16). Eager autocast caches such a cast itself,
+    but its cache does not reach into a compiled layer: there each TTT call would cast every
+    weight again and return float32 gradients, summed in float32 before the weight's one
+    accumulation. With one shared copy the steps' gradients are summed in ``dtype`` and cast
+    once, as under eager autocast. Norm weights stay float32 (the norms compute in it)."""
+    if dtype is None:
+        return {}
+    return {
+        f"{name}.weight": module.weight.to(dtype)
+        for name, module in layer.named_modules()
+        if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32
+    }
 
 
 def target_distribution(

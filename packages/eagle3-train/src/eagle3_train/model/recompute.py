@@ -17,6 +17,7 @@ computation on the same tensors as the first one.
 from __future__ import annotations
 
 from torch import Tensor, is_grad_enabled, nn
+from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from eagle3_train.model.layers import LayerCache
@@ -42,6 +43,7 @@ class _CacheBefore:
 
 def run_layer(
     layer: nn.Module,
+    weights: dict[str, Tensor],
     x: Tensor,
     embeds: Tensor | None,
     cos: Tensor,
@@ -49,15 +51,22 @@ def run_layer(
     cache: LayerCache,
     docs: Alignment,
 ) -> Tensor:
-    """One decoder layer at one TTT step; recomputed in backward when ``layer.recompute``."""
+    """One decoder layer at one TTT step, its parameters named in ``weights`` replaced by
+    those tensors (``draft.cast_once``); recomputed in backward when ``layer.recompute``."""
+
+    def call(x: Tensor, embeds: Tensor | None, cos: Tensor, sin: Tensor, cache: LayerCache):
+        if not weights:
+            return layer(x, embeds, cos, sin, cache, docs)
+        return functional_call(layer, weights, (x, embeds, cos, sin, cache, docs))
+
     if not (layer.recompute and is_grad_enabled()):
-        return layer(x, embeds, cos, sin, cache, docs)
+        return call(x, embeds, cos, sin, cache)
     before = _CacheBefore(cache)
     runs = 0
 
     def forward(x: Tensor, embeds: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
         nonlocal runs
         runs += 1
-        return layer(x, embeds, cos, sin, cache if runs == 1 else before.replay(), docs)
+        return call(x, embeds, cos, sin, cache if runs == 1 else before.replay())
 
     return checkpoint(forward, x, embeds, cos, sin, use_reentrant=False)
