@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from eagle3_train.components.build import muon_split
 from eagle3_train.config.train_config import MuonConfig
@@ -64,3 +65,26 @@ def test_the_head_gradient_in_one_gemm_moves_fewer_bytes(counted) -> None:
     }
     assert counted["bench"][head]["flops"] < after[head]["flops"]
     assert all(v["host→device copies"]["bytes"] > 0 for v in counted.values())
+
+
+def test_the_layers_weights_cast_once_move_fewer_bytes() -> None:
+    """The layers' GEMM weights cast once per step and shared by the TTT calls
+    (draft.cast_once), against a cast in every call, as compiled layers did before: per weight
+    element and TTT call after the first, the forward saves a cast (4 bytes read, 2 written)
+    and backward a float32 gradient's cast and its float32 sum (the bf16 sum remains): 6 + 12
+    bytes. Nothing else changes, FLOPs included."""
+    TOOL.VARIANTS["recipes, cast per call"] = (*TOOL.VARIANTS["recipes"][:5], True)
+    try:
+        before = TOOL.count_step("small", "recipes, cast per call")
+    finally:
+        del TOOL.VARIANTS["recipes, cast per call"]
+    after = TOOL.count_step("small", "recipes")
+    model = Eagle3Draft(TOOL.draft_arch("small"))
+    weights = sum(m.weight.numel() for m in model.layers.modules() if isinstance(m, nn.Linear))
+    saved = {p: before[p].get("bytes", 0) - after[p].get("bytes", 0) for p in before}
+    assert saved == {p: 0 for p in saved} | {
+        "element-wise and reductions": (3 - 1) * (6 + 12) * weights
+    }, saved
+    assert {p: c.get("flops") for p, c in before.items()} == {
+        p: c.get("flops") for p, c in after.items()
+    }

@@ -25,19 +25,22 @@ LENGTHS = (11, 5, 16)  # three packed documents
 
 class Accelerator(SimpleNamespace):
     """What the step asks of Accelerate on one CUDA process (Accelerate itself would look for a
-    real device): its device, bf16 autocast, the reduction across ranks (one rank: itself)."""
+    real device): its device, bf16 autocast, the reduction across ranks (one rank: itself).
+    ``autocast_cache`` off: autocast casts a weight at every use, as it does inside compiled
+    graphs, which its cache of casts does not reach."""
 
-    def __init__(self, processes: int = 1) -> None:
+    def __init__(self, processes: int = 1, autocast_cache: bool = True) -> None:
         super().__init__(
             device=fc.DEVICE,
             mixed_precision="bf16",
             num_processes=processes,
             state=SimpleNamespace(deepspeed_plugin=None),
             sync_gradients=True,
+            autocast_cache=autocast_cache,
         )
 
     def autocast(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=self.autocast_cache)
 
     def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
         return tensor * self.num_processes  # every rank voted alike

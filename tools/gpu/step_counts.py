@@ -7,15 +7,19 @@ GEMM FLOPs by torch's own formulas, the flash kernel's on its document-causal pa
 bytes each op would move run eagerly (it reads its inputs and writes its outputs once, a
 gather only the rows it picks; a view moves nothing). Eager bytes are an upper bound on the
 element-wise parts: under ``train.compile`` Inductor fuses them (its backward graphs cannot be
-lowered without a GPU).
+lowered without a GPU). Autocast runs without its cache of weight casts, as inside the compiled
+layers the GPU recipes run, which that cache does not reach.
 
 Each step runs three ways:
 - ``recipes``: what a user's step runs (train: defaults' objective, Muon + AdamW as the GPU
   recipes set them, the LM head trained, every token scored);
 - ``recipes, before``: the same before the LM head's weight gradient became one GEMM per TTT
-  step (a float32 [V, H] accumulation after every 1,024-row loss chunk);
+  step (a float32 [V, H] accumulation after every 1,024-row loss chunk) and before the layers'
+  weights were cast once per step (each TTT call cast them again, and their float32 gradients
+  were summed);
 - ``bench``: the settings of the H200 rows in gpu-throughput.md (plain TTT KL, AdamW, the head
-  frozen, 3/4 of each document scored), the anchor of the prediction.
+  frozen, 3/4 of each document scored; weights cast per TTT call, as they ran), the anchor of
+  the prediction.
 
 The prediction (``predict``): each op at the H200's peak (989 TFLOP/s dense bf16, 4.8 TB/s),
 whichever bound it meets, summed; scaled by what the H200 measured for the ``bench`` row
@@ -50,10 +54,11 @@ SHAPES = {
 # the H200's measured bench rows (gpu-throughput.json, tokens/s): ours, speculators
 MEASURED = {"llama": (76657, 66976), "kimi": (34030, 32125), "long": (47984, 49510)}
 PCIE_BYTES = 55e9  # host→device over PCIe Gen5 x16, as measured on H100/H200 hosts
-VARIANTS = {  # objective, optimizer, head, scored share, the head dW after every chunk
-    "bench": ("plain", "adamw", "frozen", 0.75, False),
-    "recipes, before": ("defaults", "muon", "trained", 1.0, True),
-    "recipes": ("defaults", "muon", "trained", 1.0, False),
+VARIANTS = {  # objective, optimizer, head, scored share, the head dW after every chunk,
+    # the layers' weights cast at every TTT call
+    "bench": ("plain", "adamw", "frozen", 0.75, False, True),
+    "recipes, before": ("defaults", "muon", "trained", 1.0, True, True),
+    "recipes": ("defaults", "muon", "trained", 1.0, False, False),
 }
 PARTS = (
     "attention",
@@ -83,22 +88,25 @@ def count_step(shape: str, variant: str) -> dict[str, dict[str, float]]:
 
     from eagle3_train.config.run_config import Config
     from eagle3_train.data import batch as batch_module
+    from eagle3_train.model import draft as draft_module
     from eagle3_train.model import loss as loss_module
 
     from support import fake_cuda as fc
     from support import fake_step
 
     hidden, _, _, v_target, v_draft, lengths = SHAPES[shape]
-    objective, optimizer_name, head, scored, per_chunk = VARIANTS[variant]
+    objective, optimizer_name, head, scored, per_chunk, cast_per_call = VARIANTS[variant]
     arch = draft_arch(shape)
     config = Config()
     t = config.train
     t.ttt_steps, t.compile = fake_step.TTT, "never"
     t.objective, t.ttt_step_loss_decay, t.max_grad_norm = _objective(objective)
-    accelerator = fake_step.Accelerator()
-    rows = loss_module.HEAD_GRAD_ROWS_ELEMENTS
+    accelerator = fake_step.Accelerator(autocast_cache=False)  # as in compiled layers
+    rows, cast_once = loss_module.HEAD_GRAD_ROWS_ELEMENTS, draft_module.cast_once
     batch_module.align, align = fake_step.real_align, batch_module.align
     loss_module.HEAD_GRAD_ROWS_ELEMENTS = 1 if per_chunk else rows
+    if cast_per_call:  # autocast then casts each weight inside each TTT call
+        draft_module.cast_once = lambda layer, dtype: {}
     try:
         with fc.fake_cuda() as mode:
             model = fake_step.make_model(arch, config, accelerator)
@@ -121,6 +129,7 @@ def count_step(shape: str, variant: str) -> dict[str, dict[str, float]]:
             )
     finally:
         batch_module.align, loss_module.HEAD_GRAD_ROWS_ELEMENTS = align, rows
+        draft_module.cast_once = cast_once
     return by_part(record, (v_target, v_draft))
 
 
@@ -162,8 +171,8 @@ def critical_ms(parts: dict[str, dict[str, float]], copies: bool, ranks: int) ->
 
 PREDICTED = (  # label, counted variant, copies on the compute stream, ours' NS share, GPUs
     ("bench's settings (the batch staged once); both measured", "bench", False, 1, 1),
-    ("recipes' settings, before: head dW per chunk, copies on the compute stream, "
-     "Newton–Schulz whole on every rank", "recipes, before", True, 1, RANKS),
+    ("recipes' settings, before: head dW per chunk, weights cast per TTT call, copies on "
+     "the compute stream, Newton–Schulz whole on every rank", "recipes, before", True, 1, RANKS),
     ("recipes' settings, now", "recipes", False, 1, 1),
     ("recipes' settings, now: Newton–Schulz shared", "recipes", False, RANKS, RANKS),
 )  # fmt: skip
@@ -222,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             "measured": datetime.date.today().isoformat(),
             "versions": {"torch": __import__("torch").__version__},
             "hardware": "a CPU, no GPU (fake cuda:0 tensors; the prediction takes an H200's peaks)",
-            "settings": "bf16 autocast, 3 TTT steps, flash attention, not compiled (eager "
-            "bytes); 8,192 packed tokens (4 documents of 2,048) unless stated",
+            "settings": "bf16 autocast without its cache of weight casts (as in compiled "
+            "layers), 3 TTT steps, flash attention, eager bytes; 8,192 packed tokens (4 "
+            "documents of 2,048) unless stated",
             "tables": [
                 {
                     "id": "counts",
