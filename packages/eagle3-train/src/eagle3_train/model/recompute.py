@@ -54,7 +54,9 @@ def run_layer(
     """One decoder layer at one TTT step, its parameters named in ``weights`` replaced by
     those tensors (``draft.cast_once``); recomputed in backward when ``layer.recompute``."""
 
-    def call(x: Tensor, embeds: Tensor | None, cos: Tensor, sin: Tensor, cache: LayerCache):
+    def call(
+        x: Tensor, embeds: Tensor | None, cos: Tensor, sin: Tensor, cache: LayerCache
+    ) -> Tensor:
         if not weights:
             return layer(x, embeds, cos, sin, cache, docs)
         return functional_call(layer, weights, (x, embeds, cos, sin, cache, docs))
