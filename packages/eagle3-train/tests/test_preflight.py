@@ -307,6 +307,10 @@ DEEPSPEED_REFUSED_CASES = {
         {**MUON, "muon": {"ns_steps": 6}},
         {},
     ),
+    "train.optimizer: muon with train.muon.newton_schulz_dtype: float32": (
+        {**MUON, "muon": {"newton_schulz_dtype": "float32"}},
+        {},
+    ),
 }
 
 

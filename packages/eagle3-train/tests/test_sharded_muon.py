@@ -1,6 +1,7 @@
 """train.optimizer: muon under DDP computes each matrix's Newton–Schulz once across the ranks
 (components/sharded_muon.py), and its step is torch.optim.Muon's, bit for bit; on a CPU it
-iterates in float32, nearer the exact orthogonalisation than torch's bf16.
+iterates in float32 (train.muon.newton_schulz_dtype: auto), nearer the exact orthogonalisation than
+torch's bf16.
 
 Two gloo processes step ShardedMuon over a fixed problem (support.muon_ranks); this process steps
 torch.optim.Muon over the same. Every rank's matrices and momentum buffers equal torch's exactly,
@@ -48,12 +49,17 @@ def test_one_process_steps_as_torch_muon() -> None:
     assert ours["flops"] == torch_muon["flops"]
 
 
-def test_a_cpu_run_iterates_in_float32_nearer_the_exact_orthogonalisation() -> None:
+def test_a_cpu_run_iterates_in_float32_nearer_the_exact_orthogonalisation_unless_told() -> None:
     config = Config()
     config.train.optimizer = "muon"
     model = Eagle3Draft(yarn_arch())
     assert make_muon(model, config, cuda=False).muon.newton_schulz_dtype == torch.float32
     assert make_muon(model, config, cuda=True).muon.newton_schulz_dtype == torch.bfloat16
+    # chosen: a CPU run iterating as a GPU run does (and as speculators' CPU loop), and back
+    for chosen, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        config.train.muon.newton_schulz_dtype = chosen
+        for cuda in (False, True):
+            assert make_muon(model, config, cuda=cuda).muon.newton_schulz_dtype == dtype
     coefficients = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's defaults
     generator = torch.Generator().manual_seed(0)
     for shape in SHAPES:

@@ -73,6 +73,11 @@ DEEPSPEED_REFUSED: list[tuple[str, Callable[[TrainLoopConfig, ZeroLaunch], bool]
         lambda t, z: t.optimizer == "muon" and t.muon.ns_steps != 5,
         "ZeRO calls DeepSpeed's muon_update without ns_steps, which then runs 5",
     ),
+    (
+        "train.optimizer: muon with train.muon.newton_schulz_dtype: float32",
+        lambda t, z: t.optimizer == "muon" and t.muon.newton_schulz_dtype == "float32",
+        "DeepSpeed's muon_update iterates Newton–Schulz in bf16 only",
+    ),
 ]
 
 

@@ -174,13 +174,20 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._share()
 
 
+def newton_schulz_dtype(chosen: str, cuda: bool) -> torch.dtype:
+    """train.muon.newton_schulz_dtype: auto is bf16 where tensor cores multiply it (torch's
+    choice) and float32 on a CPU, which emulates bf16 (sharded_muon)."""
+    if chosen == "auto":
+        return torch.bfloat16 if cuda else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[chosen]
+
+
 def make_muon(model: Eagle3Draft, config: Config, cuda: bool) -> MuonWithAdamW:
     t, m = config.train, config.train.muon
     matrices, rest = muon_split(model)
     muon = ShardedMuon(  # torch's Muon, its Newton–Schulz shared out under DDP
         matrices,
-        # bf16 where tensor cores multiply it (torch's choice); a CPU emulates bf16 (sharded_muon)
-        newton_schulz_dtype=torch.bfloat16 if cuda else torch.float32,
+        newton_schulz_dtype=newton_schulz_dtype(m.newton_schulz_dtype, cuda),
         lr=m.lr if m.lr is not None else t.lr,
         momentum=m.momentum,
         weight_decay=m.weight_decay,

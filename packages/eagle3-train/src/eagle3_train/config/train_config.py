@@ -48,6 +48,10 @@ class MuonConfig:
     # match_rms_adamw: the update's RMS made AdamW's (lr x 0.2·sqrt(max(rows, cols))), so one
     # lr suits both groups; original: Keller Jordan's sqrt(max(1, rows/cols)).
     adjust_lr_fn: Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+    # The dtype Newton–Schulz iterates in. auto: bf16 on CUDA (torch's, on tensor cores) and
+    # float32 on a CPU, which emulates bf16; bfloat16 makes a CPU run iterate as a GPU run (and
+    # as speculators' CPU loop). DeepSpeed's Muon iterates in bf16 only.
+    newton_schulz_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     # Weight decay of the AdamW group (norms and the LM head) under muon; train.weight_decay
     # is AdamW's under train.optimizer: adamw.
     adamw_weight_decay: float = 0.01
