@@ -217,7 +217,7 @@ GPU_RECIPES = {
     "qwen3-8b": ("Qwen3-8B", "h100", "Qwen/Qwen3-8B"),
     "kimi-k2.5": ("Kimi-K2.5", "h200", "moonshotai/Kimi-K2.5"),
 }
-CPU_RECIPES = ["tiny", "tiny-mla", "tiny-agent"]
+CPU_RECIPES = ["tiny", "tiny-mla", "tiny-agent", "tiny-recall"]
 # The values a recipe's shell flags fix (its flags.sh, with recipes/dense-flags.sh where sourced).
 FLAG_PATTERNS = {
     "samples": r'SAMPLES="\$\{SAMPLES:-(\d+)\}"',

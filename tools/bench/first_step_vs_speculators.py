@@ -34,7 +34,8 @@ import tiny_runs
 
 # ours' settings that make its step speculators 0.9.0's (speculators/train/config/schema.py,
 # the bench's resolution of them): EAGLE 3.1 norms, a frozen LM head, plain KL, step weights
-# 1.0, its clip and torch's AdamW betas
+# 1.0, its clip, torch's AdamW betas and Newton-Schulz in bf16 (speculators iterates in bf16 on
+# any device; ours in float32 on a CPU unless told)
 AGREE = [
     "draft.norm_before_fc=true",
     "draft.norm_output=true",
@@ -43,6 +44,7 @@ AGREE = [
     "train.ttt_step_loss_decay=1.0",
     f"train.max_grad_norm={speculators.SPECULATORS_CLIP}",
     "train.betas=[0.9, 0.999]",
+    "train.muon.newton_schulz_dtype=bfloat16",
 ]
 # float32 on the same inputs, summed in another order (packed vs per-document, chunked vs
 # dense softmax): test_parity.py's bound for losses and gradients
@@ -94,8 +96,7 @@ def step_ours(model, config, start, grads) -> tuple[dict[str, torch.Tensor], flo
             param.grad = grads[name].clone()
     limit = config.train.max_grad_norm or float("inf")
     norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), limit))
-    optimizer = make_muon(model, config, cuda=False)
-    optimizer.muon.newton_schulz_dtype = torch.bfloat16  # speculators' torch Muon, on any device
+    optimizer = make_muon(model, config, cuda=False)  # Newton-Schulz in bf16: AGREE says so
     optimizer.step()
     return {n: p.detach() - start[n] for n, p in params.items()}, norm
 

@@ -1,4 +1,4 @@
-"""The trainer the three builders of the embedded targets share: a byte-level BPE, next-token CE
+"""The trainer the builders of the embedded targets share: a byte-level BPE, next-token CE
 on the answer (completion) tokens only, its schedule and its record in ``build_info.json``, the
 unigram baseline, the Hugging Face save, the tiny corpus's held-out check and the command line
 (``--check``, ``--out``, ``--steps``, ``--max-minutes``, ``--seed``, ``--threads``).
