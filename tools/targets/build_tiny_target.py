@@ -40,7 +40,6 @@ from support.tiny_corpus import (
     stdlib_files,
     stdlib_fingerprint,
     stdlib_root,
-    write_corpus_jsonl,
 )
 from support.tiny_target import (
     CHECK_CONVERSATIONS,
@@ -168,11 +167,7 @@ def check(args: argparse.Namespace) -> int:
 
 
 def corpus_only(args: argparse.Namespace) -> int:
-    corpus = build_corpus()
-    write_corpus_jsonl(corpus, args.corpus_only)
-    n_heldout = sum(c.split == "heldout" for c in corpus)
-    print(f"wrote {len(corpus)} conversations ({n_heldout} held-out) to {args.corpus_only}")
-    return 0
+    return training.write_corpus(build_corpus(), args.corpus_only)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from transformers import GenerationConfig, LlamaConfig, PreTrainedModel, PreTrai
 
 # The tiny target's corpus, encoding and scoring are shared with the tests (tests/support).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from support.tiny_corpus import Conversation, build_corpus, check_subset
+from support.tiny_corpus import Conversation, build_corpus, check_subset, write_corpus_jsonl
 from support.tiny_target import (
     BUILD_INFO,
     CHECK_CONVERSATIONS,
@@ -224,6 +224,14 @@ def generation_samples(
         samples.append({"source": conv.source, "prompt": conv.prompt, "generation": text})
         print(f"--- {conv.prompt}\n{text}")
     return samples
+
+
+def write_corpus(corpus: Sequence[Conversation], path: Path) -> int:
+    """A builder's ``--corpus-only``: its conversations as OpenAI-messages JSONL, counted."""
+    write_corpus_jsonl(corpus, path)
+    n_heldout = sum(c.split == "heldout" for c in corpus)
+    print(f"wrote {len(corpus)} conversations ({n_heldout} held-out) to {path}")
+    return 0
 
 
 def save_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
